@@ -1,0 +1,56 @@
+# candle-web: `make demo` and `make test` each do their own set-up, idempotently.
+# Set-up steps leave stamp files, so a second run skips straight to the work.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP_DEV := $(VENV)/.stamp-dev
+STAMP_SYS := $(VENV)/.stamp-system
+# Debian packages: headless Chromium for the UI tests, espeak-ng + sox to synthesise speech.
+APT_PACKAGES := chromium espeak-ng sox
+
+export CANDLE_WEB_OFFLINE ?= 1
+
+.PHONY: demo test setup system-deps models bench clean-venv
+
+# -- set-up -------------------------------------------------------------------------------
+# torch must be the CPU build: install it first, pinned, so no other package pulls a CUDA one.
+$(STAMP_DEV): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,native]'
+	# openai-whisper is a test reference only; its declared deps pull triton, so skip them.
+	$(PY) -m pip install -q --no-deps openai-whisper==20250625
+	touch $@
+
+$(STAMP_SYS):
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+setup: $(STAMP_DEV)
+
+system-deps: $(STAMP_SYS)
+
+# Model files and test data: fetched, sha256-checked, cached (never committed).
+models: $(STAMP_DEV)
+	@if [ -f models/fetch.py ]; then $(PY) models/fetch.py --default; fi
+	@if [ -x scripts/fetch_test_audio.sh ]; then scripts/fetch_test_audio.sh; fi
+
+# -- the two commands -----------------------------------------------------------------------
+test: $(STAMP_DEV) $(STAMP_SYS) models
+	$(PY) -m pytest -q
+
+demo: $(STAMP_DEV) models
+	$(PY) examples/tensor_tour.py
+
+bench: $(STAMP_DEV) models
+	@for f in bench/*.py; do [ -f "$$f" ] && $(PY) "$$f"; done
+
+clean-venv:
+	rm -rf $(VENV)

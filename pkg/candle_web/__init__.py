@@ -1,0 +1,28 @@
+"""candle-web: a minimalist ML framework in pure Python + numpy, modelled on Hugging Face Candle.
+
+The same package runs in a Pyodide web worker and natively; at import time it needs only the
+standard library and numpy.
+"""
+
+from . import dtype
+from .autograd import GradStore, no_grad
+from .device import Device
+from .dtype import DType, bf16, f16, f32, f64, i64, u8, u32
+from .errors import (BackendUnavailable, Cancelled, CandleError, DeviceMismatch, DTypeMismatch,
+                     FormatError, HashMismatch, IndexOutOfRange, ModelNotFound, ShapeError,
+                     ShapeMismatch, UnsupportedError)
+from .shape import Shape
+from .tensor import Tensor, Var, manual_seed
+
+__version__ = "0.1.0"
+
+cat = Tensor.cat
+stack = Tensor.stack
+
+__all__ = [
+    "Tensor", "Var", "Device", "DType", "Shape", "GradStore", "no_grad", "manual_seed", "cat",
+    "stack", "dtype", "u8", "u32", "i64", "f16", "bf16", "f32", "f64", "CandleError",
+    "ShapeMismatch", "ShapeError", "DTypeMismatch", "DeviceMismatch", "IndexOutOfRange",
+    "FormatError", "HashMismatch", "ModelNotFound", "UnsupportedError", "BackendUnavailable",
+    "Cancelled",
+]

@@ -1,0 +1,143 @@
+"""The kernel interface every backend implements.
+
+Arrays passed in and out are the backend's own ndarrays (numpy or cupy). Floating point work
+arrives as f32 or f64 only: the tensor layer widens f16/bf16 before calling and narrows after,
+so kernels never see half precision. Shapes are checked by the tensor layer; kernels may
+assume valid input. Every backend is tested op by op against `NumpyBackend`.
+"""
+
+from __future__ import annotations
+
+UNARY_OPS = ("exp", "log", "sin", "cos", "tanh", "abs", "sqr", "sqrt", "recip", "neg", "gelu",
+             "gelu_erf", "erf", "relu", "silu", "floor", "ceil", "round", "sign", "sigmoid")
+BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
+COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
+REDUCE_OPS = ("sum", "max", "min")
+ARG_REDUCE_OPS = ("argmax", "argmin")
+
+
+class Backend:
+    """Primitive table. Subclasses override what they accelerate; see NumpyBackend."""
+
+    name = "abstract"
+    xp = None  # the array module (numpy or cupy): shape ops use its generic API
+
+    # -- host transfer -------------------------------------------------------------------
+    def from_numpy(self, arr):
+        raise NotImplementedError
+
+    def to_numpy(self, arr):
+        raise NotImplementedError
+
+    # -- elementwise ------------------------------------------------------------------------
+    def unary(self, op: str, x):
+        raise NotImplementedError
+
+    def binary(self, op: str, a, b):
+        """Broadcasting binary op; the tensor layer has validated the shapes."""
+        raise NotImplementedError
+
+    def compare(self, op: str, a, b):
+        """Returns a uint8 array of 0/1."""
+        raise NotImplementedError
+
+    def affine(self, x, mul: float, add: float):
+        raise NotImplementedError
+
+    def powf(self, x, exponent: float):
+        raise NotImplementedError
+
+    def clamp(self, x, lo, hi):
+        raise NotImplementedError
+
+    def where(self, cond, on_true, on_false):
+        raise NotImplementedError
+
+    def cast(self, x, np_dtype):
+        raise NotImplementedError
+
+    # -- reductions ------------------------------------------------------------------------
+    def reduce(self, op: str, x, axes: tuple, keepdims: bool):
+        raise NotImplementedError
+
+    def arg_reduce(self, op: str, x, axis: int, keepdims: bool):
+        """argmax/argmin as uint32 (Candle's index dtype)."""
+        raise NotImplementedError
+
+    def cumsum(self, x, axis: int):
+        raise NotImplementedError
+
+    # -- linear algebra and convolutions ----------------------------------------------------
+    def matmul(self, a, b):
+        """Batched matmul with numpy broadcasting semantics over leading dims."""
+        raise NotImplementedError
+
+    def conv1d(self, x, w, stride: int, padding: int, dilation: int, groups: int):
+        raise NotImplementedError
+
+    def conv_transpose1d(self, x, w, stride, padding, output_padding, dilation, groups):
+        raise NotImplementedError
+
+    def conv2d(self, x, w, stride, padding, dilation, groups):
+        raise NotImplementedError
+
+    # -- indexing ---------------------------------------------------------------------------
+    def index_select(self, x, ids, axis: int):
+        raise NotImplementedError
+
+    def gather(self, x, ids, axis: int):
+        raise NotImplementedError
+
+    def scatter_add(self, x, ids, src, axis: int):
+        raise NotImplementedError
+
+    def index_add(self, x, ids, src, axis: int):
+        raise NotImplementedError
+
+    # -- fused hot kernels (models call these through candle_web.nn.ops) --------------------
+    def softmax_last_dim(self, x):
+        raise NotImplementedError
+
+    def log_softmax_last_dim(self, x):
+        raise NotImplementedError
+
+    def layer_norm(self, x, weight, bias, eps: float):
+        raise NotImplementedError
+
+    def rms_norm(self, x, weight, eps: float):
+        raise NotImplementedError
+
+    def rope(self, x, cos, sin):
+        """Half-rotation RoPE on [b, h, t, d] with cos/sin [t, d/2]."""
+        raise NotImplementedError
+
+    def rope_i(self, x, cos, sin):
+        """Interleaved RoPE (pairs (2i, 2i+1)) on [b, h, t, d] with cos/sin [t, d/2]."""
+        raise NotImplementedError
+
+    def silu_mul(self, gate, up):
+        raise NotImplementedError
+
+    def attention(self, q, k, v, mask, scale: float):
+        """softmax(q k^T * scale + mask) v on [b, h, tq, d] x [b, h, tk, d]; mask additive."""
+        raise NotImplementedError
+
+    def qmatmul(self, x, qweight):
+        """x [.., k] f32 times a quantized [n, k] weight (candle_web.quantized.QTensor)."""
+        raise NotImplementedError
+
+    # -- creation / memory ------------------------------------------------------------------
+    def zeros(self, shape, np_dtype):
+        raise NotImplementedError
+
+    def full(self, shape, value, np_dtype):
+        raise NotImplementedError
+
+    def arange(self, start, end, step, np_dtype):
+        raise NotImplementedError
+
+    def contiguous(self, x):
+        raise NotImplementedError
+
+    def is_contiguous(self, x) -> bool:
+        raise NotImplementedError

@@ -1,0 +1,68 @@
+"""Devices. `Device.cpu()` and `Device.cuda(i)`; each resolves lazily to a kernel backend."""
+
+from __future__ import annotations
+
+from .errors import DeviceMismatch
+
+
+class Device:
+    __slots__ = ("kind", "index", "_backend")
+
+    def __init__(self, kind: str, index: int = 0):
+        if kind not in ("cpu", "cuda"):
+            raise DeviceMismatch(f"unknown device kind {kind!r}; expected 'cpu' or 'cuda'")
+        self.kind = kind
+        self.index = int(index)
+        self._backend = None
+
+    @staticmethod
+    def cpu() -> "Device":
+        return CPU
+
+    @staticmethod
+    def cuda(index: int = 0) -> "Device":
+        return Device("cuda", index)
+
+    @staticmethod
+    def parse(spec) -> "Device":
+        """Accept a Device, None (cpu), 'cpu', 'cuda', 'cuda:1'."""
+        if spec is None:
+            return CPU
+        if isinstance(spec, Device):
+            return spec
+        if isinstance(spec, str):
+            name, _, index = spec.partition(":")
+            if name == "cpu":
+                return CPU
+            return Device(name, int(index or 0))
+        raise DeviceMismatch(f"cannot interpret {spec!r} as a device")
+
+    @property
+    def backend(self):
+        """The kernel backend for this device (resolved once, on first use)."""
+        if self._backend is None:
+            from .backend import backend_for
+
+            self._backend = backend_for(self)
+        return self._backend
+
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
+
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def same_device(self, other: "Device") -> bool:
+        return self.kind == other.kind and self.index == other.index
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Device) and self.same_device(other)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.index))
+
+    def __repr__(self) -> str:
+        return "Cpu" if self.kind == "cpu" else f"Cuda({self.index})"
+
+
+CPU = Device("cpu")

@@ -1,0 +1,116 @@
+"""Data types.
+
+numpy has no bfloat16, so bf16 tensors keep their raw bits in a ``uint16`` array and are
+widened to f32 by a 16-bit shift (exact). Half-precision weights are stored as such and
+computed in f32 by the layers that use them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import DTypeMismatch
+
+
+class DType:
+    """One of candle's dtypes: ``u8 u32 i64 f16 bf16 f32 f64``."""
+
+    __slots__ = ("name", "np_storage", "size_in_bytes", "is_float", "is_int")
+
+    def __init__(self, name: str, np_storage, is_float: bool):
+        self.name = name
+        self.np_storage = np.dtype(np_storage)  # how the elements are held in numpy
+        self.size_in_bytes = self.np_storage.itemsize
+        self.is_float = is_float
+        self.is_int = not is_float
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def __reduce__(self):
+        return (DType.parse, (self.name,))
+
+    @staticmethod
+    def parse(name) -> "DType":
+        """Accept a DType, a candle name ('f32'), a numpy dtype or a torch-style name ('float32')."""
+        if isinstance(name, DType):
+            return name
+        if isinstance(name, str):
+            key = name.lower()
+            if key in _BY_NAME:
+                return _BY_NAME[key]
+            if key in _ALIASES:
+                return _BY_NAME[_ALIASES[key]]
+            raise DTypeMismatch(f"unknown dtype {name!r}; expected one of {sorted(_BY_NAME)}")
+        try:
+            npd = np.dtype(name)
+        except TypeError:
+            raise DTypeMismatch(f"cannot interpret {name!r} as a dtype") from None
+        return from_numpy_dtype(npd)
+
+
+u8 = DType("u8", np.uint8, False)
+u32 = DType("u32", np.uint32, False)
+i64 = DType("i64", np.int64, False)
+f16 = DType("f16", np.float16, True)
+bf16 = DType("bf16", np.uint16, True)  # raw bits, see module docstring
+f32 = DType("f32", np.float32, True)
+f64 = DType("f64", np.float64, True)
+
+ALL = (u8, u32, i64, f16, bf16, f32, f64)
+_BY_NAME = {d.name: d for d in ALL}
+_ALIASES = {
+    "uint8": "u8", "uint32": "u32", "int64": "i64", "float16": "f16", "half": "f16",
+    "bfloat16": "bf16", "float32": "f32", "float": "f32", "float64": "f64", "double": "f64",
+}
+_FROM_NUMPY = {np.dtype(np.uint8): u8, np.dtype(np.uint32): u32, np.dtype(np.int64): i64,
+               np.dtype(np.float16): f16, np.dtype(np.float32): f32, np.dtype(np.float64): f64}
+
+
+def from_numpy_dtype(npd) -> DType:
+    """The DType a numpy array naturally maps to (uint16 is *not* taken as bf16 implicitly)."""
+    npd = np.dtype(npd)
+    if npd in _FROM_NUMPY:
+        return _FROM_NUMPY[npd]
+    if npd == np.bool_:
+        return u8
+    raise DTypeMismatch(
+        f"numpy dtype {npd} has no candle dtype; convert to one of u8, u32, i64, f16, f32, f64 "
+        "(or pass uint16 bits with dtype=bf16)")
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Widen bf16 bits (uint16) to float32 exactly."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round float32 to bf16 bits with round-to-nearest-even (as PyTorch does); NaN stays NaN."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    rounding_bias = ((u >> 16) & 1) + np.uint32(0x7FFF)
+    rounded = ((u + rounding_bias) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        rounded = np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+    return rounded
+
+
+def to_compute_f32(arr: np.ndarray, dtype: DType) -> np.ndarray:
+    """A float32 (or wider) view of stored values for computing: bf16 bits are widened."""
+    if dtype is bf16:
+        return bf16_bits_to_f32(arr)
+    return arr
+
+
+def cast_numpy(arr: np.ndarray, src: DType, dst: DType) -> np.ndarray:
+    """Convert stored values from one dtype to another, following PyTorch's rules
+    (float→int truncates toward zero; float→bf16 rounds to nearest even)."""
+    if src is dst:
+        return arr
+    if src is bf16:
+        arr = bf16_bits_to_f32(arr)
+    if dst is bf16:
+        return f32_to_bf16_bits(arr.astype(np.float32))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return arr.astype(dst.np_storage)

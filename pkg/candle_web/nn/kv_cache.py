@@ -1,0 +1,89 @@
+"""Key/value cache for autoregressive decoding.
+
+Appends along one dim into a preallocated buffer that doubles when full, so a decode step
+costs O(new tokens) instead of re-concatenating the whole history (O(n^2) over a sequence).
+"""
+
+from __future__ import annotations
+
+from ..errors import ShapeMismatch
+from ..tensor import Tensor
+
+
+class Cache:
+    """One growable tensor along `dim`."""
+
+    def __init__(self, dim: int, initial_capacity: int = 64):
+        self.dim = dim
+        self.capacity = initial_capacity
+        self._buffer = None
+        self._dtype = None
+        self._device = None
+        self.current_seq_len = 0
+
+    def reset(self) -> None:
+        self._buffer = None
+        self.current_seq_len = 0
+
+    def current_data(self):
+        if self._buffer is None:
+            return None
+        index = [slice(None)] * self._buffer.ndim
+        index[self.dim] = slice(0, self.current_seq_len)
+        return Tensor._wrap(self._buffer[tuple(index)], self._dtype, self._device)
+
+    def append(self, src: Tensor) -> None:
+        dim = self.dim if self.dim >= 0 else src.rank + self.dim
+        added = src.dims()[dim]
+        if self._buffer is None:
+            xp = src.device.backend.xp
+            shape = list(src.dims())
+            shape[dim] = max(self.capacity, added)
+            self._buffer = xp.empty(tuple(shape), dtype=src._data.dtype)
+            self._dtype, self._device = src.dtype, src.device
+            self.dim = dim
+        else:
+            expected = list(self._buffer.shape)
+            got = list(src.dims())
+            expected[dim] = got[dim]
+            if expected != got or src.dtype is not self._dtype:
+                raise ShapeMismatch(f"kv cache append: got {got} {src.dtype.name}, expected "
+                                    f"{expected} {self._dtype.name}")
+        needed = self.current_seq_len + added
+        if needed > self._buffer.shape[dim]:
+            self._grow(needed)
+        index = [slice(None)] * self._buffer.ndim
+        index[dim] = slice(self.current_seq_len, needed)
+        self._buffer[tuple(index)] = src._data
+        self.current_seq_len = needed
+
+    def _grow(self, needed: int) -> None:
+        xp = self._device.backend.xp
+        new_size = max(needed, 2 * self._buffer.shape[self.dim])
+        shape = list(self._buffer.shape)
+        shape[self.dim] = new_size
+        grown = xp.empty(tuple(shape), dtype=self._buffer.dtype)
+        index = [slice(None)] * self._buffer.ndim
+        index[self.dim] = slice(0, self.current_seq_len)
+        grown[tuple(index)] = self._buffer[tuple(index)]
+        self._buffer = grown
+
+
+class KvCache:
+    """Keys and values appended together; `append` returns the full (k, v) so far."""
+
+    def __init__(self, dim: int = 2, initial_capacity: int = 64):
+        self.k = Cache(dim, initial_capacity)
+        self.v = Cache(dim, initial_capacity)
+
+    def append(self, k: Tensor, v: Tensor):
+        self.k.append(k)
+        self.v.append(v)
+        return self.k.current_data(), self.v.current_data()
+
+    def current_seq_len(self) -> int:
+        return self.k.current_seq_len
+
+    def reset(self) -> None:
+        self.k.reset()
+        self.v.reset()
