@@ -1,0 +1,11 @@
+"""Fixtures of the quantized tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20240607)
