@@ -1,4 +1,12 @@
-"""Devices. `Device.cpu()` and `Device.cuda(i)`; each resolves lazily to a kernel backend."""
+"""Devices. `Device.cpu()` and `Device.cuda(i)`; each resolves lazily to a kernel backend.
+
+`Device.cpu()` picks its backend once, on first use (numba when available, else numpy;
+`CANDLE_WEB_BACKEND` overrides). `Device.cpu(backend="numpy")` pins a backend explicitly: it is
+the same device (equal, same hash, tensors mix freely since every CPU backend holds numpy
+arrays) but its ops run through the named backend's kernels. Tests use it to run the same op
+suite on every backend; `Device.cpu(backend=...)` raises BackendUnavailable at once when the
+backend's package is missing.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +24,17 @@ class Device:
         self._backend = None
 
     @staticmethod
-    def cpu() -> "Device":
-        return CPU
+    def cpu(backend: str | None = None) -> "Device":
+        """The CPU; `backend` ('numpy', 'numba'...) pins the kernel backend (see module doc)."""
+        if backend is None:
+            return CPU
+        if backend not in _CPU_BY_BACKEND:
+            from .backend import get_backend
+
+            device = Device("cpu")
+            device._backend = get_backend(backend)
+            _CPU_BY_BACKEND[backend] = device
+        return _CPU_BY_BACKEND[backend]
 
     @staticmethod
     def cuda(index: int = 0) -> "Device":
@@ -66,3 +83,5 @@ class Device:
 
 
 CPU = Device("cpu")
+# Pinned-backend CPU devices, one per backend name, so identity checks stay cheap.
+_CPU_BY_BACKEND = {}

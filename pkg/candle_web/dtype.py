@@ -86,7 +86,9 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """Round float32 to bf16 bits with round-to-nearest-even (as PyTorch does); NaN stays NaN."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    # np.asarray, not np.ascontiguousarray (which makes rank 0 into shape (1,)); a view to a
+    # dtype of the same size works on any strides.
+    x = np.asarray(x, dtype=np.float32)
     u = x.view(np.uint32)
     rounding_bias = ((u >> 16) & 1) + np.uint32(0x7FFF)
     rounded = ((u + rounding_bias) >> 16).astype(np.uint16)
@@ -103,14 +105,38 @@ def to_compute_f32(arr: np.ndarray, dtype: DType) -> np.ndarray:
     return arr
 
 
+def float_to_int_saturating(xp, arr, np_dtype):
+    """Float -> integer cast with Candle's (Rust `as`) semantics: truncate toward zero,
+    saturate at the integer range, NaN -> 0.
+
+    A plain numpy `astype` leaves out-of-range values undefined (C behaviour: x86 wraps -1.0
+    to 255 for u8, other targets such as wasm may differ), which would break the promise of
+    identical results in the browser and natively. `xp` is numpy or cupy.
+    """
+    info = xp.iinfo(np_dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = arr.astype(np_dtype)
+        # Both bounds are compared in floating point: info.min is 0 or -2**(bits-1) and
+        # info.max + 1 is 2**bits or 2**(bits-1), all exactly representable.
+        below = arr <= float(info.min)
+        above = arr >= float(info.max) + 1.0
+        nan = arr != arr
+    out = xp.where(below, xp.asarray(info.min, dtype=np_dtype), out)
+    out = xp.where(above, xp.asarray(info.max, dtype=np_dtype), out)
+    return xp.where(nan, xp.asarray(0, dtype=np_dtype), out)
+
+
 def cast_numpy(arr: np.ndarray, src: DType, dst: DType) -> np.ndarray:
-    """Convert stored values from one dtype to another, following PyTorch's rules
-    (float→int truncates toward zero; float→bf16 rounds to nearest even)."""
+    """Convert stored values from one dtype to another: float→int truncates toward zero and
+    saturates (Candle's `as`), float→bf16 rounds to nearest even (as PyTorch does), int→int
+    wraps (two's complement, like both)."""
     if src is dst:
         return arr
     if src is bf16:
         arr = bf16_bits_to_f32(arr)
     if dst is bf16:
         return f32_to_bf16_bits(arr.astype(np.float32))
+    if dst.is_int and arr.dtype.kind == "f":
+        return float_to_int_saturating(np, arr, dst.np_storage)
     with np.errstate(invalid="ignore", over="ignore"):
         return arr.astype(dst.np_storage)

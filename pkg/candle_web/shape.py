@@ -7,7 +7,16 @@ negative indices like Python (Candle's `D::Minus1`).
 
 from __future__ import annotations
 
-from .errors import ShapeError
+import operator
+
+from .errors import ShapeError, ShapeMismatch
+
+
+def _show(dims) -> str:
+    try:
+        return str(list(dims))
+    except TypeError:
+        return repr(dims)
 
 
 class Shape(tuple):
@@ -16,7 +25,23 @@ class Shape(tuple):
     def __new__(cls, dims=()):
         if isinstance(dims, int):
             dims = (dims,)
-        return super().__new__(cls, (int(d) for d in dims))
+        checked = []
+        for d in dims:
+            # operator.index accepts ints and numpy integers but rejects 2.5 or "3".
+            try:
+                size = operator.index(d)
+            except TypeError:
+                raise ShapeError(f"shape {_show(dims)}: dimension {d!r} is not an integer") from None
+            if size < 0:
+                raise ShapeError(f"shape {_show(dims)}: negative dimension {size}")
+            checked.append(size)
+        return super().__new__(cls, checked)
+
+    @classmethod
+    def _trusted(cls, dims: tuple) -> "Shape":
+        """Wrap dims already known to be valid (a backend array's shape): the hot path behind
+        `Tensor.shape`, skipping the per-dim checks of the public constructor."""
+        return tuple.__new__(cls, dims)
 
     @property
     def dims(self) -> tuple:
@@ -62,7 +87,10 @@ class Shape(tuple):
 def resolve_dim(dim: int, rank: int, op: str = "op") -> int:
     """Map a possibly negative dim to 0..rank-1, naming the op on failure."""
     if not isinstance(dim, int):
-        raise ShapeError(f"{op}: dim must be an int, got {dim!r}")
+        try:
+            dim = operator.index(dim)  # numpy integers are fine, floats and strings are not
+        except TypeError:
+            raise ShapeError(f"{op}: dim must be an int, got {dim!r}") from None
     resolved = dim + rank if dim < 0 else dim
     if resolved < 0 or resolved >= rank:
         raise ShapeError(f"{op}: dim {dim} out of range for rank {rank}")
@@ -104,8 +132,8 @@ def infer_reshape(target, elem_count: int, src_shape, op: str = "reshape") -> Sh
 
 def broadcast_shape(lhs, rhs, op: str = "broadcast"):
     """The numpy/Candle broadcast of two shapes, or ShapeMismatch naming both."""
-    from .errors import ShapeMismatch
-
+    if tuple(lhs) == tuple(rhs):
+        return Shape._trusted(tuple(lhs))
     rank = max(len(lhs), len(rhs))
     lhs_padded = (1,) * (rank - len(lhs)) + tuple(lhs)
     rhs_padded = (1,) * (rank - len(rhs)) + tuple(rhs)
@@ -117,4 +145,4 @@ def broadcast_shape(lhs, rhs, op: str = "broadcast"):
             out.append(right)
         else:
             raise ShapeMismatch(f"{op}: shapes {list(lhs)} and {list(rhs)} cannot be broadcast")
-    return Shape(out)
+    return Shape._trusted(tuple(out))

@@ -17,12 +17,15 @@ from . import dtype as dt
 from .autograd import backward as _backward
 from .device import Device
 from .dtype import DType
-from .errors import CandleError, DeviceMismatch, DTypeMismatch
+from .errors import CandleError, DeviceMismatch, DTypeMismatch, ShapeError, ShapeMismatch
 from .shape import Shape
 from .tensor_math import MathOps
 from .tensor_shape import ShapeOps
 
 _generators = {}
+# Ops with a `broadcast_` twin, named in same-shape mismatch messages.
+_BROADCASTABLE_OPS = frozenset(("add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne",
+                                "lt", "le", "gt", "ge"))
 
 
 def manual_seed(seed: int, device=None) -> None:
@@ -47,8 +50,12 @@ class Tensor(ShapeOps, MathOps):
                 data = data.storage_numpy()
             else:
                 data = data.to_numpy()
-        arr = np.asarray(data)
-        if dtype is None and not isinstance(data, np.ndarray) and arr.dtype == np.float64:
+        try:
+            arr = np.asarray(data)
+        except ValueError as e:  # ragged nested lists
+            raise ShapeError(f"Tensor.new: nested lists must be rectangular ({e})") from None
+        from_python = not isinstance(data, (np.ndarray, np.generic))  # np.float64 is a float
+        if dtype is None and from_python and arr.dtype == np.float64:
             dtype = dt.f32  # Python float literals default to f32, like Candle and PyTorch
         built = Tensor.from_numpy(arr, dtype, device)
         self._data = built._data
@@ -83,15 +90,7 @@ class Tensor(ShapeOps, MathOps):
             target = dt.from_numpy_dtype(arr.dtype)
         else:
             target = DType.parse(dtype)
-        if target is dt.bf16 and arr.dtype == np.uint16:
-            storage = arr
-        elif target is dt.bf16:
-            storage = dt.f32_to_bf16_bits(arr.astype(np.float32))
-        elif arr.dtype == np.bool_:
-            storage = arr.astype(target.np_storage)
-        else:
-            storage = dt.cast_numpy(arr, dt.from_numpy_dtype(arr.dtype), target)
-        return Tensor._wrap(device.backend.from_numpy(storage), target, device)
+        return Tensor._wrap(device.backend.from_numpy(_storage_for(arr, target)), target, device)
 
     @staticmethod
     def zeros(shape, dtype=dt.f32, device=None) -> "Tensor":
@@ -164,7 +163,7 @@ class Tensor(ShapeOps, MathOps):
     # -- properties ---------------------------------------------------------------------
     @property
     def shape(self) -> Shape:
-        return Shape(self._data.shape)
+        return Shape._trusted(self._data.shape)
 
     def dims(self) -> tuple:
         return tuple(self._data.shape)
@@ -249,7 +248,9 @@ class Tensor(ShapeOps, MathOps):
 
     def storage_numpy(self) -> np.ndarray:
         """The values as stored, C-contiguous on the host (uint16 bits for bf16)."""
-        return np.ascontiguousarray(self.device.backend.to_numpy(self._data))
+        host = self.device.backend.to_numpy(self._data)
+        # Not np.ascontiguousarray: it turns a rank-0 array into shape (1,).
+        return host if host.flags.c_contiguous else host.copy(order="C")
 
     def to_numpy(self) -> np.ndarray:
         """A host numpy array; bf16 is widened to float32 (numpy has no bfloat16)."""
@@ -265,7 +266,7 @@ class Tensor(ShapeOps, MathOps):
 
     def to_scalar(self):
         if self.rank != 0:
-            raise CandleError(f"to_scalar: expected a rank-0 tensor, got shape {list(self.shape)}")
+            raise ShapeError(f"to_scalar: expected a rank-0 tensor, got shape {list(self.shape)}")
         return self.to_numpy().item()
 
     def __array__(self, dtype=None, copy=None):
@@ -288,13 +289,9 @@ class Tensor(ShapeOps, MathOps):
 
     # -- printing like Candle -------------------------------------------------------------
     def __repr__(self) -> str:
-        header = f"Tensor[{list(self.shape)}, {self.dtype.name}]" if self.rank else \
-            f"Tensor[[], {self.dtype.name}]"
-        if self.elem_count() > 1000:
-            values = np.array2string(self.to_numpy(), threshold=20, edgeitems=3)
-        else:
-            values = np.array2string(self.to_numpy(), threshold=1001)
-        return f"{values}\n{header}"
+        from .tensor_display import format_tensor
+
+        return format_tensor(self.to_numpy(), self.dtype.name, self.dtype.is_float)
 
     __str__ = __repr__
 
@@ -323,13 +320,27 @@ class Tensor(ShapeOps, MathOps):
             raise CandleError(f"{op}: expected a Tensor, got {type(other).__name__}")
         if other.dtype is not self.dtype:
             raise DTypeMismatch(f"{op}: dtype mismatch, lhs {self.dtype.name} rhs {other.dtype.name}")
-        if not self.device.same_device(other.device):
+        if self.device is not other.device and not self.device.same_device(other.device):
             raise DeviceMismatch(f"{op}: device mismatch, lhs {self.device} rhs {other.device}")
         if same_shape and self._data.shape != other._data.shape:
-            from .errors import ShapeMismatch
-
+            hint = f" (use broadcast_{op} to broadcast)" if op in _BROADCASTABLE_OPS else ""
             raise ShapeMismatch(f"{op}: shape mismatch, lhs {list(self.shape)} rhs {list(other.shape)}"
-                                f" (use broadcast_{op} to broadcast)")
+                                f"{hint}")
+
+
+def _storage_for(arr: np.ndarray, target: DType) -> np.ndarray:
+    """`arr` converted to `target`'s storage format. With an explicit target any real numeric
+    numpy dtype is accepted (int32, int8, float16...), not only the seven candle dtypes."""
+    if arr.dtype == target.np_storage:
+        return arr  # already in storage format (uint16 bits for bf16): no copy
+    if arr.dtype.kind not in "biuf":
+        raise DTypeMismatch(f"Tensor.from_numpy: cannot convert numpy dtype {arr.dtype} to {target.name}")
+    if target is dt.bf16:
+        return dt.f32_to_bf16_bits(arr.astype(np.float32))
+    if arr.dtype.kind == "f" and target.is_int:
+        return dt.float_to_int_saturating(np, arr, target.np_storage)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return arr.astype(target.np_storage)
 
 
 def compute_dtype(dtype: DType) -> DType:
@@ -381,8 +392,6 @@ class Var(Tensor):
     def set(self, value: Tensor) -> None:
         """Replace the value (same shape and dtype), keeping identity for optimizers."""
         if value.shape != self.shape:
-            from .errors import ShapeMismatch
-
             raise ShapeMismatch(f"Var.set: shape mismatch, var {list(self.shape)} value {list(value.shape)}")
         if value.dtype is not self.dtype:
             raise DTypeMismatch(f"Var.set: dtype mismatch, var {self.dtype.name} value {value.dtype.name}")

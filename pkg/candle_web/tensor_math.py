@@ -64,6 +64,9 @@ class MathOps:
         return record(out, (self,), lambda g: (g.mul(self.powf(exponent - 1.0).affine(exponent, 0.0)),))
 
     def clamp(self, lo, hi):
+        """Clamp to [lo, hi]; scalar bounds use the fused kernel, tensor bounds broadcast."""
+        if not (_is_scalar(lo) and _is_scalar(hi)):
+            return self.broadcast_maximum(lo).broadcast_minimum(hi)
         out = self._from_compute(self.device.backend.clamp(self._compute(), lo, hi))
 
         def backward(g):
@@ -76,16 +79,18 @@ class MathOps:
     def _binary(self, op: str, other, broadcast: bool = False):
         if _is_scalar(other):
             other = self.full_like(other)
-        name = f"broadcast_{op}" if broadcast else op
         if broadcast:
+            # Validate here, then let the backend broadcast: no intermediate view tensors on
+            # the inference path; the backward broadcasts lazily (see _broadcast_binary_grads).
+            name = "broadcast_" + op
             self._check_same(other, name, same_shape=False)
-            shape = broadcast_shape(self.dims(), other.dims(), name)
-            return self.broadcast_as(shape)._binary(op, other.broadcast_as(shape))
-        self._check_same(other, name)
+            broadcast_shape(self._data.shape, other._data.shape, name)
+        else:
+            self._check_same(other, op)
         out = self._from_compute(self.device.backend.binary(op, self._compute(), other._compute()))
         if not self.dtype.is_float:
             return out
-        return record(out, (self, other), lambda g: _BINARY_GRADS[op](self, other, out, g))
+        return record(out, (self, other), lambda g: _broadcast_binary_grads(op, self, other, out, g))
 
     def add(self, other): return self._binary("add", other)
     def sub(self, other): return self._binary("sub", other)
@@ -114,8 +119,7 @@ class MathOps:
         name = f"broadcast_{op}" if broadcast else op
         self._check_same(other, name, same_shape=not broadcast)
         if broadcast:
-            shape = broadcast_shape(self.dims(), other.dims(), name)
-            return self.broadcast_as(shape)._compare(op, other.broadcast_as(shape))
+            broadcast_shape(self._data.shape, other._data.shape, name)  # the backend broadcasts
         from .tensor import Tensor
 
         data = self.device.backend.compare(op, self._compute(), other._compute())
@@ -190,6 +194,8 @@ class MathOps:
     # -- reductions --------------------------------------------------------------------------
     def _reduce(self, op: str, dims, keepdim: bool):
         axes = resolve_dims(dims, self.rank, op)
+        if op != "sum":
+            self._check_not_empty(axes, op)
         data = self.device.backend.reduce(op, self._compute(), axes, True)
         kept = self._from_compute(data)
         if self.dtype.is_float:
@@ -253,10 +259,18 @@ class MathOps:
         remaining = tuple(d for i, d in enumerate(self.dims()) if i not in axes)
         return summed.reshape(remaining)
 
+    def _check_not_empty(self, axes, op):
+        # max/min/argmax over nothing has no value (numpy would raise a bare ValueError).
+        for axis in axes:
+            if self._data.shape[axis] == 0:
+                raise ShapeError(f"{op}: cannot reduce over dim {axis} of size 0 "
+                                 f"(shape {list(self.shape)})")
+
     def _arg_reduce(self, op, dim, keepdim):
         from .tensor import Tensor
 
         d = resolve_dim(dim, self.rank, op)
+        self._check_not_empty((d,), op)
         data = self.device.backend.arg_reduce(op, self._compute(), d, keepdim)
         return Tensor._wrap(data, dt.u32, self.device)
 
@@ -371,9 +385,11 @@ class MathOps:
 
         d = resolve_dim(dim, self.rank, "scatter_add")
         self._check_same(src, "scatter_add", same_shape=False)
-        if ids.shape != src.shape or ids.rank != self.rank:
+        # Like Candle: ids and src share a shape, which equals self's except along dim.
+        if ids.shape != src.shape or ids.rank != self.rank or any(
+                a != b for i, (a, b) in enumerate(zip(ids.dims(), self.dims())) if i != d):
             raise ShapeMismatch(f"scatter_add: ids {list(ids.shape)}, src {list(src.shape)} and "
-                                f"self {list(self.shape)} disagree")
+                                f"self {list(self.shape)} disagree (dims other than {dim} must match)")
         self._check_ids(ids, d, "scatter_add", self.dims()[d])
         data = self.device.backend.scatter_add(self._compute(), ids._data, src._compute(), d)
         out = self._from_compute(data)
@@ -438,6 +454,18 @@ _UNARY_GRADS = {
     "round": _zero_grad,
     "sign": _zero_grad,
 }
+
+
+def _broadcast_binary_grads(op, a, b, y, g):
+    """Gradients of a (possibly broadcast) binary op: the same-shape rule applied to the
+    inputs broadcast to the output shape, then summed back to each input's shape."""
+    if a.shape == b.shape:
+        return _BINARY_GRADS[op](a, b, y, g)
+    from .tensor_shape import _sum_to_shape
+
+    out_shape = y.shape
+    grad_a, grad_b = _BINARY_GRADS[op](a.broadcast_as(out_shape), b.broadcast_as(out_shape), y, g)
+    return _sum_to_shape(grad_a, a.dims()), _sum_to_shape(grad_b, b.dims())
 
 
 def _max_min_grad(a, b, y, g, a_wins):

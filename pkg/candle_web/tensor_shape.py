@@ -6,6 +6,8 @@ backward closure only when an input tracks gradients.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .autograd import is_tracking, record
 from .errors import CandleError, IndexOutOfRange, ShapeError, ShapeMismatch
 from .shape import Shape, infer_reshape, resolve_dim, resolve_dims
@@ -97,12 +99,23 @@ class ShapeOps:
         return self._basic_index(key)
 
     def chunk(self, chunks: int, dim: int) -> list:
+        """Split into `chunks` pieces along `dim` as Candle does: sizes differ by at most one,
+        the first `size % chunks` pieces being the larger ones (size 6 in 4 chunks gives
+        2, 2, 1, 1 where PyTorch gives 2, 2, 2); fewer pieces only when size < chunks."""
         d = resolve_dim(dim, self.rank, "chunk")
         size = self.dims()[d]
         if chunks <= 0:
             raise ShapeError(f"chunk: chunks must be positive, got {chunks}")
-        step = -(-size // chunks)  # ceil, like Candle and PyTorch
-        return [self.narrow(d, s, min(step, size - s)) for s in range(0, size, step)]
+        if size < chunks:
+            return [self.narrow(d, i, 1) for i in range(size)]
+        base, larger = divmod(size, chunks)
+        pieces = []
+        start = 0
+        for i in range(chunks):
+            length = base + 1 if i < larger else base
+            pieces.append(self.narrow(d, start, length))
+            start += length
+        return pieces
 
     def contiguous(self) -> "Tensor":
         if self.is_contiguous():
@@ -219,7 +232,7 @@ class ShapeOps:
         out = self._basic_index(tuple(basic))
         for dim, ids in selections:
             if isinstance(ids, list):
-                ids = Tensor.from_numpy(__import__("numpy").asarray(ids, dtype="int64"), device=self.device)
+                ids = Tensor.from_numpy(np.asarray(ids, dtype=np.int64), device=self.device)
             out = out.index_select(ids, dim)
         return out
 

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from ..dtype import float_to_int_saturating
 from .base import Backend
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -23,7 +24,39 @@ _ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
                 0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277)
 
 
+# Beyond this |x|, erf(x) is 1.0 in double precision (erfc(6) ~ 2e-17).
+ERF_F64_SATURATION = 6.0
+# Extra series terms once the terms start halving: 2**-60 is far below double precision.
+ERF_F64_TAIL_TERMS = 60
+
+
 def erf(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.float64:
+        return _erf_f64(x)
+    return _erf_f32(x)
+
+
+def _erf_f64(x: np.ndarray) -> np.ndarray:
+    """erf to ~1e-15 for f64 tensors (the f32 fit below is only good to ~1e-7).
+
+    Uses erf(z) = 2/sqrt(pi) exp(-z^2) sum_n (2z^2)^n z / (1*3*...*(2n+1)): every term is
+    positive, so there is no cancellation; the term ratio 2z^2/(2n+3) drops below 1/2 once
+    n > 2z^2, which bounds the number of terms by 2*6^2 + 60.
+    """
+    z = np.minimum(np.abs(x), ERF_F64_SATURATION)
+    z2 = z * z
+    finite = z2[np.isfinite(z2)]
+    peak = float(finite.max()) if finite.size else 0.0
+    term = z.copy()
+    total = z.copy()
+    for n in range(1, int(2.0 * peak) + ERF_F64_TAIL_TERMS):
+        term *= 2.0 * z2 / (2 * n + 1)
+        total += term
+    result = (2.0 / math.sqrt(math.pi)) * np.exp(-z2) * total
+    return np.copysign(result, x)
+
+
+def _erf_f32(x: np.ndarray) -> np.ndarray:
     z = np.abs(x)
     t = 1.0 / (1.0 + 0.5 * z)
     poly = np.full_like(t, _ERFC_COEFFS[-1])
@@ -41,7 +74,24 @@ def _sigmoid(x):
 
 def _round_half_away(x):
     # Candle (Rust f32::round) rounds halves away from zero, unlike numpy's half-to-even.
-    return (np.sign(x) * np.floor(np.abs(x) + 0.5)).astype(x.dtype, copy=False)
+    # floor(|x| + 0.5) would be wrong twice over: 0.49999997 + 0.5 rounds up to 1.0 in f32,
+    # and above 2**23 the sum is not representable (8388609 + 0.5 -> 8388610). Splitting off
+    # the fraction is exact: x - trunc(x) never rounds.
+    whole = np.trunc(x)
+    fraction = x - whole
+    away = np.abs(fraction) >= 0.5
+    return np.where(away, whole + np.sign(x), whole).astype(x.dtype, copy=False)
+
+
+def _int_div_toward_zero(a, b):
+    # Candle (Rust integer `/`) truncates toward zero; numpy's floor_divide rounds toward
+    # -inf, which differs for negative i64 quotients (-7 / 2 is -3, not -4). Division by
+    # zero gives 0 (numpy's convention) instead of Rust's panic.
+    quotient = np.floor_divide(a, b)
+    if a.dtype.kind == "i":
+        inexact = (quotient * b != a) & ((a < 0) != (b < 0)) & (b != 0)
+        quotient = quotient + inexact.astype(quotient.dtype)
+    return quotient
 
 
 _UNARY = {
@@ -76,6 +126,14 @@ _BINARY = {
     "minimum": np.minimum,
     "pow": np.power,
 }
+
+# Ops run without an np.errstate block: entering one costs several microseconds, more than
+# the op itself on small tensors (the decode hot path). These cannot divide by zero or take a
+# log/sqrt of a negative; at worst add/sub/mul overflow or compute inf - inf, where numpy
+# emits a RuntimeWarning and returns the same inf/NaN as the silenced path.
+# (round is not here: for x = inf it computes inf - trunc(inf).)
+_NO_FP_EXCEPTION_OPS = frozenset(("add", "sub", "mul", "maximum", "minimum", "neg", "abs", "relu",
+                                  "sign", "floor", "ceil"))
 
 _COMPARE = {
     "eq": np.equal,
@@ -113,23 +171,28 @@ class NumpyBackend(Backend):
 
     # -- elementwise --------------------------------------------------------------------
     def unary(self, op, x):
-        with np.errstate(all="ignore"):
+        if op in _NO_FP_EXCEPTION_OPS:
             out = _UNARY[op](x)
+        else:
+            with np.errstate(all="ignore"):
+                out = _UNARY[op](x)
         return np.asarray(out, dtype=x.dtype) if out.dtype != x.dtype else out
 
     def binary(self, op, a, b):
+        if op in _NO_FP_EXCEPTION_OPS:
+            return _BINARY[op](a, b)
         with np.errstate(all="ignore"):
             if op == "div" and a.dtype.kind in "iu":
-                return np.floor_divide(a, b)
+                return _int_div_toward_zero(a, b)
             return _BINARY[op](a, b)
 
     def compare(self, op, a, b):
         return _COMPARE[op](a, b).view(np.uint8)
 
     def affine(self, x, mul, add):
+        # Always add, even 0: Candle computes x * mul + add, so -0.0 * 1 + 0 is +0.0.
         out = x * np.asarray(mul, dtype=x.dtype)
-        if add != 0:
-            out += np.asarray(add, dtype=x.dtype)
+        out += np.asarray(add, dtype=x.dtype)
         return out
 
     def powf(self, x, exponent):
@@ -143,6 +206,9 @@ class NumpyBackend(Backend):
         return np.where(cond != 0, on_true, on_false)
 
     def cast(self, x, np_dtype):
+        np_dtype = np.dtype(np_dtype)
+        if x.dtype.kind == "f" and np_dtype.kind in "iu":
+            return float_to_int_saturating(np, x, np_dtype)
         with np.errstate(all="ignore"):
             return x.astype(np_dtype)
 
@@ -326,7 +392,8 @@ class NumpyBackend(Backend):
         return np.arange(start, end, step, dtype=np_dtype)
 
     def contiguous(self, x):
-        return np.ascontiguousarray(x)
+        # Not np.ascontiguousarray, which turns rank 0 into shape (1,).
+        return x if x.flags.c_contiguous else x.copy(order="C")
 
     def is_contiguous(self, x):
         return x.flags.c_contiguous
