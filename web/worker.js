@@ -1,0 +1,344 @@
+/*
+ * candle-web worker: Pyodide + numpy + scipy + candle_web behind one message protocol.
+ *
+ * The page posts commands {type, id, ...}; every reply carries the same id:
+ *   {type: "progress", id, phase, state, ...}  zero or more, while the command runs
+ *   {type: "result",   id, ...}                 exactly one on success
+ *   {type: "error",    id, error: {name, message, traceback?}}  exactly one on failure
+ * Commands: init, eval_twin, cancel (more are added to COMMANDS below: load, transcribe...).
+ *
+ * Everything is fetched from the serving origin: Pyodide and the wheels from
+ * /vendor/pyodide/ (checked by Pyodide against the sha256 in pyodide-lock.json), the
+ * candle_web wheel from /vendor/wheels/ (checked here against its manifest).
+ *
+ * Cancelling: Python runs synchronously inside this worker, so while it computes no message
+ * can arrive. The page therefore shares a SharedArrayBuffer (needs crossOriginIsolated) of
+ * three int32 slots: [0] is Pyodide's interrupt buffer (the page stores SIGINT there and Python
+ * raises KeyboardInterrupt at the next bytecode boundary), [1] is the id the page wants
+ * cancelled, [2] the id of the job now in Python. The worker stores [2] and then reads [1];
+ * the page stores [1] and then reads [2], raising the interrupt only if the ids match. With
+ * sequentially consistent Atomics one side always sees the other, so a cancel that lands
+ * just as a job starts is not lost. Ids are therefore positive int32 numbers.
+ */
+"use strict";
+
+const BASE_URL = new URL("./", self.location.href);
+const PYODIDE_INDEX_URL = new URL("vendor/pyodide/", BASE_URL).href;
+const WHEEL_DIR_URL = new URL("vendor/wheels/", BASE_URL).href;
+const WHEEL_MANIFEST_URL = new URL("manifest.json", WHEEL_DIR_URL).href;
+// Python helpers shipped next to this file and imported by name inside Pyodide.
+const PYTHON_MODULES = ["py/twin_check.py"];
+const PYTHON_MODULE_DIR = "/home/pyodide/candle_web_worker";
+const WHEEL_FS_DIR = "/tmp/candle_web_wheels";
+const TWIN_ARGUMENTS = ["seed", "m", "k", "n", "repeat"];
+
+const SLOT_INTERRUPT = 0;
+const SLOT_CANCEL_ID = 1;
+const SLOT_RUNNING_ID = 2;
+const NO_JOB = 0;
+const PROGRESS_INTERVAL_MS = 100;
+
+importScripts(PYODIDE_INDEX_URL + "pyodide.js");
+
+let pyodide = null;
+let runtimePromise = null;
+let controlSlots = null; // Int32Array over the page's SharedArrayBuffer, or null
+const queuedJobs = new Set(); // ids waiting for their turn in Python
+const cancelledBeforeStart = new Set();
+// Python calls run one after another: an async step (micropip) must not interleave with a
+// synchronous computation, and the interrupt slot belongs to one job at a time.
+let pythonQueue = Promise.resolve();
+
+class CancelledError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "Cancelled";
+  }
+}
+
+function post(message, transfer = []) {
+  self.postMessage(message, transfer);
+}
+
+function progress(id, fields) {
+  post({ type: "progress", id, ...fields });
+}
+
+// Runs `work` as one named phase, reporting start and end with its duration in ms.
+async function timedPhase(id, phase, work) {
+  progress(id, { phase, state: "start" });
+  const start = performance.now();
+  const detail = await work();
+  const ms = performance.now() - start;
+  progress(id, { phase, state: "done", ms, ...(detail || {}) });
+  return ms;
+}
+
+// Log lines of Pyodide's package loader are chatty; keep them out of the console unless
+// something goes wrong.
+function quietLoaderOptions() {
+  return { messageCallback: () => {}, errorCallback: (text) => console.warn(text), checkIntegrity: true };
+}
+
+async function sha256Hex(buffer) {
+  const digest = await crypto.subtle.digest("SHA-256", buffer);
+  return Array.from(new Uint8Array(digest), (byte) => byte.toString(16).padStart(2, "0")).join("");
+}
+
+async function fetchChecked(url, what) {
+  const response = await fetch(url, { cache: "no-cache" });
+  if (!response.ok) {
+    throw new Error(`${what}: ${url} answered ${response.status} ${response.statusText}`);
+  }
+  return response;
+}
+
+async function installCandleWheel() {
+  const manifest = await (await fetchChecked(WHEEL_MANIFEST_URL, "wheel manifest")).json();
+  const wheelUrl = new URL(manifest.wheel, WHEEL_DIR_URL).href;
+  const bytes = await (await fetchChecked(wheelUrl, "candle_web wheel")).arrayBuffer();
+  // crypto.subtle exists only in secure contexts (http://127.0.0.1 is one; a LAN address
+  // over plain http is not): there the check is skipped, the bytes come from the same origin.
+  const actual = self.crypto?.subtle ? await sha256Hex(bytes) : manifest.sha256;
+  if (!self.crypto?.subtle) console.warn("no crypto.subtle: candle_web wheel hash not checked");
+  if (actual !== manifest.sha256) {
+    throw new Error(`sha256 mismatch for ${manifest.wheel}: manifest ${manifest.sha256}, got ${actual} (rebuild with scripts/vendor_pyodide.py)`);
+  }
+  pyodide.FS.mkdirTree(WHEEL_FS_DIR);
+  const wheelPath = `${WHEEL_FS_DIR}/${manifest.wheel}`;
+  pyodide.FS.writeFile(wheelPath, new Uint8Array(bytes));
+  const micropip = pyodide.pyimport("micropip");
+  try {
+    // numpy (the only dependency) is already loaded, so micropip resolves nothing remotely.
+    await micropip.install(`emfs:${wheelPath}`);
+  } finally {
+    micropip.destroy();
+  }
+  return manifest;
+}
+
+async function writePythonModules() {
+  pyodide.FS.mkdirTree(PYTHON_MODULE_DIR);
+  for (const relativePath of PYTHON_MODULES) {
+    const source = await (await fetchChecked(new URL(relativePath, BASE_URL).href, "python module")).text();
+    const fileName = relativePath.split("/").pop();
+    pyodide.FS.writeFile(`${PYTHON_MODULE_DIR}/${fileName}`, source);
+  }
+  pyodide.runPython(`import sys\nif ${JSON.stringify(PYTHON_MODULE_DIR)} not in sys.path: sys.path.insert(0, ${JSON.stringify(PYTHON_MODULE_DIR)})`);
+}
+
+function pythonVersions() {
+  const versions = pyodide.runPython(`
+import sys, numpy, scipy, candle_web
+{"python": sys.version.split()[0], "numpy": numpy.__version__, "scipy": scipy.__version__,
+ "candle_web": getattr(candle_web, "__version__", "unknown")}
+`);
+  try {
+    return { pyodide: pyodide.version, ...versions.toJs({ dict_converter: Object.fromEntries }) };
+  } finally {
+    versions.destroy();
+  }
+}
+
+async function startRuntime(id) {
+  const phases = {};
+  phases.runtime = await timedPhase(id, "runtime", async () => {
+    pyodide = await loadPyodide({
+      indexURL: PYODIDE_INDEX_URL,
+      stdout: (line) => console.log(`[python] ${line}`),
+      stderr: (line) => console.warn(`[python] ${line}`),
+    });
+    if (controlSlots !== null) {
+      pyodide.setInterruptBuffer(new Int32Array(controlSlots.buffer, 0, 1));
+    }
+  });
+  phases.numpy = await timedPhase(id, "numpy", async () => {
+    await pyodide.loadPackage("numpy", quietLoaderOptions());
+    pyodide.runPython("import numpy");
+  });
+  // scipy brings OpenBLAS: candle_web's numpy backend uses its sgemm for f32 matmul.
+  phases.scipy = await timedPhase(id, "scipy", async () => {
+    await pyodide.loadPackage("scipy", quietLoaderOptions());
+    pyodide.runPython("import scipy.linalg.blas");
+  });
+  let manifest = null;
+  phases.wheel = await timedPhase(id, "wheel", async () => {
+    await pyodide.loadPackage("micropip", quietLoaderOptions());
+    manifest = await installCandleWheel();
+    await writePythonModules();
+    pyodide.runPython("import candle_web");
+    return { wheel: manifest.wheel };
+  });
+  return {
+    phases,
+    totalMs: Object.values(phases).reduce((sum, ms) => sum + ms, 0),
+    versions: pythonVersions(),
+    wheel: manifest,
+    crossOriginIsolated: self.crossOriginIsolated === true,
+    cancellable: controlSlots !== null,
+  };
+}
+
+function ensureRuntime(id) {
+  if (runtimePromise === null) {
+    runtimePromise = startRuntime(id);
+    // A failed start may be retried by a later init.
+    runtimePromise.catch(() => { runtimePromise = null; });
+  }
+  return runtimePromise;
+}
+
+// Runs one Python job with the interrupt slot armed for it; see the header comment.
+function runPythonJob(id, job) {
+  queuedJobs.add(id);
+  const run = async () => {
+    queuedJobs.delete(id);
+    if (cancelledBeforeStart.delete(id)) {
+      throw new CancelledError(`job ${id} was cancelled before it started`);
+    }
+    if (controlSlots !== null) {
+      Atomics.store(controlSlots, SLOT_RUNNING_ID, Number.isInteger(id) ? id : NO_JOB);
+    }
+    try {
+      if (controlSlots !== null) {
+        if (Atomics.load(controlSlots, SLOT_CANCEL_ID) === id) {
+          throw new CancelledError(`job ${id} was cancelled before it started`);
+        }
+        Atomics.store(controlSlots, SLOT_INTERRUPT, 0); // drop a stale signal for another job
+      }
+      return await job();
+    } finally {
+      if (controlSlots !== null) {
+        Atomics.store(controlSlots, SLOT_RUNNING_ID, NO_JOB);
+        Atomics.store(controlSlots, SLOT_INTERRUPT, 0);
+      }
+    }
+  };
+  const result = pythonQueue.then(run, run);
+  pythonQueue = result.catch(() => {});
+  return result;
+}
+
+function throttledProgress(id, phase) {
+  let lastPost = -Infinity;
+  return (done, total) => {
+    const now = performance.now();
+    if (done === 1 || done === total || now - lastPost >= PROGRESS_INTERVAL_MS) {
+      lastPost = now;
+      progress(id, { phase, state: "running", done, total });
+    }
+  };
+}
+
+// Copies a numpy array out of the wasm heap into a standalone ArrayBuffer for transfer.
+function numpyToArrayBuffer(arrayProxy) {
+  const view = arrayProxy.getBuffer();
+  try {
+    if (!view.c_contiguous) {
+      throw new Error("expected a C-contiguous array from Python");
+    }
+    const bytes = new Uint8Array(view.data.buffer, view.data.byteOffset, view.data.byteLength);
+    return bytes.slice().buffer;
+  } finally {
+    view.release();
+  }
+}
+
+// --- commands -------------------------------------------------------------------------------
+
+async function handleInit(message) {
+  if (message.control instanceof SharedArrayBuffer && controlSlots === null && pyodide === null) {
+    controlSlots = new Int32Array(message.control);
+  }
+  const summary = await ensureRuntime(message.id);
+  return { payload: summary };
+}
+
+async function handleEvalTwin(message) {
+  await ensureRuntime(message.id);
+  return runPythonJob(message.id, async () => {
+    const twin = pyodide.pyimport("twin_check");
+    const onProgress = throttledProgress(message.id, "eval_twin");
+    let result = null;
+    try {
+      // Only the fields the page set: twin_check.run_twin owns the defaults.
+      const kwargs = { on_progress: onProgress };
+      for (const name of TWIN_ARGUMENTS) {
+        if (message[name] !== undefined) kwargs[name] = message[name];
+      }
+      result = twin.run_twin.callKwargs(kwargs);
+      const output = result.get("output");
+      let buffer;
+      try {
+        buffer = numpyToArrayBuffer(output);
+      } finally {
+        output.destroy();
+      }
+      const shape = result.get("shape").toJs();
+      const timingsMs = result.get("timings_ms").toJs();
+      return {
+        payload: {
+          dtype: result.get("dtype"),
+          shape,
+          inputsSha256: result.get("inputs_sha256"),
+          timingsMs,
+          output: buffer,
+        },
+        transfer: [buffer],
+      };
+    } finally {
+      if (result !== null) result.destroy();
+      twin.destroy();
+    }
+  });
+}
+
+// Cancels a job that has not reached Python yet (the running one is stopped by the page
+// through the shared interrupt slot, since this handler cannot run while Python does).
+async function handleCancel(message) {
+  const target = message.target;
+  const queued = queuedJobs.has(target);
+  if (queued) cancelledBeforeStart.add(target);
+  return { payload: { target, queued } };
+}
+
+// The dispatch table: add a command by adding an entry. A handler gets the message and
+// returns {payload, transfer?}; throwing produces the error reply.
+const COMMANDS = {
+  init: handleInit,
+  eval_twin: handleEvalTwin,
+  cancel: handleCancel,
+};
+
+function describeError(error) {
+  if (error instanceof CancelledError) {
+    return { name: "Cancelled", message: error.message };
+  }
+  // Pyodide's PythonError: `type` is the Python exception class name, the message is the
+  // formatted traceback whose last line is "Type: message".
+  if (error && error.constructor && error.constructor.name === "PythonError") {
+    const lines = String(error.message).trim().split("\n");
+    const lastLine = lines[lines.length - 1];
+    if (error.type === "KeyboardInterrupt") {
+      return { name: "Cancelled", message: "cancelled by the page", traceback: error.message };
+    }
+    return { name: error.type, message: lastLine, traceback: error.message };
+  }
+  return { name: (error && error.name) || "Error", message: String((error && error.message) || error) };
+}
+
+self.onmessage = async (event) => {
+  const message = event.data || {};
+  const id = message.id;
+  const handler = COMMANDS[message.type];
+  if (handler === undefined) {
+    post({ type: "error", id, error: { name: "UnknownCommand", message: `unknown command type ${JSON.stringify(message.type)}; known: ${Object.keys(COMMANDS).join(", ")}` } });
+    return;
+  }
+  try {
+    const { payload, transfer } = await handler(message);
+    post({ type: "result", id, ...payload }, transfer || []);
+  } catch (error) {
+    post({ type: "error", id, error: describeError(error) });
+  }
+};
