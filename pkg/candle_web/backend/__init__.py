@@ -29,7 +29,10 @@ def get_backend(name: str) -> Backend:
             _import_native(name)
         if name not in _FACTORIES:
             raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(_FACTORIES)}")
-        _INSTANCES[name] = _FACTORIES[name]()
+        try:
+            _INSTANCES[name] = _FACTORIES[name]()
+        except ImportError as e:  # a package the backend needs is missing or broken
+            raise BackendUnavailable(f"the {name} backend cannot load: {e}") from None
     return _INSTANCES[name]
 
 
