@@ -7,12 +7,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_SYS := $(VENV)/.stamp-system
-# Debian packages: headless Chromium for the UI tests, espeak-ng + sox to synthesise speech.
-APT_PACKAGES := chromium espeak-ng sox
+# Debian packages: headless Chromium for the UI tests, espeak-ng + sox to synthesise speech,
+# ffmpeg to decode mp3/ogg natively when soundfile cannot.
+APT_PACKAGES := chromium espeak-ng sox ffmpeg
 
 export CANDLE_WEB_OFFLINE ?= 1
 
-.PHONY: demo test setup system-deps models bench clean-venv
+.PHONY: demo test setup system-deps models web bench clean-venv
 
 # -- set-up -------------------------------------------------------------------------------
 # torch must be the CPU build: install it first, pinned, so no other package pulls a CUDA one.
@@ -42,12 +43,20 @@ models: $(STAMP_DEV)
 	@if [ -f models/fetch.py ]; then $(PY) models/fetch.py --default; fi
 	@if [ -x scripts/fetch_test_audio.sh ]; then scripts/fetch_test_audio.sh; fi
 
+# The browser runtime: Pyodide 0.27.7 (npm + verified wheels) and the candle_web wheel.
+web: $(STAMP_DEV)
+	$(PY) scripts/vendor_pyodide.py
+
 # -- the two commands -----------------------------------------------------------------------
-test: $(STAMP_DEV) $(STAMP_SYS) models
+test: $(STAMP_DEV) $(STAMP_SYS) models web
 	$(PY) -m pytest -q
 
-demo: $(STAMP_DEV) models
-	$(PY) examples/tensor_tour.py
+# The demo: a native transcription of a bundled LibriVox clip, then the browser page.
+DEMO_PORT ?= 8000
+demo: $(STAMP_DEV) models web
+	@speech=$$($(PY) -c 'from candle_web import hub; print(hub.cache_dir() / "testdata/speech/librivox")'); \
+	  $(PY) -m candle_web.cli transcribe "$$speech/sense_and_sensibility_01_austen_64kb-0870.wav"
+	$(PY) -m candle_web.cli serve --port $(DEMO_PORT)
 
 bench: $(STAMP_DEV) models
 	@for f in bench/*.py; do [ -f "$$f" ] && $(PY) "$$f"; done
