@@ -26,7 +26,7 @@ $(STAMP_DEV): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps openai-whisper==20250625
 	touch $@
 
-$(STAMP_SYS):
+$(STAMP_SYS): Makefile
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
