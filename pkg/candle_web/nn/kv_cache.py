@@ -32,8 +32,24 @@ class Cache:
         index[self.dim] = slice(0, self.current_seq_len)
         return Tensor._wrap(self._buffer[tuple(index)], self._dtype, self._device)
 
-    def append(self, src: Tensor) -> None:
+    def check(self, src: Tensor) -> int:
+        """Validate `src` for `append` without changing anything; returns the normalised dim."""
         dim = self.dim if self.dim >= 0 else src.rank + self.dim
+        if not 0 <= dim < src.rank:
+            raise ShapeMismatch(f"kv cache append: dim {self.dim} is out of range for "
+                                f"{list(src.shape)}")
+        if self._buffer is not None:
+            expected = list(self._buffer.shape)
+            got = list(src.dims())
+            if len(got) == len(expected):
+                expected[dim] = got[dim]
+            if expected != got or src.dtype is not self._dtype:
+                raise ShapeMismatch(f"kv cache append: got {got} {src.dtype.name}, expected "
+                                    f"{expected} {self._dtype.name}")
+        return dim
+
+    def append(self, src: Tensor) -> None:
+        dim = self.check(src)
         added = src.dims()[dim]
         if self._buffer is None:
             xp = src.device.backend.xp
@@ -42,13 +58,6 @@ class Cache:
             self._buffer = xp.empty(tuple(shape), dtype=src._data.dtype)
             self._dtype, self._device = src.dtype, src.device
             self.dim = dim
-        else:
-            expected = list(self._buffer.shape)
-            got = list(src.dims())
-            expected[dim] = got[dim]
-            if expected != got or src.dtype is not self._dtype:
-                raise ShapeMismatch(f"kv cache append: got {got} {src.dtype.name}, expected "
-                                    f"{expected} {self._dtype.name}")
         needed = self.current_seq_len + added
         if needed > self._buffer.shape[dim]:
             self._grow(needed)
@@ -77,6 +86,11 @@ class KvCache:
         self.v = Cache(dim, initial_capacity)
 
     def append(self, k: Tensor, v: Tensor):
+        # Check both first so that a bad `v` cannot leave `k` one step ahead.
+        k_dim, v_dim = self.k.check(k), self.v.check(v)
+        if k.dims()[k_dim] != v.dims()[v_dim]:
+            raise ShapeMismatch(f"kv cache append: k {list(k.shape)} and v {list(v.shape)} add "
+                                f"different lengths along dim {self.k.dim}")
         self.k.append(k)
         self.v.append(v)
         return self.k.current_data(), self.v.current_data()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import UnsupportedError
+from ..errors import ShapeMismatch, UnsupportedError
 from ..tensor import Tensor
 from . import init as nn_init
 from . import ops
@@ -31,6 +31,11 @@ class Linear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         out_features, in_features = self.weight.dims()
+        if x.rank == 0 or x.dims()[-1] != in_features:
+            # Checked here: the flattening below would otherwise fail later as a confusing
+            # reshape error.
+            raise ShapeMismatch(f"linear: input {list(x.shape)} does not end in the weight's "
+                                f"in_features {in_features} (weight {list(self.weight.shape)})")
         lead = x.dims()[:-1]
         flat = x.reshape(-1, in_features) if x.rank != 2 else x
         y = flat.matmul(self.weight.t())

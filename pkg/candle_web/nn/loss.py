@@ -8,6 +8,7 @@ from . import ops
 
 
 def mse(inp: Tensor, target: Tensor) -> Tensor:
+    inp._check_same(target, "mse")
     return inp.sub(target).sqr().mean_all()
 
 

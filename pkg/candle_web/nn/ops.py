@@ -1,16 +1,18 @@
 """Functional ops used by layers and models (Candle's `candle_nn::ops`).
 
 The fused kernels (softmax, norms, rope, attention) run through the backend's single
-primitive when no input tracks gradients (inference); when one does, they are composed from
-differentiable tensor ops so autograd sees every step.
+primitive when no input tracks gradients (inference). When one does, the norms, rope and
+attention are composed from differentiable tensor ops so autograd sees every step; the
+last-dim softmax and log-softmax keep their fused forward and record their closed-form
+gradient instead (one node rather than six, and no overflow-prone intermediate).
 """
 
 from __future__ import annotations
 
 import math
 
-from ..autograd import is_tracking
-from ..errors import ShapeMismatch
+from ..autograd import is_tracking, record
+from ..errors import CandleError, ShapeMismatch
 from ..tensor import Tensor
 
 
@@ -18,21 +20,50 @@ def _fused(x: Tensor, data) -> Tensor:
     return x._from_compute(data)
 
 
+def _untracked_alias(t: Tensor) -> Tensor:
+    """The same data without graph links, for use inside a backward closure (capturing the
+    output itself would make output -> node -> closure -> output a reference cycle)."""
+    return Tensor._wrap(t._data, t.dtype, t.device)
+
+
+def _is_last_dim(x: Tensor, dim: int) -> bool:
+    return dim in (-1, x.rank - 1)
+
+
 def softmax_last_dim(x: Tensor) -> Tensor:
-    if is_tracking(x):
-        return softmax(x, -1)
-    return _fused(x, x.device.backend.softmax_last_dim(x._compute()))
+    out = _fused(x, x.device.backend.softmax_last_dim(x._compute()))
+    if not is_tracking(x):
+        return out
+    probs = _untracked_alias(out)
+
+    def backward(grad):
+        # d softmax: s * (g - sum(g * s)) along the softmax dim.
+        weighted = grad.mul(probs).sum_keepdim(-1)
+        return (probs.mul(grad.broadcast_sub(weighted)),)
+
+    return record(out, (x,), backward)
 
 
 def softmax(x: Tensor, dim: int) -> Tensor:
+    if _is_last_dim(x, dim):
+        return softmax_last_dim(x)
     shifted = x.broadcast_sub(x.max_keepdim(dim).detach())
     exp = shifted.exp()
     return exp.broadcast_div(exp.sum_keepdim(dim))
 
 
 def log_softmax(x: Tensor, dim: int) -> Tensor:
-    if dim in (-1, x.rank - 1) and not is_tracking(x):
-        return _fused(x, x.device.backend.log_softmax_last_dim(x._compute()))
+    if _is_last_dim(x, dim):
+        out = _fused(x, x.device.backend.log_softmax_last_dim(x._compute()))
+        if not is_tracking(x):
+            return out
+        log_probs = _untracked_alias(out)
+
+        def backward(grad):
+            # d log_softmax: g - softmax * sum(g), with softmax = exp(log_softmax).
+            return (grad.broadcast_sub(log_probs.exp().broadcast_mul(grad.sum_keepdim(-1))),)
+
+        return record(out, (x,), backward)
     shifted = x.broadcast_sub(x.max_keepdim(dim).detach())
     return shifted.broadcast_sub(shifted.exp().sum_keepdim(dim).log())
 
@@ -56,7 +87,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 def dropout(x: Tensor, drop_p: float, train: bool = True, generator=None) -> Tensor:
     """Inverted dropout: zero with probability p, scale the rest by 1/(1-p)."""
     if not 0.0 <= drop_p < 1.0:
-        raise ValueError(f"dropout: probability must be in [0, 1), got {drop_p}")
+        raise CandleError(f"dropout: probability must be in [0, 1), got {drop_p}")
     if not train or drop_p == 0.0:
         return x
     keep = Tensor.rand(0.0, 1.0, x.shape, x.dtype, x.device, generator).ge(drop_p).to_dtype(x.dtype)

@@ -16,8 +16,11 @@ from ..tensor import Tensor, Var
 
 
 class _DictSource:
+    """Tensors (or numpy arrays, wrapped as they are) by full name."""
+
     def __init__(self, tensors: dict):
-        self.tensors = dict(tensors)
+        self.tensors = {name: value if isinstance(value, Tensor) else Tensor.from_numpy(value)
+                        for name, value in tensors.items()}
 
     def contains(self, name):
         return name in self.tensors
@@ -51,11 +54,22 @@ class _SafeTensorsSource:
         return list(self.index)
 
 
-class _NpzSource(_DictSource):
-    def __init__(self, source):
-        from ..io.npz import load_npz
+class _NpzSource:
+    """An npz archive (path or bytes); members are read one at a time on request."""
 
-        super().__init__(load_npz(source))
+    def __init__(self, source):
+        from ..io.npz import NpzFile
+
+        self.archive = source if isinstance(source, NpzFile) else NpzFile(source)
+
+    def contains(self, name):
+        return name in self.archive
+
+    def get(self, name):
+        return self.archive.get(name)
+
+    def keys(self):
+        return self.archive.keys()
 
 
 class VarMap:
@@ -90,11 +104,17 @@ class VarMap:
         """Set every existing var from a safetensors file (shapes must match)."""
         from ..io.safetensors import SafeTensors
 
-        st = SafeTensors(path)
+        # Read into memory rather than mmap: the vars would otherwise view the mapping, and a
+        # later `save` to the same path truncates the file under them (SIGBUS on access).
+        st = SafeTensors(path, use_mmap=False)
         for name, var in self._vars.items():
-            if name not in st.keys():
+            if name not in st:
                 raise ModelNotFound(f"VarMap.load: {name!r} missing from {path}")
-            var.set(st.get(name).to_dtype(var.dtype).to_device(var.device))
+            value = st.get(name)
+            if value.dims() != var.dims():
+                raise ShapeMismatch(f"VarMap.load: {name!r} is {list(value.shape)} in {path}, "
+                                    f"the var is {list(var.shape)}")
+            var.set(value.to_dtype(var.dtype).to_device(var.device))
 
 
 class VarBuilder:
