@@ -1,0 +1,186 @@
+"""Build a `Tokenizer` from the vocabulary a GGUF file embeds (`tokenizer.ggml.*` keys).
+
+- model "gpt2": byte-level BPE from `tokens` + `merges`; the pre-tokenizer is chosen by
+  `tokenizer.ggml.pre` the way llama.cpp does (its regexes are the HF ones).
+- model "llama": SentencePiece BPE from `tokens` + `scores` (merges ordered by the score of the
+  merged piece, as HF's SentencePiece converter does), with byte fallback and "▁" spaces.
+Control tokens (type 3) become special added tokens, user-defined ones (type 4) plain added
+tokens, so they are matched whole in text as HF and llama.cpp do.
+"""
+
+from __future__ import annotations
+
+from ..errors import FormatError, UnsupportedError
+from .added_vocabulary import AddedToken
+from .decoders import ByteFallback, ByteLevel as ByteLevelDecoder, Fuse
+from .decoders import Replace as ReplaceDecoder, Sequence as DecoderSequence, Strip
+from .models import BPE
+from .normalizers import Prepend, Replace, Sequence as NormalizerSequence
+from .post_processors import TemplateProcessing
+from .pre_tokenizers import ByteLevel, PredicateSplit, Sequence, Split
+from .unicode_classes import is_numeric
+
+# llama.cpp token types (enum llama_token_type).
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_UNKNOWN = 2
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_UNUSED = 5
+TOKEN_TYPE_BYTE = 6
+
+SPIECE_SPACE = "\u2581"
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# tokenizer.ggml.pre values that use plain GPT-2 byte-level splitting.
+GPT2_STYLE_PRE = ("default", "gpt2", "gpt-2", "mpt", "olmo", "jais")
+
+
+def _key(metadata: dict, name: str, required: bool = True, default=None):
+    key = "tokenizer.ggml." + name
+    if key not in metadata:
+        if required:
+            raise FormatError(f"GGUF metadata: missing key {key!r}")
+        return default
+    return metadata[key]
+
+
+def _as_list(value, key: str) -> list:
+    try:
+        return list(value)
+    except TypeError:
+        raise FormatError(f"GGUF metadata: {key} should be an array, got "
+                          f"{type(value).__name__}") from None
+
+
+def _pre_tokenizer_for(pre: str):
+    if pre in GPT2_STYLE_PRE:
+        return ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "starcoder", "refact", "codeshell"):
+        # Every digit on its own, then GPT-2 splitting (SmolLM's tokenizer.json).
+        return Sequence([PredicateSplit(is_numeric, "Isolated"),
+                         ByteLevel(add_prefix_space=False, use_regex=True)])
+    if pre in ("llama-bpe", "llama3", "llama-v3"):
+        return Sequence([Split({"Regex": LLAMA3_PATTERN}, "Isolated"),
+                         ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre == "qwen2":
+        return Sequence([Split({"Regex": QWEN2_PATTERN}, "Isolated"),
+                         ByteLevel(add_prefix_space=False, use_regex=False)])
+    raise UnsupportedError(f"GGUF metadata: tokenizer.ggml.pre = {pre!r} is not supported "
+                           f"(known: {GPT2_STYLE_PRE + ('smollm', 'llama-bpe', 'qwen2')})")
+
+
+def _added_tokens(tokens: list, token_types: list) -> list:
+    added = []
+    for token, token_type in zip(tokens, token_types):
+        if token_type == TOKEN_TYPE_CONTROL:
+            added.append(AddedToken(token, normalized=False, special=True))
+        elif token_type == TOKEN_TYPE_USER_DEFINED:
+            added.append(AddedToken(token, normalized=False, special=False))
+    return added
+
+
+def _bos_eos_template(metadata: dict, tokens: list, add_bos_default: bool):
+    add_bos = bool(_key(metadata, "add_bos_token", False, add_bos_default))
+    add_eos = bool(_key(metadata, "add_eos_token", False, False))
+    if not add_bos and not add_eos:
+        return None
+    single = []
+    pair = []
+    special_tokens = {}
+    for wanted, name in ((add_bos, "bos_token_id"), (add_eos, "eos_token_id")):
+        if not wanted:
+            continue
+        token_id = _key(metadata, name)
+        if not 0 <= int(token_id) < len(tokens):
+            raise FormatError(f"GGUF metadata: tokenizer.ggml.{name} = {token_id} is outside "
+                              f"the vocabulary of {len(tokens)} tokens")
+        special_tokens[tokens[int(token_id)]] = ([int(token_id)], [tokens[int(token_id)]])
+    bos = tokens[int(_key(metadata, "bos_token_id"))] if add_bos else None
+    eos = tokens[int(_key(metadata, "eos_token_id"))] if add_eos else None
+    for template, sequences in ((single, ("A",)), (pair, ("A", "B"))):
+        for sequence in sequences:
+            if bos is not None:
+                template.append(("special", bos, 0))
+            template.append(("sequence", sequence, 0))
+            if eos is not None:
+                template.append(("special", eos, 0))
+    return TemplateProcessing(single, pair, special_tokens)
+
+
+def _gpt2_tokenizer(metadata: dict, tokens: list, token_types: list):
+    from .tokenizer import Tokenizer
+    merges = _as_list(_key(metadata, "merges"), "tokenizer.ggml.merges")
+    vocab = {token: index for index, token in enumerate(tokens)}
+    model = BPE(vocab, merges)
+    pre = str(_key(metadata, "pre", False, "default"))
+    return Tokenizer(model, None, _pre_tokenizer_for(pre),
+                     _bos_eos_template(metadata, tokens, add_bos_default=False),
+                     ByteLevelDecoder(), _added_tokens(tokens, token_types))
+
+
+def sentencepiece_merges(tokens: list, scores: list) -> list:
+    """Merges for a SentencePiece BPE vocabulary: every split of a piece into two pieces of
+    the vocabulary, ordered by the merged piece's score (highest first), then by the ids of
+    the two halves, as HF's SentencePieceExtractor produces them."""
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merges = []
+    for merged, score in zip(tokens, scores):
+        local = []
+        for cut in range(1, len(merged)):
+            left, right = merged[:cut], merged[cut:]
+            if left in vocab and right in vocab:
+                local.append((vocab[left], vocab[right], left, right, score))
+        local.sort(key=lambda entry: (entry[0], entry[1]))
+        merges.extend(local)
+    merges.sort(key=lambda entry: -entry[4])  # stable: ties keep the order above
+    return [[left, right] for _, _, left, right, _ in merges]
+
+
+def _llama_tokenizer(metadata: dict, tokens: list, token_types: list):
+    from .tokenizer import Tokenizer
+    scores = [float(score) for score in _as_list(_key(metadata, "scores"),
+                                                 "tokenizer.ggml.scores")]
+    if len(scores) != len(tokens):
+        raise FormatError(f"GGUF metadata: {len(scores)} scores for {len(tokens)} tokens")
+    vocab = {}
+    for index, token in enumerate(tokens):
+        vocab.setdefault(token, index)
+    unk_id = int(_key(metadata, "unknown_token_id", False, 0))
+    unk_token = tokens[unk_id] if 0 <= unk_id < len(tokens) else None
+    model = BPE(vocab, sentencepiece_merges(tokens, scores), unk_token=unk_token,
+                byte_fallback=True, fuse_unk=True)
+    normalizers = []
+    if bool(_key(metadata, "add_space_prefix", False, True)):
+        normalizers.append(Prepend(SPIECE_SPACE))
+    normalizers.append(Replace({"String": " "}, SPIECE_SPACE))
+    decoder_steps = [ReplaceDecoder({"String": SPIECE_SPACE}, " "), ByteFallback(), Fuse()]
+    if bool(_key(metadata, "add_space_prefix", False, True)):
+        decoder_steps.append(Strip(" ", 1, 0))
+    return Tokenizer(model, NormalizerSequence(normalizers), None,
+                     _bos_eos_template(metadata, tokens, add_bos_default=True),
+                     DecoderSequence(decoder_steps), _added_tokens(tokens, token_types))
+
+
+def tokenizer_from_gguf_metadata(metadata: dict):
+    """`metadata`: GGUF key -> value (strings, numbers, lists or numpy arrays)."""
+    model_kind = str(_key(metadata, "model"))
+    tokens = [str(token) for token in _as_list(_key(metadata, "tokens"),
+                                               "tokenizer.ggml.tokens")]
+    token_types = _key(metadata, "token_type", False, None)
+    if token_types is None:
+        token_types = [TOKEN_TYPE_NORMAL] * len(tokens)
+    token_types = [int(token_type) for token_type in _as_list(token_types,
+                                                              "tokenizer.ggml.token_type")]
+    if len(token_types) != len(tokens):
+        raise FormatError(f"GGUF metadata: {len(token_types)} token types for {len(tokens)} "
+                          f"tokens")
+    if model_kind == "gpt2":
+        return _gpt2_tokenizer(metadata, tokens, token_types)
+    if model_kind == "llama":
+        return _llama_tokenizer(metadata, tokens, token_types)
+    raise UnsupportedError(f"GGUF metadata: tokenizer.ggml.model = {model_kind!r} is not "
+                           f"supported (known: 'gpt2', 'llama')")
