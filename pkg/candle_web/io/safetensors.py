@@ -642,8 +642,17 @@ def save(tensors: dict, path=None, metadata: dict | None = None):
     if path is None:
         return serialize(tensors, metadata)
     prefix, arrays = _prepare(tensors, metadata)
-    with open(os.fspath(path), "wb") as handle:
-        handle.write(prefix)
-        for array in arrays:
-            handle.write(_raw_bytes(array))
+    # Write beside the target and rename: a reader may still have the old file mmapped
+    # (VarBuilder), and overwriting it in place would change its tensors under it.
+    target = os.fspath(path)
+    partial = f"{target}.partial-{os.getpid()}"
+    try:
+        with open(partial, "wb") as handle:
+            handle.write(prefix)
+            for array in arrays:
+                handle.write(_raw_bytes(array))
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
     return None
