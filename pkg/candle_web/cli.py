@@ -1,0 +1,224 @@
+"""The native command line: `candle-web transcribe|generate|models|serve ...`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .errors import CandleError
+
+
+class ProgressBar:
+    """A small tqdm-like bar on stderr: `label  42%|████▏     | 12.3/29.0 s [00:05<00:07]`."""
+
+    WIDTH = 24
+
+    def __init__(self, label: str, unit: str, stream=None):
+        self.label, self.unit = label, unit
+        self.stream = stream or sys.stderr
+        self.started = time.perf_counter()
+        self.active = False
+
+    def update(self, done: float, total) -> None:
+        elapsed = time.perf_counter() - self.started
+        if total:
+            fraction = min(max(done / total, 0.0), 1.0)
+            filled = int(fraction * self.WIDTH)
+            bar = "█" * filled + " " * (self.WIDTH - filled)
+            remaining = elapsed / fraction - elapsed if fraction > 0 else 0.0
+            text = (f"\r{self.label} {fraction * 100:3.0f}%|{bar}| {self._fmt(done)}/{self._fmt(total)} "
+                    f"{self.unit} [{_clock(elapsed)}<{_clock(remaining)}]")
+        else:
+            text = f"\r{self.label} {self._fmt(done)} {self.unit} [{_clock(elapsed)}]"
+        self.stream.write(text)
+        self.stream.flush()
+        self.active = True
+
+    def _fmt(self, value) -> str:
+        if self.unit == "B":
+            return f"{value / 1e6:.1f}M"
+        return f"{value:.1f}"
+
+    def close(self) -> None:
+        if self.active:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.active = False
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60:02d}:{seconds % 60:02d}"
+
+
+def _download_progress():
+    bars = {}
+
+    def progress(done, total, filename):
+        bar = bars.get(filename)
+        if bar is None:
+            bar = bars[filename] = ProgressBar(f"download {filename}", "B")
+        bar.update(done, total)
+        if total and done >= total:
+            bar.close()
+
+    return progress
+
+
+# -- transcribe ----------------------------------------------------------------------------
+def cmd_transcribe(args) -> int:
+    from . import subtitles
+    from .audio import load_audio
+    from .models.whisper_decode import TranscribeOptions, transcribe
+    from .pipelines import load_whisper
+
+    model, tokenizer = load_whisper(args.model, progress=_download_progress())
+    temperatures = (0.0,) if args.no_fallback else TranscribeOptions().temperatures
+    options = TranscribeOptions(language=args.language, task=args.task, beam_size=args.beam_size,
+                                temperatures=temperatures, initial_prompt=args.initial_prompt,
+                                without_timestamps=args.without_timestamps)
+    output_dir = Path(args.output_dir) if args.output_dir else None
+    if output_dir:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    status = 0
+    for path in args.files:
+        try:
+            samples = load_audio(path)
+        except (CandleError, OSError) as error:
+            print(f"candle-web: {path}: {error}", file=sys.stderr)
+            status = 1
+            continue
+        bar = ProgressBar(Path(path).name, "s audio")
+        duration = len(samples) / 16000
+
+        def on_event(kind, payload, bar=bar, duration=duration):
+            if kind == "segment":
+                bar.update(min(payload.end, duration), duration)
+            elif kind == "window":
+                bar.update(payload["seek_seconds"], duration)
+
+        started = time.perf_counter()
+        result = transcribe(model, tokenizer, samples, options, on_event=on_event)
+        bar.update(duration, duration)
+        bar.close()
+        elapsed = time.perf_counter() - started
+        rendered = subtitles.render(result, args.format)
+        if output_dir:
+            target = output_dir / (Path(path).stem + "." + args.format)
+            target.write_text(rendered, encoding="utf-8")
+            print(f"wrote {target}", file=sys.stderr)
+        else:
+            sys.stdout.write(rendered)
+        rtf = elapsed / duration if duration else 0.0
+        print(f"{Path(path).name}: {duration:.1f} s of audio in {elapsed:.1f} s "
+              f"(real-time factor {rtf:.3f})", file=sys.stderr)
+    return status
+
+
+# -- generate ------------------------------------------------------------------------------
+def cmd_generate(args) -> int:
+    from .chat_templates import chat_template_for
+    from .generation import GenerationOptions, generate
+    from .pipelines import load_llama
+
+    model, tokenizer = load_llama(args.model, progress=_download_progress())
+    prompt = args.prompt
+    if args.chat:
+        prompt = chat_template_for(model, tokenizer).render([{"role": "user", "content": prompt}])
+    options = GenerationOptions(max_new_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                repeat_penalty=args.repeat_penalty,
+                                repeat_last_n=args.repeat_last_n,
+                                # a chat template places BOS itself
+                                add_special_tokens=not args.chat)
+
+    def on_event(kind, payload):
+        if kind == "token" and payload["text"]:
+            sys.stdout.write(payload["text"])
+            sys.stdout.flush()
+
+    result = generate(model, tokenizer, prompt, options, on_event=on_event)
+    sys.stdout.write("\n")
+    print(f"{len(result.prompt_ids)} prompt tokens ({result.prompt_tokens_per_second:.1f} tok/s), "
+          f"{len(result.token_ids)} generated ({result.tokens_per_second:.1f} tok/s), "
+          f"stopped: {result.stop_reason}", file=sys.stderr)
+    return 0
+
+
+# -- models --------------------------------------------------------------------------------
+def cmd_models(args) -> int:
+    from . import hub
+
+    print(f"cache: {hub.cache_dir()}")
+    print(f"{'name':28} {'kind':10} {'size':>9}  cached  description")
+    for model in hub.list_models():
+        cached = all(hub.is_cached(model.name, f.name) for f in model.files)
+        print(f"{model.name:28} {model.kind:10} {model.size / 1e6:8.1f}M  {'yes' if cached else 'no ':6}  "
+              f"{model.description}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from . import serve
+
+    argv = ["--port", str(args.port), "--host", args.host]
+    return serve.main(argv) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="candle-web", description="Run published models with candle-web.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("transcribe", help="speech to text with Whisper")
+    t.add_argument("files", nargs="+", help="audio files (WAV natively; mp3/flac/ogg via soundfile or ffmpeg)")
+    t.add_argument("--model", default="whisper-tiny.en", help="registry name or a model folder")
+    t.add_argument("--language", default=None, help="language code for multilingual models (default: detect)")
+    t.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
+    t.add_argument("--beam-size", type=int, default=None, help="beam search width (default: greedy)")
+    t.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))
+    t.add_argument("--output-dir", default=None, help="write FILE.<format> here instead of stdout")
+    t.add_argument("--initial-prompt", default=None)
+    t.add_argument("--without-timestamps", action="store_true")
+    t.add_argument("--no-fallback", action="store_true", help="decode at temperature 0 only")
+    t.set_defaults(func=cmd_transcribe)
+
+    g = sub.add_parser("generate", help="text generation with a LLaMA-family model")
+    g.add_argument("prompt", help="the prompt text (with --chat: the user message)")
+    g.add_argument("--model", default="smollm2-135m-instruct",
+                   help="registry name, a .gguf file or an HF model folder")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-tokens", type=int, default=256, help="new tokens at most")
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=299792458, help="sampling seed")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1.0: off")
+    g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalty looks back over")
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("models", help="list the models the registry knows and what is cached")
+    m.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("serve", help="serve the demo page on 127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1")
+    s.set_defaults(func=cmd_serve)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CandleError as error:
+        print(f"candle-web: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("candle-web: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,394 @@
+"""Whisper (Radford et al. 2022): encoder-decoder speech recognition, read top to bottom.
+
+    log-mel [b, n_mels, 3000]
+      -> AudioEncoder: conv1 (k3) gelu, conv2 (k3, stride 2) gelu, + positions, blocks, ln
+      -> audio features [b, 1500, d]
+    tokens [b, t] -> TextDecoder: embed + positions, blocks (self-attn with KV cache,
+      cross-attn over the audio features), ln, logits = x @ embed^T  [b, t, vocab]
+
+Weights load from two layouts, mapped onto the same modules:
+  * Hugging Face safetensors (`openai/whisper-*`): model.encoder.layers.N.self_attn.q_proj...
+  * CTranslate2 model.bin (faster-whisper): encoder/layer_N/self_attention/linear_0 is the
+    fused QKV (its k-bias slice is zero); cross-attention linear_0 = q, linear_1 = fused KV,
+    linear_2 = out; ffn/linear_0|1 = fc1|fc2; layer_norm/gamma|beta; decoder embeddings are
+    tied to the output projection.
+Self-attention Q/K/V are kept fused (one matmul per step); HF weights are concatenated at load.
+Decoding (greedy, beam search, timestamps, long-form transcription) is in whisper_decode.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import dtype as dt
+from ..errors import FormatError, ShapeMismatch
+from ..nn import ops
+from ..nn.kv_cache import KvCache
+from ..nn.layers import LayerNorm, Linear
+from ..tensor import Tensor
+
+N_AUDIO_CTX = 1500  # encoder positions for one 30 s window (3000 mel frames / stride 2)
+
+
+@dataclass(frozen=True)
+class WhisperConfig:
+    n_mels: int
+    n_vocab: int
+    d_model: int
+    n_audio_layer: int
+    n_audio_head: int
+    n_text_layer: int
+    n_text_head: int
+    n_audio_ctx: int = N_AUDIO_CTX
+    n_text_ctx: int = 448
+    suppress_tokens: tuple = ()
+    begin_suppress_tokens: tuple = ()
+    alignment_heads: tuple = ()
+    lang_ids: tuple = ()
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.n_vocab >= 51865
+
+    @staticmethod
+    def from_hf_config(cfg: dict) -> "WhisperConfig":
+        try:
+            return WhisperConfig(
+                n_mels=cfg["num_mel_bins"], n_vocab=cfg["vocab_size"], d_model=cfg["d_model"],
+                n_audio_layer=cfg["encoder_layers"], n_audio_head=cfg["encoder_attention_heads"],
+                n_text_layer=cfg["decoder_layers"], n_text_head=cfg["decoder_attention_heads"],
+                n_audio_ctx=cfg.get("max_source_positions", N_AUDIO_CTX),
+                n_text_ctx=cfg.get("max_target_positions", 448),
+                suppress_tokens=tuple(cfg.get("suppress_tokens") or ()),
+                begin_suppress_tokens=tuple(cfg.get("begin_suppress_tokens") or ()))
+        except KeyError as missing:
+            raise FormatError(f"whisper config.json: missing field {missing}") from None
+
+
+# -- modules in forward order -------------------------------------------------------------
+class MultiHeadAttention:
+    """Self-attention with a fused QKV projection, or cross-attention (q from the text,
+    fused KV from the audio features, computed once per audio and reused every step)."""
+
+    def __init__(self, n_head: int, out: Linear, qkv: Linear = None, q: Linear = None,
+                 kv: Linear = None):
+        self.n_head = n_head
+        self.qkv, self.q, self.kv, self.out = qkv, q, kv, out
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, t, d = x.dims()
+        return x.reshape(b, t, self.n_head, d // self.n_head).transpose(1, 2)  # [b, h, t, dh]
+
+    def self_attend(self, x: Tensor, cache: KvCache = None, causal: bool = False) -> Tensor:
+        b, t, d = x.dims()
+        qkv = self.qkv(x)  # [b, t, 3d]
+        q = self._split_heads(qkv.narrow(2, 0, d))
+        k = self._split_heads(qkv.narrow(2, d, d))
+        v = self._split_heads(qkv.narrow(2, 2 * d, d))
+        offset = 0
+        if cache is not None:
+            offset = cache.current_seq_len()
+            k, v = cache.append(k.contiguous(), v.contiguous())
+        mask = ops.causal_mask(t, offset, device=x.device) if causal and t > 1 else None
+        return self._merge(ops.scaled_dot_product_attention(q, k, v, mask))
+
+    def cross_kv(self, audio: Tensor):
+        d = audio.dims()[-1]
+        kv = self.kv(audio)
+        return (self._split_heads(kv.narrow(2, 0, d)).contiguous(),
+                self._split_heads(kv.narrow(2, d, d)).contiguous())
+
+    def cross_attend(self, x: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self._merge(ops.scaled_dot_product_attention(self._split_heads(self.q(x)), k, v))
+
+    def _merge(self, heads: Tensor) -> Tensor:
+        b, h, t, dh = heads.dims()
+        return self.out(heads.transpose(1, 2).reshape(b, t, h * dh))
+
+
+class Mlp:
+    def __init__(self, fc1: Linear, fc2: Linear):
+        self.fc1, self.fc2 = fc1, fc2
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.fc2(self.fc1(x).gelu_erf())  # Whisper uses the exact (erf) GELU
+
+
+class ResidualAttentionBlock:
+    def __init__(self, attn_ln, attn, mlp_ln, mlp, cross_ln=None, cross_attn=None):
+        self.attn_ln, self.attn = attn_ln, attn
+        self.cross_ln, self.cross_attn = cross_ln, cross_attn
+        self.mlp_ln, self.mlp = mlp_ln, mlp
+
+    def encode(self, x: Tensor) -> Tensor:
+        x = x.add(self.attn.self_attend(self.attn_ln(x)))
+        return x.add(self.mlp(self.mlp_ln(x)))
+
+    def decode(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, cache: KvCache) -> Tensor:
+        x = x.add(self.attn.self_attend(self.attn_ln(x), cache, causal=True))
+        x = x.add(self.cross_attn.cross_attend(self.cross_ln(x), cross_k, cross_v))
+        return x.add(self.mlp(self.mlp_ln(x)))
+
+
+class AudioEncoder:
+    def __init__(self, conv1_w, conv1_b, conv2_w, conv2_b, positions, blocks, ln_post):
+        self.conv1_w, self.conv1_b = conv1_w, conv1_b.reshape(1, -1, 1)
+        self.conv2_w, self.conv2_b = conv2_w, conv2_b.reshape(1, -1, 1)
+        self.positions = positions  # [1500, d]
+        self.blocks = blocks
+        self.ln_post = ln_post
+
+    def __call__(self, mel: Tensor) -> Tensor:
+        x = mel.conv1d(self.conv1_w, padding=1).broadcast_add(self.conv1_b).gelu_erf()
+        x = x.conv1d(self.conv2_w, padding=1, stride=2).broadcast_add(self.conv2_b).gelu_erf()
+        x = x.transpose(1, 2)  # [b, 1500, d]
+        if x.dims()[1] > self.positions.dims()[0]:
+            raise ShapeMismatch(f"whisper encoder: {x.dims()[1]} frames exceed the "
+                                f"{self.positions.dims()[0]} positions of the model")
+        x = x.broadcast_add(self.positions.narrow(0, 0, x.dims()[1]))
+        for block in self.blocks:
+            x = block.encode(x)
+        return self.ln_post(x)
+
+
+class DecoderState:
+    """Everything that persists between decoding steps for one batch of sequences."""
+
+    def __init__(self, cross_kv: list, n_layers: int):
+        self.cross_kv = cross_kv  # per layer (k, v), [b, h, 1500, dh]
+        self.caches = [KvCache(dim=2) for _ in range(n_layers)]
+
+    @property
+    def offset(self) -> int:
+        return self.caches[0].current_seq_len()
+
+    def reorder(self, indices) -> None:
+        """Keep batch rows `indices` (beam search): caches and cross K/V follow their beams."""
+        ids = Tensor.from_numpy(np.asarray(indices, dtype=np.int64))
+        for i, cache in enumerate(self.caches):
+            k, v = cache.k.current_data(), cache.v.current_data()
+            if k is None:
+                continue
+            cache.reset()
+            cache.append(k.index_select(ids, 0).contiguous(), v.index_select(ids, 0).contiguous())
+        same_rows = len(indices) == self.cross_kv[0][0].dims()[0]
+        if not same_rows:
+            self.cross_kv = [(k.index_select(ids, 0), v.index_select(ids, 0)) for k, v in self.cross_kv]
+
+
+class TextDecoder:
+    def __init__(self, token_embedding, positions, blocks, ln):
+        self.token_embedding = token_embedding  # [vocab, d], tied to the output projection
+        self.positions = positions  # [448, d]
+        self.blocks = blocks
+        self.ln = ln
+
+    def start(self, audio_features: Tensor) -> DecoderState:
+        cross = [block.cross_attn.cross_kv(audio_features) for block in self.blocks]
+        return DecoderState(cross, len(self.blocks))
+
+    def __call__(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """tokens [b, t] (new tokens only) -> logits [b, t, vocab] in f32."""
+        b, t = tokens.dims()
+        offset = state.offset
+        if offset + t > self.positions.dims()[0]:
+            raise ShapeMismatch(f"whisper decoder: {offset + t} tokens exceed the "
+                                f"{self.positions.dims()[0]} text positions")
+        x = self.token_embedding.embedding(tokens).broadcast_add(self.positions.narrow(0, offset, t))
+        for block, (k, v), cache in zip(self.blocks, state.cross_kv, state.caches):
+            x = block.decode(x, k, v, cache)
+        x = self.ln(x)
+        return x.reshape(b * t, -1).matmul(self.token_embedding.t()).reshape(b, t, -1)
+
+
+class Whisper:
+    def __init__(self, config: WhisperConfig, encoder: AudioEncoder, decoder: TextDecoder):
+        self.config = config
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def encode(self, mel: Tensor) -> Tensor:
+        if mel.rank == 2:
+            mel = mel.unsqueeze(0)
+        if mel.dims()[1] != self.config.n_mels:
+            raise ShapeMismatch(f"whisper: mel has {mel.dims()[1]} bins, model expects "
+                                f"{self.config.n_mels}")
+        return self.encoder(mel)
+
+    def start_decoding(self, audio_features: Tensor) -> DecoderState:
+        return self.decoder.start(audio_features)
+
+    def logits(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        return self.decoder(tokens, state)
+
+    # -- loading ----------------------------------------------------------------------------
+    @staticmethod
+    def from_ct2(model_bin, config_json=None, device=None) -> "Whisper":
+        """Load a faster-whisper CTranslate2 directory's model.bin (+ its config.json)."""
+        from ..io.ct2 import read_ct2
+
+        ct2 = read_ct2(model_bin)
+        extra = {}
+        if config_json is not None:
+            extra = json.loads(Path(config_json).read_text() if not isinstance(config_json, dict)
+                               else json.dumps(config_json))
+        return _build_from_ct2(ct2, extra, device)
+
+    @staticmethod
+    def from_safetensors(weights, config: dict, device=None) -> "Whisper":
+        """Load HF `openai/whisper-*` weights (one or more safetensors) with their config.json."""
+        from ..nn.var_builder import VarBuilder
+
+        vb = VarBuilder.from_safetensors(weights, dt.f32, device)
+        return _build_from_hf(vb, WhisperConfig.from_hf_config(config))
+
+    @staticmethod
+    def from_pretrained(model_dir, device=None) -> "Whisper":
+        """A directory holding either model.bin (CT2) or model.safetensors (HF) + config.json."""
+        model_dir = Path(model_dir)
+        if (model_dir / "model.bin").exists():
+            cfg = model_dir / "config.json"
+            return Whisper.from_ct2(model_dir / "model.bin", cfg if cfg.exists() else None, device)
+        config = json.loads((model_dir / "config.json").read_text())
+        return Whisper.from_safetensors(str(model_dir / "model.safetensors"), config, device)
+
+
+# -- weight loading -------------------------------------------------------------------------
+def _f32(array, device) -> Tensor:
+    return Tensor.from_numpy(np.ascontiguousarray(array, dtype=np.float32), device=device)
+
+
+def _build_from_ct2(ct2, extra: dict, device) -> Whisper:
+    """Map CTranslate2 WhisperSpec variables onto the modules."""
+
+    def var(name):
+        array = ct2.get(name)
+        if array is None:
+            raise FormatError(f"CTranslate2 whisper model: missing variable {name!r}")
+        return array
+
+    def tensor(name):
+        var(name)  # a clear error naming the missing variable
+        return _f32(ct2.get_f32(name), device)
+
+    def layer_norm(prefix):
+        return LayerNorm(tensor(f"{prefix}/gamma"), tensor(f"{prefix}/beta"), 1e-5)
+
+    def linear(prefix):
+        return Linear(tensor(f"{prefix}/weight"), tensor(f"{prefix}/bias"))
+
+    def count_layers(side):
+        n = 0
+        while ct2.get(f"{side}/layer_{n}/ffn/linear_0/weight") is not None:
+            n += 1
+        if n == 0:
+            raise FormatError(f"CTranslate2 whisper model: no {side} layers found")
+        return n
+
+    n_audio_layer, n_text_layer = count_layers("encoder"), count_layers("decoder")
+    n_audio_head = int(np.asarray(var("encoder/num_heads")))
+    n_text_head = int(np.asarray(var("decoder/num_heads")))
+    embeddings = tensor("decoder/embeddings/weight")
+    conv1_w = tensor("encoder/conv1/weight")
+    config = WhisperConfig(
+        n_mels=conv1_w.dims()[1], n_vocab=embeddings.dims()[0], d_model=embeddings.dims()[1],
+        n_audio_layer=n_audio_layer, n_audio_head=n_audio_head, n_text_layer=n_text_layer,
+        n_text_head=n_text_head,
+        n_text_ctx=var("decoder/position_encodings/encodings").shape[0],
+        suppress_tokens=tuple(extra.get("suppress_ids", ())),
+        begin_suppress_tokens=tuple(extra.get("suppress_ids_begin", ())),
+        alignment_heads=tuple(tuple(p) for p in extra.get("alignment_heads", ())),
+        lang_ids=tuple(extra.get("lang_ids", ())))
+
+    def self_attention(prefix, n_head):
+        return MultiHeadAttention(n_head, out=linear(f"{prefix}/linear_1"), qkv=linear(f"{prefix}/linear_0"))
+
+    encoder_blocks = []
+    for i in range(n_audio_layer):
+        p = f"encoder/layer_{i}"
+        encoder_blocks.append(ResidualAttentionBlock(
+            layer_norm(f"{p}/self_attention/layer_norm"), self_attention(f"{p}/self_attention", n_audio_head),
+            layer_norm(f"{p}/ffn/layer_norm"), Mlp(linear(f"{p}/ffn/linear_0"), linear(f"{p}/ffn/linear_1"))))
+    decoder_blocks = []
+    for i in range(n_text_layer):
+        p = f"decoder/layer_{i}"
+        cross = MultiHeadAttention(n_text_head, out=linear(f"{p}/attention/linear_2"),
+                                   q=linear(f"{p}/attention/linear_0"), kv=linear(f"{p}/attention/linear_1"))
+        decoder_blocks.append(ResidualAttentionBlock(
+            layer_norm(f"{p}/self_attention/layer_norm"), self_attention(f"{p}/self_attention", n_text_head),
+            layer_norm(f"{p}/ffn/layer_norm"), Mlp(linear(f"{p}/ffn/linear_0"), linear(f"{p}/ffn/linear_1")),
+            cross_ln=layer_norm(f"{p}/attention/layer_norm"), cross_attn=cross))
+    encoder = AudioEncoder(conv1_w, tensor("encoder/conv1/bias"), tensor("encoder/conv2/weight"),
+                           tensor("encoder/conv2/bias"), tensor("encoder/position_encodings/encodings"),
+                           encoder_blocks, layer_norm("encoder/layer_norm"))
+    decoder = TextDecoder(embeddings, tensor("decoder/position_encodings/encodings"), decoder_blocks,
+                          layer_norm("decoder/layer_norm"))
+    return Whisper(config, encoder, decoder)
+
+
+def _build_from_hf(vb, config: WhisperConfig) -> Whisper:
+    """Map HF `WhisperForConditionalGeneration` names onto the modules."""
+    d = config.d_model
+
+    def layer_norm(v):
+        return LayerNorm(v.get((d,), "weight"), v.get((d,), "bias"), 1e-5)
+
+    def linear(v, out_dim, in_dim, bias=True):
+        return Linear(v.get((out_dim, in_dim), "weight"), v.get((out_dim,), "bias") if bias else None)
+
+    def fused_qkv(v):
+        q, k, vv = linear(v.pp("q_proj"), d, d), linear(v.pp("k_proj"), d, d, bias=False), linear(v.pp("v_proj"), d, d)
+        weight = Tensor.cat([q.weight, k.weight, vv.weight], 0)
+        bias = Tensor.cat([q.bias, Tensor.zeros((d,), q.bias.dtype, q.bias.device), vv.bias], 0)
+        return Linear(weight, bias)
+
+    def fused_kv(v):
+        k, vv = linear(v.pp("k_proj"), d, d, bias=False), linear(v.pp("v_proj"), d, d)
+        bias = Tensor.cat([Tensor.zeros((d,), vv.bias.dtype, vv.bias.device), vv.bias], 0)
+        return Linear(Tensor.cat([k.weight, vv.weight], 0), bias)
+
+    def mlp(v):
+        hidden = v.get_unchecked("fc1.weight").dims()[0]  # 4 * d for every released size
+        return Mlp(linear(v.pp("fc1"), hidden, d), linear(v.pp("fc2"), d, hidden))
+
+    enc = vb.pp("model.encoder")
+    encoder_blocks = []
+    for i in range(config.n_audio_layer):
+        v = enc.pp(f"layers.{i}")
+        attn = MultiHeadAttention(config.n_audio_head, out=linear(v.pp("self_attn.out_proj"), d, d),
+                                  qkv=fused_qkv(v.pp("self_attn")))
+        encoder_blocks.append(ResidualAttentionBlock(layer_norm(v.pp("self_attn_layer_norm")), attn,
+                                                     layer_norm(v.pp("final_layer_norm")), mlp(v)))
+    dec = vb.pp("model.decoder")
+    decoder_blocks = []
+    for i in range(config.n_text_layer):
+        v = dec.pp(f"layers.{i}")
+        attn = MultiHeadAttention(config.n_text_head, out=linear(v.pp("self_attn.out_proj"), d, d),
+                                  qkv=fused_qkv(v.pp("self_attn")))
+        cross = MultiHeadAttention(config.n_text_head, out=linear(v.pp("encoder_attn.out_proj"), d, d),
+                                   q=linear(v.pp("encoder_attn.q_proj"), d, d), kv=fused_kv(v.pp("encoder_attn")))
+        decoder_blocks.append(ResidualAttentionBlock(
+            layer_norm(v.pp("self_attn_layer_norm")), attn, layer_norm(v.pp("final_layer_norm")), mlp(v),
+            cross_ln=layer_norm(v.pp("encoder_attn_layer_norm")), cross_attn=cross))
+    encoder = AudioEncoder(enc.get((d, config.n_mels, 3), "conv1.weight"), enc.get((d,), "conv1.bias"),
+                           enc.get((d, d, 3), "conv2.weight"), enc.get((d,), "conv2.bias"),
+                           enc.get((config.n_audio_ctx, d), "embed_positions.weight"), encoder_blocks,
+                           layer_norm(enc.pp("layer_norm")))
+    decoder = TextDecoder(dec.get((config.n_vocab, d), "embed_tokens.weight"),
+                          dec.get((config.n_text_ctx, d), "embed_positions.weight"), decoder_blocks,
+                          layer_norm(dec.pp("layer_norm")))
+    return Whisper(config, encoder, decoder)
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:
+    """The encoder's fixed sinusoidal positions (used when a checkpoint omits them)."""
+    log_timescale_increment = math.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = np.exp(-log_timescale_increment * np.arange(channels // 2))
+    scaled_time = np.arange(length)[:, None] * inv_timescales[None, :]
+    return np.concatenate([np.sin(scaled_time), np.cos(scaled_time)], axis=1).astype(np.float32)
+

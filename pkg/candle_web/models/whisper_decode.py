@@ -1,0 +1,614 @@
+"""Whisper decoding: prompts, logit filters, greedy and beam search, and long-form
+transcription by seeking through 30 s windows with temperature fallback.
+
+The algorithm follows openai-whisper's published behaviour (the reference the tests record
+token ids from): the same initial tokens, suppression rules, timestamp rules, fallback
+thresholds and segment splitting, so greedy output is token-identical.
+
+One callback hook serves progress, streaming and cancellation: `on_event(kind, payload)`
+receives ("window", {...}), ("token", {...}), ("segment", {...}); raising `Cancelled` (or
+returning False from `should_continue`) stops between steps.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import audio as audio_mod
+from ..errors import Cancelled, CandleError, UnsupportedError
+from ..tensor import Tensor
+
+TIME_PRECISION = 0.02  # seconds per timestamp token: 30 s / 1500 encoder positions
+INPUT_STRIDE = 2  # mel frames per encoder position
+DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+class WhisperTokenizer:
+    """Special-token ids of a Whisper tokenizer.json, looked up by name (never hard-coded)."""
+
+    def __init__(self, tokenizer, multilingual: bool, language: str = None, task: str = "transcribe"):
+        self.tokenizer = tokenizer
+        self.multilingual = multilingual
+
+        def special(name, required=True):
+            token_id = tokenizer.token_to_id(name)
+            if token_id is None and required:
+                raise CandleError(f"whisper tokenizer has no {name} token")
+            return token_id
+
+        self.eot = special("<|endoftext|>")
+        self.sot = special("<|startoftranscript|>")
+        self.translate = special("<|translate|>")
+        self.transcribe = special("<|transcribe|>")
+        self.sot_lm = special("<|startoflm|>")
+        self.sot_prev = special("<|startofprev|>")
+        self.no_timestamps = special("<|notimestamps|>")
+        self.no_speech = special("<|nospeech|>", False)
+        if self.no_speech is None:
+            self.no_speech = special("<|nocaptions|>", False)
+        self.timestamp_begin = self.no_timestamps + 1
+        # Language tokens sit between <|startoftranscript|> and <|translate|>.
+        self.language_tokens = {}
+        for token_id in range(self.sot + 1, self.translate):
+            token = tokenizer.id_to_token(token_id)
+            if token and token.startswith("<|") and token.endswith("|>"):
+                self.language_tokens[token[2:-2]] = token_id
+        if language is not None and multilingual and language not in self.language_tokens:
+            raise CandleError(f"unknown language {language!r}; known: {sorted(self.language_tokens)}")
+        if task not in ("transcribe", "translate"):
+            raise CandleError(f"task must be 'transcribe' or 'translate', got {task!r}")
+        self.language = language
+        self.task = task
+
+    def with_language(self, language: str) -> "WhisperTokenizer":
+        return WhisperTokenizer(self.tokenizer, self.multilingual, language, self.task)
+
+    @property
+    def sot_sequence(self) -> list:
+        sequence = [self.sot]
+        if self.multilingual:
+            sequence.append(self.language_tokens[self.language or "en"])
+            sequence.append(self.transcribe if self.task == "transcribe" else self.translate)
+        return sequence
+
+    def encode(self, text: str) -> list:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids if int(i) < self.eot], skip_special_tokens=True)
+
+    def non_speech_tokens(self) -> list:
+        """Tokens for symbols that are not speech (brackets, music notes...), which Whisper
+        suppresses so that it does not transcribe them; single-token spellings only, plus the
+        leading-space variants, keeping the dash and quote prefixes that start words."""
+        symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
+        symbols += "<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split()
+        miscellaneous = set("♩♪♫♬♭♮♯")
+        result = {self.encode(" -")[0], self.encode(" '")[0]}
+        for symbol in symbols + sorted(miscellaneous):
+            for tokens in (self.encode(symbol), self.encode(" " + symbol)):
+                if len(tokens) == 1 or symbol in miscellaneous:
+                    result.add(tokens[0])
+        return sorted(result)
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    task: str = "transcribe"
+    language: str = None
+    temperature: float = 0.0
+    sample_len: int = None  # default: half the text context
+    best_of: int = None  # independent samples when temperature > 0
+    beam_size: int = None  # None = greedy
+    patience: float = None
+    length_penalty: float = None
+    prompt: object = None  # str or token ids of previous text
+    prefix: object = None
+    suppress_tokens: object = "-1"  # "-1" = non-speech symbols + the model config's list
+    suppress_blank: bool = True
+    without_timestamps: bool = False
+    max_initial_timestamp: float = 1.0
+    seed: int = 0  # for sampling at temperature > 0
+
+
+@dataclass
+class DecodingResult:
+    tokens: list
+    text: str
+    language: str
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+    sum_logprob: float = 0.0
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+# -- logit filters (numpy, on [n, vocab] float32 logits; modified in place) ----------------
+class SuppressBlank:
+    def __init__(self, tokenizer: WhisperTokenizer, sample_begin: int):
+        self.ids = tokenizer.encode(" ") + [tokenizer.eot]
+        self.sample_begin = sample_begin
+
+    def apply(self, logits, tokens):
+        if tokens.shape[1] == self.sample_begin:
+            logits[:, self.ids] = -np.inf
+
+
+class SuppressTokens:
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def apply(self, logits, tokens):
+        logits[:, self.ids] = -np.inf
+
+
+class ApplyTimestampRules:
+    """Timestamps come in pairs (end, next start) and never go backwards; the first token is
+    a timestamp no later than `max_initial_timestamp`; when the total probability of all
+    timestamps beats every single text token, a timestamp must come next."""
+
+    def __init__(self, tokenizer: WhisperTokenizer, sample_begin: int, max_initial_index):
+        self.tk = tokenizer
+        self.sample_begin = sample_begin
+        self.max_initial_index = max_initial_index
+
+    def apply(self, logits, tokens):
+        begin = self.tk.timestamp_begin
+        logits[:, self.tk.no_timestamps] = -np.inf
+        for k in range(tokens.shape[0]):
+            sampled = tokens[k, self.sample_begin:]
+            seq = [int(t) for t in sampled]
+            last_was_ts = len(seq) >= 1 and seq[-1] >= begin
+            penultimate_was_ts = len(seq) < 2 or seq[-2] >= begin
+            if last_was_ts:
+                if penultimate_was_ts:  # a pair just closed: text must follow
+                    logits[k, begin:] = -np.inf
+                else:  # a lone timestamp closes with another timestamp or ends with EOT
+                    logits[k, :self.tk.eot] = -np.inf
+            stamps = sampled[sampled >= begin]
+            if stamps.size:
+                # timestamps never decrease; after a lone one, it may repeat to close a pair
+                last = int(stamps[-1]) if (last_was_ts and not penultimate_was_ts) else int(stamps[-1]) + 1
+                logits[k, begin:last] = -np.inf
+        if tokens.shape[1] == self.sample_begin:
+            logits[:, :begin] = -np.inf
+            if self.max_initial_index is not None:
+                logits[:, begin + self.max_initial_index + 1:] = -np.inf
+        logprobs = _log_softmax(logits)
+        for k in range(tokens.shape[0]):
+            timestamp_logprob = _logsumexp(logprobs[k, begin:])
+            max_text_logprob = np.max(logprobs[k, :begin])
+            if timestamp_logprob > max_text_logprob:
+                logits[k, :begin] = -np.inf
+
+
+def _log_softmax(logits):
+    finite_max = np.max(logits, axis=-1, keepdims=True)
+    shifted = logits - finite_max
+    with np.errstate(divide="ignore"):
+        return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def _logsumexp(values):
+    peak = np.max(values)
+    if not np.isfinite(peak):
+        return peak
+    return peak + np.log(np.sum(np.exp(values - peak)))
+
+
+# -- decoders --------------------------------------------------------------------------------
+class GreedyDecoder:
+    def __init__(self, temperature: float, eot: int, rng):
+        self.temperature, self.eot, self.rng = temperature, eot, rng
+
+    def update(self, tokens, logits, sum_logprobs):
+        if self.temperature == 0:
+            next_tokens = np.argmax(logits, axis=-1)
+        else:
+            probs = np.exp(_log_softmax(logits / self.temperature))
+            next_tokens = np.array([self.rng.choice(len(p), p=p / p.sum()) for p in probs])
+        logprobs = _log_softmax(logits)
+        current = logprobs[np.arange(len(next_tokens)), next_tokens]
+        finished = tokens[:, -1] == self.eot
+        sum_logprobs += np.where(finished, 0.0, current)
+        next_tokens = np.where(finished, self.eot, next_tokens)
+        tokens = np.concatenate([tokens, next_tokens[:, None]], axis=1)
+        return tokens, bool(np.all(tokens[:, -1] == self.eot)), None
+
+    def finalize(self, tokens, sum_logprobs):
+        tokens = np.concatenate([tokens, np.full((tokens.shape[0], 1), self.eot)], axis=1)
+        return [[list(row)] for row in tokens], [[float(s)] for s in sum_logprobs]
+
+
+class BeamSearchDecoder:
+    """Beam search with patience over `beam_size` beams per audio; rows are reordered (and
+    the KV caches with them) through the returned source indices."""
+
+    def __init__(self, beam_size: int, eot: int, patience: float = None):
+        self.beam_size = beam_size
+        self.eot = eot
+        self.patience = patience or 1.0
+        self.max_candidates = round(beam_size * self.patience)
+        self.finished = None
+        if self.max_candidates <= 0:
+            raise CandleError(f"beam search: patience {patience} gives no candidates")
+
+    def update(self, tokens, logits, sum_logprobs):
+        n_audio = tokens.shape[0] // self.beam_size
+        if self.finished is None:
+            self.finished = [{} for _ in range(n_audio)]
+        logprobs = _log_softmax(logits)
+        next_tokens, sources, newly_finished = [], [], []
+        new_sums = np.zeros_like(sum_logprobs)
+        for i in range(n_audio):
+            scores, origin = {}, {}
+            for j in range(self.beam_size):
+                row = i * self.beam_size + j
+                prefix = [int(t) for t in tokens[row]]
+                top = np.argsort(-logprobs[row], kind="stable")[:self.beam_size + 1]
+                for token in top:
+                    sequence = tuple(prefix + [int(token)])
+                    scores[sequence] = float(sum_logprobs[row] + logprobs[row, token])
+                    origin[sequence] = row
+            saved = 0
+            finished = {}
+            for sequence in sorted(scores, key=scores.get, reverse=True):
+                if sequence[-1] == self.eot:
+                    finished[sequence] = scores[sequence]
+                else:
+                    new_sums[len(next_tokens)] = scores[sequence]
+                    next_tokens.append(sequence)
+                    sources.append(origin[sequence])
+                    saved += 1
+                    if saved == self.beam_size:
+                        break
+            newly_finished.append(finished)
+        sum_logprobs[:] = new_sums
+        for previous, new in zip(self.finished, newly_finished):
+            for sequence in sorted(new, key=new.get, reverse=True):
+                if len(previous) >= self.max_candidates:
+                    break
+                previous[sequence] = new[sequence]
+        completed = all(len(found) >= self.max_candidates for found in self.finished)
+        return np.array(next_tokens), completed, sources
+
+    def finalize(self, tokens, sum_logprobs):
+        n_audio = tokens.shape[0] // self.beam_size
+        if self.finished is None:
+            self.finished = [{} for _ in range(n_audio)]
+        sums = sum_logprobs.reshape(n_audio, self.beam_size)
+        rows = tokens.reshape(n_audio, self.beam_size, -1)
+        for i, found in enumerate(self.finished):
+            if len(found) < self.beam_size:  # not enough finished: take the best unfinished
+                for j in np.argsort(-sums[i], kind="stable"):
+                    found[tuple(int(t) for t in rows[i, j]) + (self.eot,)] = float(sums[i, j])
+                    if len(found) >= self.beam_size:
+                        break
+        return ([[list(s) for s in found] for found in self.finished],
+                [list(found.values()) for found in self.finished])
+
+
+def _rank(sequences, sum_logprobs, length_penalty):
+    """Index of the best sequence by length-normalised log probability."""
+    best, best_score = 0, -np.inf
+    for i, (tokens, logprob) in enumerate(zip(sequences, sum_logprobs)):
+        length = len(tokens)
+        penalty = length if length_penalty is None else ((5 + length) / 6) ** length_penalty
+        score = logprob / penalty
+        if score > best_score:
+            best, best_score = i, score
+    return best
+
+
+# -- one 30 s window ---------------------------------------------------------------------
+class WindowDecoder:
+    def __init__(self, model, tokenizer: WhisperTokenizer, options: DecodingOptions,
+                 on_event=None):
+        self.model = model
+        self.tk = tokenizer
+        self.options = options
+        self.on_event = on_event
+        n_ctx = model.config.n_text_ctx
+        self.sample_len = options.sample_len or n_ctx // 2
+        self.initial_tokens = self._initial_tokens(n_ctx)
+        self.sample_begin = len(self.initial_tokens)
+        self.sot_index = self.initial_tokens.index(tokenizer.sot)
+        self.filters = self._filters()
+        if options.beam_size is not None and options.best_of is not None:
+            raise UnsupportedError("beam_size and best_of cannot be combined")
+        if options.temperature == 0 and options.best_of is not None:
+            raise UnsupportedError("best_of applies to sampling (temperature > 0) only")
+
+    def _initial_tokens(self, n_ctx):
+        tokens = list(self.tk.sot_sequence)
+        if self.options.without_timestamps:
+            tokens.append(self.tk.no_timestamps)
+        if self.options.prefix:
+            prefix = self.options.prefix
+            prefix_tokens = self.tk.encode(" " + prefix.strip()) if isinstance(prefix, str) else list(prefix)
+            max_prefix_len = n_ctx // 2 - self.sample_len
+            if max_prefix_len > 0:  # with the default sample_len the whole prefix is kept
+                prefix_tokens = prefix_tokens[-max_prefix_len:]
+            tokens = tokens + prefix_tokens
+        if self.options.prompt:
+            prompt = self.options.prompt
+            prompt_tokens = self.tk.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
+            tokens = [self.tk.sot_prev] + prompt_tokens[-(n_ctx // 2 - 1):] + tokens
+        return tokens
+
+    def _suppress_ids(self):
+        spec = self.options.suppress_tokens
+        if spec is None or spec == "":
+            return []
+        ids = [int(t) for t in spec.split(",")] if isinstance(spec, str) else list(spec)
+        if -1 in ids:
+            ids = [t for t in ids if t >= 0]
+            ids.extend(self.tk.non_speech_tokens())
+            ids.extend(self.model.config.suppress_tokens)
+        ids.extend([self.tk.transcribe, self.tk.translate, self.tk.sot, self.tk.sot_prev, self.tk.sot_lm])
+        if self.tk.no_speech is not None:
+            ids.append(self.tk.no_speech)
+        return sorted(set(ids))
+
+    def _filters(self):
+        filters = []
+        if self.options.suppress_blank:
+            filters.append(SuppressBlank(self.tk, self.sample_begin))
+        suppress = self._suppress_ids()
+        if suppress:
+            filters.append(SuppressTokens(suppress))
+        if not self.options.without_timestamps:
+            max_initial = None
+            if self.options.max_initial_timestamp:
+                max_initial = round(self.options.max_initial_timestamp / TIME_PRECISION)
+            filters.append(ApplyTimestampRules(self.tk, self.sample_begin, max_initial))
+        return filters
+
+    def run(self, audio_features: Tensor) -> DecodingResult:
+        """Decode one window's audio features [1, 1500, d] to the best token sequence."""
+        opts = self.options
+        if opts.beam_size is not None:
+            n_group = opts.beam_size
+        elif opts.temperature > 0 and opts.best_of:
+            n_group = opts.best_of
+        else:
+            n_group = 1
+        if n_group > 1:
+            audio_features = audio_features.broadcast_as((n_group,) + audio_features.dims()[1:]).contiguous()
+        rng = np.random.default_rng(opts.seed)
+        if opts.beam_size is not None:
+            decoder = BeamSearchDecoder(opts.beam_size, self.tk.eot, opts.patience)
+        else:
+            decoder = GreedyDecoder(opts.temperature, self.tk.eot, rng)
+        state = self.model.start_decoding(audio_features)
+        tokens = np.tile(np.array(self.initial_tokens, dtype=np.int64), (n_group, 1))
+        sum_logprobs = np.zeros(n_group)
+        no_speech_prob = float("nan")
+        new_tokens = tokens
+        for step in range(self.sample_len):
+            logits = self.model.logits(Tensor.from_numpy(new_tokens), state).to_numpy()
+            if step == 0 and self.tk.no_speech is not None:
+                at_sot = logits[0, self.sot_index].astype(np.float64)
+                probs = np.exp(at_sot - at_sot.max())
+                no_speech_prob = float(probs[self.tk.no_speech] / probs.sum())
+            logits = np.array(logits[:, -1], dtype=np.float32)
+            for f in self.filters:
+                f.apply(logits, tokens)
+            tokens, completed, sources = decoder.update(tokens, logits, sum_logprobs)
+            if sources is not None and list(sources) != list(range(len(sources))):
+                state.reorder(sources)
+            if self.on_event is not None:
+                self.on_event("token", {"step": step, "token": int(tokens[0, -1])})
+            if completed or tokens.shape[-1] > self.model.config.n_text_ctx:
+                break
+            new_tokens = tokens[:, -1:]
+        candidates, scores = decoder.finalize(tokens, sum_logprobs)
+        sequences = [list(s[self.sample_begin:]) for s in candidates[0]]
+        sequences = [s[:s.index(self.tk.eot)] if self.tk.eot in s else s for s in sequences]
+        best = _rank(sequences, scores[0], opts.length_penalty)
+        chosen = [int(t) for t in sequences[best]]
+        text = self.tk.decode(chosen)
+        return DecodingResult(
+            tokens=chosen, text=text, language=self.tk.language or "en",
+            avg_logprob=scores[0][best] / (len(chosen) + 1), no_speech_prob=no_speech_prob,
+            temperature=opts.temperature, compression_ratio=compression_ratio(text),
+            sum_logprob=scores[0][best])
+
+
+def detect_language(model, tokenizer: WhisperTokenizer, audio_features: Tensor) -> dict:
+    """Probabilities of each language from the logits after <|startoftranscript|>."""
+    if not tokenizer.language_tokens:
+        raise UnsupportedError("this Whisper model is English-only: no language tokens")
+    state = model.start_decoding(audio_features)
+    logits = model.logits(Tensor.from_numpy(np.array([[tokenizer.sot]], dtype=np.int64)), state).to_numpy()[0, 0]
+    codes = list(tokenizer.language_tokens)
+    ids = [tokenizer.language_tokens[c] for c in codes]
+    chosen = logits[ids].astype(np.float64)
+    probs = np.exp(chosen - chosen.max())
+    probs /= probs.sum()
+    return dict(zip(codes, probs.tolist()))
+
+
+# -- long-form transcription ---------------------------------------------------------------
+@dataclass(frozen=True)
+class TranscribeOptions:
+    language: str = None
+    task: str = "transcribe"
+    temperatures: tuple = DEFAULT_TEMPERATURES
+    beam_size: int = None
+    best_of: int = 5
+    patience: float = None
+    compression_ratio_threshold: float = 2.4
+    logprob_threshold: float = -1.0
+    no_speech_threshold: float = 0.6
+    condition_on_previous_text: bool = True
+    initial_prompt: str = None
+    without_timestamps: bool = False
+    suppress_tokens: object = "-1"
+
+
+@dataclass
+class Segment:
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+@dataclass
+class Transcript:
+    text: str
+    segments: list
+    language: str
+    duration: float
+    windows: list = field(default_factory=list)  # DecodingResult of each decoded window
+
+
+def transcribe(model, tokenizer, samples, options: TranscribeOptions = TranscribeOptions(),
+               on_event=None, should_continue=None) -> Transcript:
+    """Transcribe float32 16 kHz mono samples of any length."""
+    samples = np.asarray(samples, dtype=np.float32)
+    if samples.ndim != 1:
+        raise CandleError(f"transcribe: expected mono samples [n], got shape {list(samples.shape)}")
+    n_mels = model.config.n_mels
+    mel = audio_mod.log_mel_spectrogram(samples, n_mels=n_mels, padding=audio_mod.N_SAMPLES)
+    content_frames = mel.shape[-1] - audio_mod.N_FRAMES
+    duration = len(samples) / audio_mod.SAMPLE_RATE
+    multilingual = model.config.is_multilingual
+    tk = WhisperTokenizer(tokenizer, multilingual, None, options.task)
+    language = options.language
+    if multilingual and language is None:
+        first = Tensor.from_numpy(audio_mod.pad_or_trim(mel, audio_mod.N_FRAMES)[None])
+        probs = detect_language(model, tk, model.encode(first))
+        language = max(probs, key=probs.get)
+        _emit(on_event, "language", {"language": language, "probability": probs[language]})
+    tk = WhisperTokenizer(tokenizer, multilingual, language if multilingual else None, options.task)
+
+    seek = 0
+    all_tokens = []
+    all_segments = []
+    windows = []
+    prompt_reset_since = 0
+    if options.initial_prompt:
+        all_tokens.extend(tk.encode(" " + options.initial_prompt.strip()))
+    while seek < content_frames:
+        if should_continue is not None and not should_continue():
+            raise Cancelled("transcription cancelled")
+        time_offset = seek * audio_mod.HOP_LENGTH / audio_mod.SAMPLE_RATE
+        segment_size = min(audio_mod.N_FRAMES, content_frames - seek)
+        segment_duration = segment_size * audio_mod.HOP_LENGTH / audio_mod.SAMPLE_RATE
+        window = audio_mod.pad_or_trim(mel[:, seek:seek + segment_size], audio_mod.N_FRAMES)
+        _emit(on_event, "window", {"seek_seconds": time_offset, "duration": duration})
+        features = model.encode(Tensor.from_numpy(np.ascontiguousarray(window)[None]))
+        prompt = all_tokens[prompt_reset_since:]
+        result = _decode_with_fallback(model, tk, features, options, prompt, on_event)
+        windows.append(result)
+        if options.no_speech_threshold is not None:
+            skip = result.no_speech_prob > options.no_speech_threshold
+            if options.logprob_threshold is not None and result.avg_logprob > options.logprob_threshold:
+                skip = False
+            if skip:
+                seek += segment_size
+                continue
+        current, seek = _split_segments(tk, result, seek, segment_size, segment_duration, time_offset)
+        for segment in current:
+            if segment.start == segment.end or not segment.text.strip():
+                segment.text = ""
+                segment.tokens = []
+        for segment in current:
+            segment.id = len(all_segments)
+            all_segments.append(segment)
+            _emit(on_event, "segment", segment)
+        all_tokens.extend(t for s in current for t in s.tokens)
+        if not options.condition_on_previous_text or result.temperature > 0.5:
+            prompt_reset_since = len(all_tokens)
+    text = tk.decode([t for s in all_segments for t in s.tokens])
+    return Transcript(text=text, segments=all_segments, language=language or "en",
+                      duration=duration, windows=windows)
+
+
+def _emit(on_event, kind, payload):
+    if on_event is not None and on_event(kind, payload) is False:
+        raise Cancelled(f"cancelled at {kind}")
+
+
+def _decode_with_fallback(model, tk, features, options: TranscribeOptions, prompt, on_event):
+    result = None
+    for temperature in options.temperatures:
+        decoding = DecodingOptions(
+            task=options.task, language=tk.language, temperature=temperature,
+            beam_size=options.beam_size if temperature == 0 else None,
+            patience=options.patience if temperature == 0 else None,
+            best_of=options.best_of if temperature > 0 else None,
+            prompt=prompt, without_timestamps=options.without_timestamps,
+            suppress_tokens=options.suppress_tokens)
+        result = WindowDecoder(model, tk, decoding, on_event).run(features)
+        needs_fallback = False
+        if options.compression_ratio_threshold is not None and \
+                result.compression_ratio > options.compression_ratio_threshold:
+            needs_fallback = True  # too repetitive
+        if options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
+            needs_fallback = True  # too unlikely
+        if options.no_speech_threshold is not None and result.no_speech_prob > options.no_speech_threshold \
+                and options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
+            needs_fallback = False  # silence: no point retrying
+        if not needs_fallback:
+            break
+    return result
+
+
+def _split_segments(tk, result: DecodingResult, seek, segment_size, segment_duration, time_offset):
+    """Cut a window's tokens at consecutive timestamp pairs; returns (segments, next seek)."""
+    tokens = np.array(result.tokens, dtype=np.int64)
+    is_ts = tokens >= tk.timestamp_begin
+    single_timestamp_ending = len(is_ts) >= 2 and not is_ts[-2] and is_ts[-1]
+    consecutive = np.nonzero(is_ts[:-1] & is_ts[1:])[0] + 1
+    segments = []
+
+    def segment(start, end, seg_tokens):
+        seg_tokens = [int(t) for t in seg_tokens]
+        return Segment(id=0, seek=seek, start=round(start, 3), end=round(end, 3),
+                       text=tk.decode(seg_tokens), tokens=seg_tokens,
+                       temperature=result.temperature, avg_logprob=result.avg_logprob,
+                       compression_ratio=result.compression_ratio, no_speech_prob=result.no_speech_prob)
+
+    if len(consecutive) > 0:
+        slices = consecutive.tolist()
+        if single_timestamp_ending:
+            slices.append(len(tokens))
+        last_slice = 0
+        for current_slice in slices:
+            sliced = tokens[last_slice:current_slice]
+            start_pos = int(sliced[0]) - tk.timestamp_begin
+            end_pos = int(sliced[-1]) - tk.timestamp_begin
+            segments.append(segment(time_offset + start_pos * TIME_PRECISION,
+                                    time_offset + end_pos * TIME_PRECISION, sliced))
+            last_slice = current_slice
+        if single_timestamp_ending:
+            seek += segment_size
+        else:
+            last_pos = int(tokens[last_slice - 1]) - tk.timestamp_begin
+            seek += last_pos * INPUT_STRIDE
+    else:
+        length = segment_duration
+        stamps = tokens[is_ts]
+        if len(stamps) > 0 and int(stamps[-1]) != tk.timestamp_begin:
+            length = (int(stamps[-1]) - tk.timestamp_begin) * TIME_PRECISION
+        segments.append(segment(time_offset, time_offset + length, tokens))
+        seek += segment_size
+    return segments, seek
+
