@@ -1,0 +1,234 @@
+"""The numba CPU backend: the numpy reference with its hot primitives replaced by numba kernels.
+
+Arrays stay numpy arrays (so tensors mix freely with the numpy backend's). Each override takes
+its fast path only for what the kernels were written for (f32, the expected ranks); anything
+else, f64 included, goes to the numpy reference, so results never depend on which backend ran.
+Inputs that are views are copied to C order first (the kernels index contiguous rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from candle_web.backend.numpy_backend import NumpyBackend
+from candle_web.errors import ShapeMismatch
+
+from . import numba_kernels as nk
+from .quant_unpack import UNPACKABLE, LEGACY_GROUP_SHIFT, PerWeightCache, unpack
+
+# Below this many elements a fused op runs its serial kernel: waking the thread pool costs more
+# than the whole op on a decode step's small tensors.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+# Softmax runs in numba up to this many elements (decode-step scores, where numpy's passes and
+# call overhead dominate: 9x64 scores took 5 us against 34 us); above, numpy's SIMD exp wins.
+SOFTMAX_NUMBA_MAX_ELEMENTS = 4096
+# Query rows up to which the fused attention kernel beats scores-through-BLAS (decode steps and
+# short prompts); longer prompts and encoders keep the two BLAS matmuls of the reference.
+FUSED_ATTENTION_MAX_QUERIES = 16
+# From this many activation rows on, qmatmul decodes the weight a band at a time and lets BLAS do
+# the product (prompt processing); below it, the fused kernel reads the int8 levels directly.
+QMATMUL_BLAS_MIN_ROWS = 8
+# Weight rows decoded per band on the BLAS path (bounds the f32 scratch to band x k).
+QMATMUL_BAND_ROWS = 1024
+
+
+class _KernelWeight:
+    """The unpacked weight in the form the kernels want (scales per 32 or 16 elements)."""
+
+    __slots__ = ("levels", "scales", "offsets", "use_offsets", "group", "kernel")
+
+    def __init__(self, qtensor):
+        unpacked = unpack(qtensor)
+        scales, shift = unpacked.scales, unpacked.group_shift
+        offsets = unpacked.offsets
+        if shift > LEGACY_GROUP_SHIFT:
+            # Wider groups (Q8_K) repeat their scale per 32 elements: same products, one kernel.
+            repeat = 1 << (shift - LEGACY_GROUP_SHIFT)
+            scales = np.repeat(scales, repeat, axis=1)
+            offsets = None if offsets is None else np.repeat(offsets, repeat, axis=1)
+            shift = LEGACY_GROUP_SHIFT
+        self.levels = unpacked.levels
+        self.scales = np.ascontiguousarray(scales)
+        self.use_offsets = offsets is not None
+        # A 1x1 stand-in keeps one compiled signature for both cases.
+        self.offsets = (np.ascontiguousarray(offsets) if self.use_offsets
+                        else np.zeros((1, 1), np.float32))
+        self.group = 1 << shift
+        self.kernel = nk.qmatmul_g32 if self.group == 32 else nk.qmatmul_g16
+
+
+_KERNEL_WEIGHTS = PerWeightCache()
+
+
+def kernel_weight(qtensor) -> _KernelWeight:
+    """The unpacked weight for `qtensor`, built at its first use and cached with it."""
+    return _KERNEL_WEIGHTS.get(qtensor, _KernelWeight)
+
+
+def _f32_rows(x):
+    """x as a C-contiguous f32 [rows, last] (a copy only when x is a view)."""
+    x = np.ascontiguousarray(x)
+    return x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+
+
+def _small_f32(x):
+    return x.dtype == np.float32 and x.ndim > 0 and 0 < x.size <= SOFTMAX_NUMBA_MAX_ELEMENTS
+
+
+def _is_f32(*arrays):
+    return all(a is None or a.dtype == np.float32 for a in arrays)
+
+
+class NumbaBackend(NumpyBackend):
+    name = "numba"
+
+    # -- elementwise activations ------------------------------------------------------------
+    # (serial kernel, threaded kernel) per op; tanh-GELU stays on numpy (see numba_kernels).
+    _ACTIVATIONS = {"gelu_erf": (nk.gelu_erf_serial, nk.gelu_erf_parallel),
+                    "silu": (nk.silu_serial, nk.silu_parallel)}
+
+    def unary(self, op, x):
+        kernels = self._ACTIVATIONS.get(op)
+        if kernels is None or x.dtype != np.float32 or x.size == 0:
+            return super().unary(op, x)
+        x = np.ascontiguousarray(x)
+        out = np.empty_like(x)
+        kernels[x.size >= PARALLEL_MIN_ELEMENTS](x.reshape(-1), out.reshape(-1))
+        return out
+
+    def silu_mul(self, gate, up):
+        if not _is_f32(gate, up) or gate.shape != up.shape or gate.size == 0:
+            return super().silu_mul(gate, up)
+        gate = np.ascontiguousarray(gate)
+        up = np.ascontiguousarray(up)
+        out = np.empty_like(gate)
+        kernel = nk.silu_mul_parallel if gate.size >= PARALLEL_MIN_ELEMENTS else nk.silu_mul_serial
+        kernel(gate.reshape(-1), up.reshape(-1), out.reshape(-1))
+        return out
+
+    # -- row-wise fused ops -----------------------------------------------------------------
+    def softmax_last_dim(self, x):
+        if not _small_f32(x):
+            return super().softmax_last_dim(x)
+        rows = _f32_rows(x)
+        out = np.empty_like(rows)
+        nk.softmax_serial(rows, out)
+        return out.reshape(x.shape)
+
+    def log_softmax_last_dim(self, x):
+        if not _small_f32(x):
+            return super().log_softmax_last_dim(x)
+        rows = _f32_rows(x)
+        out = np.empty_like(rows)
+        nk.log_softmax_serial(rows, out)
+        return out.reshape(x.shape)
+
+    def layer_norm(self, x, weight, bias, eps):
+        if not _is_f32(x, weight, bias) or x.ndim == 0 or x.size == 0:
+            return super().layer_norm(x, weight, bias, eps)
+        rows = _f32_rows(x)
+        width = rows.shape[1]
+        weight = np.ones(width, np.float32) if weight is None else np.ascontiguousarray(weight)
+        bias = np.zeros(width, np.float32) if bias is None else np.ascontiguousarray(bias)
+        if weight.shape != (width,) or bias.shape != (width,):
+            return super().layer_norm(x, weight, bias, eps)
+        out = np.empty_like(rows)
+        nk.layer_norm_rows(rows.size >= PARALLEL_MIN_ELEMENTS, rows, weight, bias,
+                           np.float32(eps), out)
+        return out.reshape(x.shape)
+
+    def rms_norm(self, x, weight, eps):
+        if not _is_f32(x, weight) or x.ndim == 0 or x.size == 0:
+            return super().rms_norm(x, weight, eps)
+        rows = _f32_rows(x)
+        width = rows.shape[1]
+        weight = np.ones(width, np.float32) if weight is None else np.ascontiguousarray(weight)
+        if weight.shape != (width,):
+            return super().rms_norm(x, weight, eps)
+        out = np.empty_like(rows)
+        nk.rms_norm_rows(rows.size >= PARALLEL_MIN_ELEMENTS, rows, weight, np.float32(eps), out)
+        return out.reshape(x.shape)
+
+    def rope(self, x, cos, sin):
+        return self._rope(x, cos, sin, nk.rope_half_rows, super().rope)
+
+    def rope_i(self, x, cos, sin):
+        return self._rope(x, cos, sin, nk.rope_interleaved_rows, super().rope_i)
+
+    @staticmethod
+    def _rope(x, cos, sin, kernel, reference):
+        # The kernel handles the documented layout: x [.., t, d], cos/sin exactly [t, d/2].
+        if (not _is_f32(x, cos, sin) or x.ndim < 2 or x.size == 0 or x.shape[-1] % 2
+                or cos.shape != (x.shape[-2], x.shape[-1] // 2) or sin.shape != cos.shape):
+            return reference(x, cos, sin)
+        rows = _f32_rows(x)
+        out = np.empty_like(rows)
+        kernel(rows, np.ascontiguousarray(cos), np.ascontiguousarray(sin), out)
+        return out.reshape(x.shape)
+
+    # -- attention -------------------------------------------------------------------------
+    def attention(self, q, k, v, mask, scale):
+        if (not _is_f32(q, k, v, mask) or q.ndim != 4 or k.ndim != 4 or v.ndim != 4
+                or q.shape[2] > FUSED_ATTENTION_MAX_QUERIES or q.size == 0 or k.shape[2] == 0
+                or not _broadcasts_to(k.shape[:2], q.shape[:2])
+                or k.shape[:3] != v.shape[:3] or k.shape[3] != q.shape[3]):
+            return super().attention(q, k, v, mask, scale)
+        batch, heads, tq, _ = q.shape
+        tk = k.shape[2]
+        target = (batch, heads, tq, tk)
+        if mask is None:
+            mask = np.zeros((1, 1, 1, 1), np.float32)
+        try:
+            mask = np.broadcast_to(mask, target)
+        except ValueError:
+            raise ShapeMismatch(f"attention: mask {list(mask.shape)} does not broadcast to the "
+                                f"scores {list(target)}") from None
+        if mask.ndim != 4:
+            return super().attention(q, k, v, mask, scale)
+        out = np.empty((batch, heads, tq, v.shape[3]), np.float32)
+        nk.attention_rows(np.ascontiguousarray(q), np.ascontiguousarray(k),
+                          np.ascontiguousarray(v), mask, np.float32(scale), out)
+        return out
+
+    # -- quantized matmul ------------------------------------------------------------------
+    def qmatmul(self, x, qweight):
+        if qweight.dtype not in UNPACKABLE or len(qweight.shape) != 2:
+            return super().qmatmul(x, qweight)
+        n, k = qweight.shape
+        x = np.asarray(x)
+        if x.ndim == 0 or x.shape[-1] != k:
+            raise ShapeMismatch(f"qmatmul: x of shape {x.shape} cannot multiply a weight of "
+                                f"shape {qweight.shape} (last dims must both be {k})")
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        rows = _f32_rows(x)
+        weight = kernel_weight(qweight)
+        if rows.shape[0] >= QMATMUL_BLAS_MIN_ROWS:
+            out = _qmatmul_through_blas(rows, weight, n)
+        else:
+            out = np.empty((rows.shape[0], n), np.float32)
+            if weight.use_offsets:
+                xsum = rows.reshape(rows.shape[0], -1, weight.group).sum(axis=2, dtype=np.float32)
+            else:
+                xsum = np.zeros((1, 1), np.float32)
+            weight.kernel(rows, weight.levels, weight.scales, weight.offsets, xsum,
+                          weight.use_offsets, out)
+        return out.reshape(*x.shape[:-1], n)
+
+
+def _broadcasts_to(source, target) -> bool:
+    return all(s in (1, t) for s, t in zip(source, target))
+
+
+def _qmatmul_through_blas(rows, weight, n):
+    """Decode a band of weight rows to f32 (exactly the reference values) and let BLAS multiply."""
+    k = rows.shape[1]
+    out = np.empty((rows.shape[0], n), np.float32)
+    band = np.empty((min(n, QMATMUL_BAND_ROWS), k), np.float32)
+    for start in range(0, n, QMATMUL_BAND_ROWS):
+        stop = min(n, start + QMATMUL_BAND_ROWS)
+        chunk = band[:stop - start]
+        nk.dequantize_rows_into(weight.levels, weight.scales, weight.offsets, weight.use_offsets,
+                                weight.group, start, chunk)
+        np.matmul(rows, chunk.T, out=out[:, start:stop])
+    return out

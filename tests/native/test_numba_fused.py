@@ -1,0 +1,159 @@
+"""Numba fused kernels against the numpy reference backend.
+
+Tolerances (relative to the reference's largest magnitude):
+- reductions (softmax, norms, attention): 1e-5 -- the same f32 arithmetic summed in another order;
+- elementwise activations and RoPE: 1e-6 -- f32 libm exp/tanh/erf vs numpy's SIMD versions
+  (about an ulp), numpy's erf fit (error < 1.2e-7) vs the exact erf, and FMA contraction.
+Shapes cover odd widths and both the serial (small) and threaded (large) code paths; inputs
+that the kernels do not take (f64) must give the reference's exact result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from candle_native.numba_backend import (FUSED_ATTENTION_MAX_QUERIES, PARALLEL_MIN_ELEMENTS,
+                                         SOFTMAX_NUMBA_MAX_ELEMENTS)
+
+from native_testing import assert_close
+
+REDUCTION = 1e-5
+ELEMENTWISE = 1e-6
+# (rows..., width): small odd shapes take the serial kernels, the last one the threaded kernels.
+ROW_SHAPES = [(1, 1), (3, 5, 17), (7, 1000), (PARALLEL_MIN_ELEMENTS // 1031 + 3, 1031)]
+# Softmax runs in numba only on small inputs (the largest one here is just at the limit).
+SOFTMAX_SHAPES = [(1, 1), (3, 5, 17), (SOFTMAX_NUMBA_MAX_ELEMENTS // 64, 64), (9, 1000)]
+
+
+@pytest.mark.parametrize("shape", SOFTMAX_SHAPES, ids=str)
+@pytest.mark.parametrize("op", ["softmax_last_dim", "log_softmax_last_dim"])
+def test_softmax(numba_backend, ref, op, shape, rng):
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    assert_close(getattr(numba_backend, op)(x), getattr(ref, op)(x), REDUCTION, op)
+
+
+def test_softmax_with_masked_entries(numba_backend, ref, rng):
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    x[:, ::3] = -np.inf
+    assert_close(numba_backend.softmax_last_dim(x), ref.softmax_last_dim(x), REDUCTION)
+
+
+@pytest.mark.parametrize("shape", ROW_SHAPES[1:], ids=str)
+@pytest.mark.parametrize("affine", ["weight+bias", "weight", "none"])
+def test_layer_norm(numba_backend, ref, shape, affine, rng):
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    width = shape[-1]
+    weight = rng.standard_normal(width).astype(np.float32) if affine != "none" else None
+    bias = rng.standard_normal(width).astype(np.float32) if affine == "weight+bias" else None
+    assert_close(numba_backend.layer_norm(x, weight, bias, 1e-5),
+                 ref.layer_norm(x, weight, bias, 1e-5), REDUCTION)
+
+
+@pytest.mark.parametrize("shape", ROW_SHAPES[1:], ids=str)
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm(numba_backend, ref, shape, with_weight, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    weight = rng.standard_normal(shape[-1]).astype(np.float32) if with_weight else None
+    assert_close(numba_backend.rms_norm(x, weight, 1e-6), ref.rms_norm(x, weight, 1e-6),
+                 REDUCTION)
+
+
+def test_norms_accept_views(numba_backend, ref, rng):
+    x = rng.standard_normal((33, 6)).astype(np.float32).T  # [6, 33], not contiguous
+    weight = rng.standard_normal(33).astype(np.float32)
+    assert_close(numba_backend.rms_norm(x, weight, 1e-5), ref.rms_norm(x, weight, 1e-5), REDUCTION)
+    assert_close(numba_backend.softmax_last_dim(x), ref.softmax_last_dim(x), REDUCTION)
+
+
+@pytest.mark.parametrize("op", ["rope", "rope_i"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 2), (2, 3, 5, 14), (1, 9, 7, 64), (7, 64)], ids=str)
+def test_rope(numba_backend, ref, op, shape, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    angles = rng.uniform(-np.pi, np.pi, (shape[-2], shape[-1] // 2))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    assert_close(getattr(numba_backend, op)(x, cos, sin), getattr(ref, op)(x, cos, sin),
+                 ELEMENTWISE, op)
+
+
+def test_rope_on_a_transposed_view(numba_backend, ref, rng):
+    x = rng.standard_normal((2, 5, 3, 8)).astype(np.float32).transpose(0, 2, 1, 3)
+    cos = rng.standard_normal((5, 4)).astype(np.float32)
+    sin = rng.standard_normal((5, 4)).astype(np.float32)
+    assert_close(numba_backend.rope_i(x, cos, sin), ref.rope_i(x, cos, sin), ELEMENTWISE)
+
+
+@pytest.mark.parametrize("op", ["gelu", "gelu_erf", "silu"])
+@pytest.mark.parametrize("size", [5, 1537, PARALLEL_MIN_ELEMENTS + 3],
+                         ids=["tiny", "small", "large"])
+def test_activations(numba_backend, ref, op, size, rng):
+    x = (rng.standard_normal(size) * 5).astype(np.float32)
+    x[:3] = [0.0, -30.0, 30.0]
+    assert_close(numba_backend.unary(op, x), ref.unary(op, x), ELEMENTWISE, op)
+
+
+@pytest.mark.parametrize("width", [1536 + 7, PARALLEL_MIN_ELEMENTS // 3 + 7])
+def test_silu_mul(numba_backend, ref, width, rng):
+    gate = (rng.standard_normal((3, width)) * 4).astype(np.float32)
+    up = rng.standard_normal(gate.shape).astype(np.float32)
+    assert_close(numba_backend.silu_mul(gate, up), ref.silu_mul(gate, up), ELEMENTWISE)
+
+
+def _causal_mask(tq, tk):
+    rows = np.arange(tq)[:, None] + (tk - tq)
+    return np.where(np.arange(tk)[None, :] > rows, -np.inf, 0.0).astype(np.float32)
+
+
+ATTENTION_CASES = {
+    # name: (q shape, k/v heads, tk, mask kind)
+    "decode": ((1, 9, 1, 64), 9, 37, None),
+    "decode-causal-4": ((2, 4, 4, 32), 4, 11, "causal"),
+    "shared-kv-head": ((1, 6, 1, 16), 1, 20, None),
+    "padding-mask": ((3, 2, 1, 8), 2, 5, "padding"),
+    "max-queries": ((1, 2, FUSED_ATTENTION_MAX_QUERIES, 16), 2, 40, "causal"),
+    "reference-path": ((1, 2, FUSED_ATTENTION_MAX_QUERIES + 1, 16), 2, 40, "causal"),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention(numba_backend, ref, case, rng):
+    q_shape, kv_heads, tk, mask_kind = ATTENTION_CASES[case]
+    batch, _, tq, d = q_shape
+    q = rng.standard_normal(q_shape).astype(np.float32)
+    k = rng.standard_normal((batch, kv_heads, tk, d)).astype(np.float32)
+    v = rng.standard_normal((batch, kv_heads, tk, d)).astype(np.float32)
+    mask = None
+    if mask_kind == "causal":
+        mask = _causal_mask(tq, tk)
+    elif mask_kind == "padding":
+        mask = np.zeros((batch, 1, 1, tk), np.float32)
+        mask[1, ..., 3:] = -np.inf
+    scale = 1.0 / np.sqrt(d)
+    assert_close(numba_backend.attention(q, k, v, mask, scale), ref.attention(q, k, v, mask, scale),
+                 REDUCTION, case)
+
+
+def test_f64_goes_to_the_reference_unchanged(numba_backend, ref, rng):
+    x = rng.standard_normal((4, 33))
+    w = rng.standard_normal(33)
+    assert np.array_equal(numba_backend.softmax_last_dim(x), ref.softmax_last_dim(x))
+    assert np.array_equal(numba_backend.layer_norm(x, w, w, 1e-5), ref.layer_norm(x, w, w, 1e-5))
+    big = rng.standard_normal(PARALLEL_MIN_ELEMENTS + 1)
+    assert np.array_equal(numba_backend.unary("gelu_erf", big), ref.unary("gelu_erf", big))
+
+
+def test_tensor_ops_through_a_numba_device(rng):
+    from candle_web import Device, Tensor
+    from candle_web.errors import BackendUnavailable
+    from candle_web.nn import ops
+
+    try:
+        fast = Device.cpu(backend="numba")
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
+    slow = Device.cpu(backend="numpy")
+    x = rng.standard_normal((2, 3, 40)).astype(np.float32)
+    w = rng.standard_normal(40).astype(np.float32)
+    for fn in (lambda d: ops.softmax_last_dim(Tensor.from_numpy(x, device=d)),
+               lambda d: ops.rms_norm(Tensor.from_numpy(x, device=d),
+                                      Tensor.from_numpy(w, device=d), 1e-5)):
+        assert_close(fn(fast).to_numpy(), fn(slow).to_numpy(), REDUCTION)
