@@ -11,7 +11,9 @@ import pytest
 
 from candle_web import BackendUnavailable, Device
 
-BACKEND_NAMES = ["numpy"]
+# The numpy reference and the native CPU twin; the CuPy backend has its own primitive-by-
+# primitive suite against numpy in tests/native (a GPU device is not a `Device.cpu`).
+BACKEND_NAMES = ["numpy", "numba"]
 
 
 @pytest.fixture(params=BACKEND_NAMES)
