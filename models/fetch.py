@@ -30,6 +30,7 @@ DEFAULT_MODELS = (
     "smollm2-135m-instruct",
     "all-minilm-l6-v2",
     "gemma3-270m-q4km",
+    "multilingual-e5-small",
 )
 BAR_WIDTH = 30
 REDRAW_INTERVAL_S = 0.1

@@ -27,7 +27,7 @@ UPSTREAM_SHA256 = {
 }
 EXPECTED_KINDS = {"whisper-tiny.en": "whisper", "whisper-base": "whisper",
                   "smollm2-135m-instruct": "llama", "all-minilm-l6-v2": "bert",
-                  "gemma3-270m-q4km": "test-input"}
+                  "gemma3-270m-q4km": "test-input", "multilingual-e5-small": "test-input"}
 
 
 def test_shipped_registry_models_and_pins():
