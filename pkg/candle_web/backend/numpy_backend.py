@@ -156,6 +156,16 @@ def _find_pyodide_sgemm():
     return sgemm
 
 
+def _fortran_operand(x):
+    """(array, trans) with op(array) == x.T and `array` Fortran-contiguous, copying only when
+    x is neither C- nor F-contiguous."""
+    if x.flags.c_contiguous:
+        return x.T, 0
+    if x.flags.f_contiguous:
+        return x, 1
+    return np.ascontiguousarray(x).T, 0
+
+
 class NumpyBackend(Backend):
     name = "numpy"
     xp = np
@@ -234,17 +244,24 @@ class NumpyBackend(Backend):
         return np.matmul(a, b)
 
     def _sgemm_matmul(self, a, b):
-        # sgemm(1, b.T, a.T) on C-ordered inputs is Fortran-ordered (a @ b).T: no copies.
         if a.ndim == 2 and b.ndim == 2:
-            return self._sgemm(1.0, np.ascontiguousarray(b).T, np.ascontiguousarray(a).T).T
+            return self._sgemm_2d(a, b)
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a_full = np.broadcast_to(a, batch + a.shape[-2:]).reshape(-1, *a.shape[-2:])
         b_full = np.broadcast_to(b, batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
         out = np.empty((a_full.shape[0], a.shape[-2], b.shape[-1]), dtype=np.float32)
         for i in range(a_full.shape[0]):
-            out[i] = self._sgemm(1.0, np.ascontiguousarray(b_full[i]).T,
-                                 np.ascontiguousarray(a_full[i]).T).T
+            out[i] = self._sgemm_2d(a_full[i], b_full[i])
         return out.reshape(batch + out.shape[-2:])
+
+    def _sgemm_2d(self, a, b):
+        # Fortran BLAS computes (a @ b).T = b.T @ a.T column-major, which is a @ b in C order.
+        # Each operand goes in with the layout it already has and BLAS's trans flag does the
+        # transposing: copying a transposed weight (every Linear's w.t(), the tied vocab
+        # projection) cost ~110 MB of strided copies per Whisper token in the browser.
+        bt, trans_b = _fortran_operand(b)
+        at, trans_a = _fortran_operand(a)
+        return self._sgemm(1.0, bt, at, trans_a=trans_b, trans_b=trans_a).T
 
     def conv1d(self, x, w, stride, padding, dilation, groups):
         # im2col: a strided view [b, c_in, l_out, k] turned into one matmul per group.
