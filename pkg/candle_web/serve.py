@@ -388,15 +388,24 @@ def make_site_config(web_root: Optional[Path] = None, serve_models: bool = True,
     return SiteConfig(web_root=web_root, model_files=model_files, verbose=verbose)
 
 
+class QuietThreadingHTTPServer(ThreadingHTTPServer):
+    """A page that closes a keep-alive connection mid-response is normal, not an error."""
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
+
+
 def make_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                 site: Optional[SiteConfig] = None) -> ThreadingHTTPServer:
     """A bound, not yet running server; port 0 picks a free port (see server_address)."""
     if site is None:
         site = make_site_config()
     handler = type("BoundCandleWebRequestHandler", (CandleWebRequestHandler,), {"site": site})
-    server_class = ThreadingHTTPServer
+    server_class = QuietThreadingHTTPServer
     if ":" in host:  # an IPv6 literal such as ::1
-        server_class = type("ThreadingHTTPServerV6", (ThreadingHTTPServer,),
+        server_class = type("ThreadingHTTPServerV6", (QuietThreadingHTTPServer,),
                             {"address_family": socket.AF_INET6})
     server = server_class((host, port), handler)
     server.daemon_threads = True  # a stuck keep-alive connection must not block exit
