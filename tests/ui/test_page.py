@@ -36,7 +36,7 @@ def test_page_loads_with_tabs_and_status(fresh_page):
     tabs = page.get_by_role("tab")
     assert [tabs.nth(i).get_attribute("id") for i in range(tabs.count())] == TAB_IDS
     assert page.get_by_role("tablist").get_attribute("aria-label") == "Demos"
-    status = page.get_by_role("status")
+    status = page.get_by_role("banner").get_by_role("status")  # the runtime line in the header
     assert status.count() == 1 and status.get_attribute("aria-live") == "polite"
     assert selected_tab(page) == "tab-transcribe"
     assert visible_panels(page) == ["panel-transcribe"]

@@ -1,0 +1,93 @@
+"""The native side of the Whisper twin check, run as a subprocess by the UI tests and by
+bench/browser.py: transcribe WAV files with the numpy backend and print one JSON object.
+
+    CANDLE_WEB_BACKEND=numpy python tests/ui/native_whisper.py [--chromium-pcm] MODEL CLIP.wav...
+
+A separate process because the backend is chosen once per process (CANDLE_WEB_BACKEND, read
+when Device.cpu() first resolves) and because it then runs next to the browser on the other
+core. Each clip gets the payload web/py/whisper_session.py builds in the browser (same
+segments, token ids, text), the sha256 of its float32 samples (to prove both sides decoded the
+same input) and its wall time; stdout carries only the JSON.
+
+Input samples. Chromium's decodeAudioData turns 16-bit PCM into floats asymmetrically:
+positive values times float32(1/32767), negative ones times float32(1/32768) (so +32767 maps
+to 1.0; checked bit for bit on the LibriVox clips), while
+candle_web.audio.load_audio divides everything by 32768 (as openai-whisper and ffmpeg do). The
+two differ by at most 1/32767 - 1/32768 of full scale (~1e-9 per unit, 3e-5 at most). The
+twin check is about the model's computation, so with --chromium-pcm the clip is converted the
+way the browser does it, and the sha256 of the samples proves both sides start from the same
+bits. bench/browser.py uses it too.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO_ROOT / "pkg")]
+
+
+def load_session_module():
+    path = REPO_ROOT / "web" / "py" / "whisper_session.py"
+    spec = importlib.util.spec_from_file_location("whisper_session", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CHROMIUM_PCM_FLAG = "--chromium-pcm"
+
+
+def chromium_pcm16(path: str):
+    """A 16 kHz mono 16-bit WAV as Chromium's decodeAudioData returns it (see above)."""
+    import wave
+
+    import numpy as np
+
+    with wave.open(path, "rb") as clip:
+        if (clip.getnchannels(), clip.getsampwidth(), clip.getframerate()) != (1, 2, 16000):
+            raise SystemExit(f"{path}: expected 16 kHz mono 16-bit PCM for {CHROMIUM_PCM_FLAG}")
+        ints = np.frombuffer(clip.readframes(clip.getnframes()), dtype="<i2").astype(np.float32)
+    positive_scale = np.float32(1.0 / 32767.0)
+    negative_scale = np.float32(1.0 / 32768.0)
+    return np.where(ints > 0, ints * positive_scale, ints * negative_scale).astype(np.float32)
+
+
+def main(argv: list[str]) -> int:
+    chromium_pcm = CHROMIUM_PCM_FLAG in argv
+    argv = [arg for arg in argv if arg != CHROMIUM_PCM_FLAG]
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    from candle_web import Device
+    from candle_web.audio import load_audio
+    from candle_web.models.whisper_decode import transcribe
+    from candle_web.pipelines import load_whisper
+
+    session = load_session_module()
+    model_name, clip_paths = argv[0], argv[1:]
+    started = time.perf_counter()
+    model, tokenizer = load_whisper(model_name)
+    load_s = time.perf_counter() - started
+    clips = {}
+    for clip_path in clip_paths:
+        samples = chromium_pcm16(clip_path) if chromium_pcm else load_audio(clip_path)
+        started = time.perf_counter()
+        transcript = transcribe(model, tokenizer, samples, session.transcribe_options({}))
+        elapsed = time.perf_counter() - started
+        payload = session.transcript_payload(transcript)
+        payload.pop("exports")
+        payload["seconds"] = elapsed
+        payload["sha256"] = hashlib.sha256(samples.astype("<f4").tobytes()).hexdigest()
+        clips[Path(clip_path).name] = payload
+    json.dump({"backend": Device.cpu().backend.name, "loadSeconds": load_s, "clips": clips},
+              sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
