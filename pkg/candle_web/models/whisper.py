@@ -169,7 +169,8 @@ class DecoderState:
 
     def reorder(self, indices) -> None:
         """Keep batch rows `indices` (beam search): caches and cross K/V follow their beams."""
-        ids = Tensor.from_numpy(np.asarray(indices, dtype=np.int64))
+        device = self.cross_kv[0][0].device
+        ids = Tensor.from_numpy(np.asarray(indices, dtype=np.int64), device=device)
         for i, cache in enumerate(self.caches):
             k, v = cache.k.current_data(), cache.v.current_data()
             if k is None:
@@ -211,6 +212,11 @@ class Whisper:
         self.config = config
         self.encoder = encoder
         self.decoder = decoder
+
+    @property
+    def device(self):
+        """Where the weights live; inputs are created there."""
+        return self.decoder.token_embedding.device
 
     def encode(self, mel: Tensor) -> Tensor:
         if mel.rank == 2:

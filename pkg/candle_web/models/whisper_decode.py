@@ -394,7 +394,7 @@ class WindowDecoder:
         no_speech_prob = float("nan")
         new_tokens = tokens
         for step in range(self.sample_len):
-            logits = self.model.logits(Tensor.from_numpy(new_tokens), state).to_numpy()
+            logits = self.model.logits(Tensor.from_numpy(new_tokens, device=self.model.device), state).to_numpy()
             if step == 0 and self.tk.no_speech is not None:
                 at_sot = logits[0, self.sot_index].astype(np.float64)
                 probs = np.exp(at_sot - at_sot.max())
@@ -428,7 +428,7 @@ def detect_language(model, tokenizer: WhisperTokenizer, audio_features: Tensor) 
     if not tokenizer.language_tokens:
         raise UnsupportedError("this Whisper model is English-only: no language tokens")
     state = model.start_decoding(audio_features)
-    logits = model.logits(Tensor.from_numpy(np.array([[tokenizer.sot]], dtype=np.int64)), state).to_numpy()[0, 0]
+    logits = model.logits(Tensor.from_numpy(np.array([[tokenizer.sot]], dtype=np.int64), device=model.device), state).to_numpy()[0, 0]
     codes = list(tokenizer.language_tokens)
     ids = [tokenizer.language_tokens[c] for c in codes]
     chosen = logits[ids].astype(np.float64)
@@ -492,7 +492,7 @@ def transcribe(model, tokenizer, samples, options: TranscribeOptions = Transcrib
     tk = WhisperTokenizer(tokenizer, multilingual, None, options.task)
     language = options.language
     if multilingual and language is None:
-        first = Tensor.from_numpy(audio_mod.pad_or_trim(mel, audio_mod.N_FRAMES)[None])
+        first = Tensor.from_numpy(audio_mod.pad_or_trim(mel, audio_mod.N_FRAMES)[None], device=model.device)
         probs = detect_language(model, tk, model.encode(first))
         language = max(probs, key=probs.get)
         _emit(on_event, "language", {"language": language, "probability": probs[language]})
@@ -513,7 +513,7 @@ def transcribe(model, tokenizer, samples, options: TranscribeOptions = Transcrib
         segment_duration = segment_size * audio_mod.HOP_LENGTH / audio_mod.SAMPLE_RATE
         window = audio_mod.pad_or_trim(mel[:, seek:seek + segment_size], audio_mod.N_FRAMES)
         _emit(on_event, "window", {"seek_seconds": time_offset, "duration": duration})
-        features = model.encode(Tensor.from_numpy(np.ascontiguousarray(window)[None]))
+        features = model.encode(Tensor.from_numpy(np.ascontiguousarray(window)[None], device=model.device))
         prompt = all_tokens[prompt_reset_since:]
         result = _decode_with_fallback(model, tk, features, options, prompt, on_event)
         windows.append(result)
