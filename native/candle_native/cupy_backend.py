@@ -87,6 +87,8 @@ class _Elementwise:
 
 class CupyBackend(Backend):
     name = "cupy"
+    # Quantized weights stay packed on the GPU (1 byte per value) and go through RawKernels.
+    fast_qmatmul_types = UNPACKABLE
 
     def __init__(self, cupy, device_index: int):
         self.cp = cupy

@@ -123,6 +123,9 @@ def cmd_generate(args) -> int:
     from .generation import GenerationOptions, generate
     from .pipelines import load_llama
 
+    if (args.top_k is not None or args.top_p is not None) and args.temperature <= 0:
+        print("candle-web: note: --top-k/--top-p apply only when sampling; decoding greedily "
+              "(add e.g. --temperature 0.8)", file=sys.stderr)
     model, tokenizer = load_llama(args.model, progress=_download_progress())
     prompt = args.prompt
     if args.chat:
@@ -141,9 +144,62 @@ def cmd_generate(args) -> int:
 
     result = generate(model, tokenizer, prompt, options, on_event=on_event)
     sys.stdout.write("\n")
+    sys.stdout.flush()
     print(f"{len(result.prompt_ids)} prompt tokens ({result.prompt_tokens_per_second:.1f} tok/s), "
           f"{len(result.token_ids)} generated ({result.tokens_per_second:.1f} tok/s), "
           f"stopped: {result.stop_reason}", file=sys.stderr)
+    return 0
+
+
+# -- text2text and embed -------------------------------------------------------------------
+def cmd_text2text(args) -> int:
+    from .generation import GenerationOptions
+    from .pipelines import DEFAULT_T5, load_t5
+
+    generator = load_t5(args.model or DEFAULT_T5, progress=_download_progress())
+    options = GenerationOptions(max_new_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+    def on_event(kind, payload):
+        if kind == "token" and payload["text"]:
+            sys.stdout.write(payload["text"])
+            sys.stdout.flush()
+
+    started = time.perf_counter()
+    result = generator(args.prompt, options, on_event=on_event)
+    elapsed = time.perf_counter() - started
+    sys.stdout.write("\n")
+    if result.truncated:
+        print(f"note: the input was truncated to {result.input_tokens} tokens (the model's limit)",
+              file=sys.stderr)
+    print(f"{result.input_tokens} input tokens, {len(result.token_ids)} generated in "
+          f"{elapsed:.2f} s, stopped: {result.stop_reason}", file=sys.stderr)
+    return 0
+
+
+def cmd_embed(args) -> int:
+    import json
+
+    from .pipelines import load_bert
+
+    embedder = load_bert(args.model, progress=_download_progress())
+    result = embedder.embed(args.texts)
+    for index, truncated in enumerate(result.truncated):
+        if truncated:
+            print(f"note: text {index + 1} was truncated to {embedder.max_tokens} tokens",
+                  file=sys.stderr)
+    if args.format == "json":
+        rows = [{"text": text, "embedding": [round(float(x), 7) for x in vector]}
+                for text, vector in zip(args.texts, result.vectors)]
+        print(json.dumps(rows, ensure_ascii=False))
+        return 0
+    similarity = result.similarity()
+    labels = [f"[{index + 1}]" for index in range(len(args.texts))]
+    for label, text in zip(labels, args.texts):
+        print(f"{label} {text}")
+    print("     " + " ".join(f"{label:>6}" for label in labels))
+    for label, row in zip(labels, similarity):
+        print(f"{label:>4} " + " ".join(f"{value:6.3f}" for value in row))
     return 0
 
 
@@ -164,6 +220,8 @@ def cmd_serve(args) -> int:
     from . import serve
 
     argv = ["--port", str(args.port), "--host", args.host]
+    for folder in args.local_model:
+        argv += ["--local-model", str(folder)]
     return serve.main(argv) or 0
 
 
@@ -198,12 +256,34 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalty looks back over")
     g.set_defaults(func=cmd_generate)
 
+    x = sub.add_parser("text2text", help="text-to-text with T5 (translate, summarize, flan instructions)")
+    x.add_argument("prompt", help='the input with its task prefix, e.g. "translate English to German: Hello"')
+    x.add_argument("--model", default=None,
+                   help="a folder (config.json, model.safetensors or .gguf, tokenizer.json), a registry "
+                        "name, or a Hub repo org/name@revision (default: google-t5/t5-small, pinned)")
+    x.add_argument("--max-tokens", type=int, default=64, help="new tokens at most")
+    x.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    x.add_argument("--top-k", type=int, default=None)
+    x.add_argument("--top-p", type=float, default=None)
+    x.add_argument("--seed", type=int, default=299792458, help="sampling seed")
+    x.set_defaults(func=cmd_text2text)
+
+    e = sub.add_parser("embed", help="sentence embeddings with BERT (all-MiniLM-L6-v2)")
+    e.add_argument("texts", nargs="+", help="one or more sentences")
+    e.add_argument("--model", default="all-minilm-l6-v2", help="registry name or a model folder")
+    e.add_argument("--format", default="json", choices=("json", "matrix"),
+                   help="json: the vectors; matrix: pairwise cosine similarities")
+    e.set_defaults(func=cmd_embed)
+
     m = sub.add_parser("models", help="list the models the registry knows and what is cached")
     m.set_defaults(func=cmd_models)
 
     s = sub.add_parser("serve", help="serve the demo page on 127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--local-model", action="append", default=[], metavar="DIR",
+                   help="also serve model folder DIR under /models/local/<DIR's name>/ "
+                        "(e.g. a T5 for the Text-to-text view); repeatable")
     s.set_defaults(func=cmd_serve)
     return parser
 

@@ -54,3 +54,62 @@ def load_llama(name_or_path, progress=None, device=None, mode: str = "auto"):
         raise ModelNotFound(f"{name_or_path}: expected one .gguf file, or config.json + "
                             f"*.safetensors + tokenizer.json (found {sorted(files)})")
     return Llama.from_pretrained(folder, device, mode), Tokenizer.from_file(str(tokenizer_path))
+
+
+# -- T5 and BERT ---------------------------------------------------------------------------
+# No T5 weights exist in any package registry, so T5 comes from the Hub. t5-small at a pinned
+# commit (Apache-2.0; its tokenizer.json, config.json and model.safetensors) is the default;
+# any "org/name@revision" works the same way. These downloads are checked against no sha256
+# (none is recorded for them yet): hub.fetch_hf caches them with a warning saying so.
+DEFAULT_T5 = "google-t5/t5-small@df1b051c49625cf57a3d0d8d3863ed4d13564fe4"
+T5_HUB_FILES = ("config.json", "tokenizer.json", "model.safetensors")
+DEFAULT_BERT = "all-minilm-l6-v2"
+
+
+def _hub_repo_spec(name: str):
+    """("org/name", revision) for "org/name@revision" ("main" when no revision), else None."""
+    import re
+
+    match = re.fullmatch(r"([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@([\w.-]+))?", name)
+    if match is None:
+        return None
+    return match.group(1), match.group(2) or "main"
+
+
+def _t5_folder(name_or_path, progress=None) -> Path:
+    """A local folder, a registry name, or a Hub "org/name@revision" fetched into the cache."""
+    text = str(name_or_path)
+    if Path(text).expanduser().exists() or text in hub.default_registry():
+        return model_folder(text, progress)
+    spec = _hub_repo_spec(text)
+    if spec is None:
+        raise ModelNotFound(f"{text!r} is not a folder, a registry model or a Hub 'org/name@revision'")
+    repo, revision = spec
+    try:
+        paths = [hub.fetch_hf(repo, revision, name, progress=progress) for name in T5_HUB_FILES]
+    except ModelNotFound as error:
+        raise ModelNotFound(f"T5 {repo}@{revision}: {error}. No offline mirror of T5 weights "
+                            f"exists; pass a local folder with config.json, model.safetensors "
+                            f"and tokenizer.json (--model DIR)") from None
+    return paths[0].parent
+
+
+def load_t5(name_or_path=DEFAULT_T5, progress=None, device=None, mode: str = "auto"):
+    """A T5TextGenerator (model + tokenizer) from a folder (config.json, *.safetensors or one
+    .gguf, tokenizer.json), a registry name, or a Hub repo "org/name@revision"."""
+    from .models.t5 import T5TextGenerator, load_t5 as load_t5_model
+    from .tokenizers import Tokenizer
+
+    folder = _t5_folder(name_or_path, progress)
+    tokenizer_path = folder / "tokenizer.json"
+    if not tokenizer_path.exists():
+        raise ModelNotFound(f"{folder}: no tokenizer.json next to the T5 weights")
+    return T5TextGenerator(load_t5_model(folder, device, mode), Tokenizer.from_file(str(tokenizer_path)))
+
+
+def load_bert(name_or_path=DEFAULT_BERT, progress=None, device=None):
+    """A SentenceEmbedder (BERT + tokenizer, mean pooling, L2 normalisation) from a registry
+    name (e.g. 'all-minilm-l6-v2') or a folder (config.json, *.safetensors, tokenizer.json)."""
+    from .models.bert import load_sentence_embedder
+
+    return load_sentence_embedder(model_folder(name_or_path, progress), device)

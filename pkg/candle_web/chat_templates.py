@@ -1,0 +1,161 @@
+"""Chat prompts in the common formats, chosen by recognising a model's chat template.
+
+Models ship a Jinja template (GGUF `tokenizer.chat_template`, HF `tokenizer_config.json`).
+This is not a Jinja engine: `ChatTemplate.detect` recognises the three formats below by their
+marker tokens and renders them directly, and raises `UnsupportedError` for anything else, so a
+prompt is never silently built in the wrong format.
+
+    chatml  <|im_start|>{role}\\n{content}<|im_end|>\\n ... <|im_start|>assistant\\n
+            (SmolLM, Qwen, OpenHermes). A default system message written as a literal in the
+            template (inserted when the conversation does not start with one) is honoured.
+    llama3  {bos}<|start_header_id|>{role}<|end_header_id|>\\n\\n{content, trimmed}<|eot_id|>
+            ... <|start_header_id|>assistant<|end_header_id|>\\n\\n   (Llama 3 / 3.0 style)
+    llama2  {bos}[INST] <<SYS>>\\n{system}\\n<</SYS>>\\n\\n{user} [/INST] {assistant} {eos}
+            {bos}[INST] {user} [/INST] ...   (Llama 2 chat; roles must alternate)
+
+Render a prompt, then encode it *without* the tokenizer's own special tokens (the template
+already placed BOS where the format wants it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import CandleError, UnsupportedError
+
+CHATML = "chatml"
+LLAMA3 = "llama3"
+LLAMA2 = "llama2"
+FORMATS = (CHATML, LLAMA3, LLAMA2)
+
+# A ChatML default system message: a quoted literal from "<|im_start|>system" + newline (a
+# real one or a Jinja "\n" escape) to "<|im_end|>", with no Jinja expression inside.
+_CHATML_DEFAULT_SYSTEM = re.compile(
+    r"""['"]<\|im_start\|>system(?:\n|\\n)([^'"{}+]*?)<\|im_end\|>""")
+# Template features outside the formats above: refuse rather than render them wrongly.
+_UNSUPPORTED_MARKERS = {
+    "Cutting Knowledge Date": "the Llama 3.1+ template (date and tool preamble)",
+    "<start_of_turn>": "the Gemma template",
+    "<|user|>": "the Zephyr/Phi template",
+}
+
+
+def _normalise_messages(messages) -> list:
+    out = []
+    for index, message in enumerate(messages):
+        if isinstance(message, dict):
+            role, content = message.get("role"), message.get("content")
+        elif isinstance(message, (tuple, list)) and len(message) == 2:
+            role, content = message
+        else:
+            raise CandleError(f"chat message {index}: expected {{'role', 'content'}} or a "
+                              f"(role, content) pair, got {message!r}")
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise CandleError(f"chat message {index}: role and content must be strings, got "
+                              f"role={role!r} content={type(content).__name__}")
+        out.append((role, content))
+    if not out:
+        raise CandleError("chat: no messages to render")
+    return out
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    format: str
+    default_system: str = None
+    bos_token: str = ""
+    eos_token: str = ""
+
+    @staticmethod
+    def detect(template, bos_token: str = "", eos_token: str = "") -> "ChatTemplate":
+        """Recognise `template` (the Jinja source) as one of FORMATS."""
+        if not template:
+            raise UnsupportedError("this model has no chat template; prompt it without chat "
+                                   "formatting (or give a template)")
+        if not isinstance(template, str):
+            raise UnsupportedError(f"chat template: expected a string, got "
+                                   f"{type(template).__name__} (named template lists are not "
+                                   "supported)")
+        for marker, what in _UNSUPPORTED_MARKERS.items():
+            if marker in template:
+                raise UnsupportedError(f"chat template: {what} is not supported; supported "
+                                       f"formats: {', '.join(FORMATS)}")
+        if "<|im_start|>" in template and "<|im_end|>" in template:
+            found = _CHATML_DEFAULT_SYSTEM.search(template)
+            default = found.group(1).replace("\\n", "\n") if found else None
+            return ChatTemplate(CHATML, default, bos_token, eos_token)
+        if "<|start_header_id|>" in template and "<|eot_id|>" in template:
+            return ChatTemplate(LLAMA3, None, bos_token, eos_token)
+        if "[INST]" in template and "<<SYS>>" in template:
+            return ChatTemplate(LLAMA2, None, bos_token, eos_token)
+        head = template[:80].replace("\n", "\\n")
+        raise UnsupportedError(f"chat template not recognised (starts {head!r}); supported "
+                               f"formats: {', '.join(FORMATS)} (not a Jinja engine)")
+
+    def render(self, messages, add_generation_prompt: bool = True) -> str:
+        messages = _normalise_messages(messages)
+        if self.format == CHATML:
+            return self._chatml(messages, add_generation_prompt)
+        if self.format == LLAMA3:
+            return self._llama3(messages, add_generation_prompt)
+        return self._llama2(messages)
+
+    def _chatml(self, messages, add_generation_prompt) -> str:
+        parts = []
+        if self.default_system is not None and messages[0][0] != "system":
+            parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
+        for role, content in messages:
+            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+        if add_generation_prompt:
+            parts.append("<|im_start|>assistant\n")
+        return "".join(parts)
+
+    def _llama3(self, messages, add_generation_prompt) -> str:
+        parts = [self.bos_token]
+        for role, content in messages:
+            parts.append(f"<|start_header_id|>{role}<|end_header_id|>\n\n"
+                         f"{content.strip()}<|eot_id|>")
+        if add_generation_prompt:
+            parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+        return "".join(parts)
+
+    def _llama2(self, messages) -> str:
+        system = None
+        if messages[0][0] == "system":
+            system, messages = messages[0][1], messages[1:]
+        parts = []
+        for index, (role, content) in enumerate(messages):
+            if (role == "user") != (index % 2 == 0):
+                raise CandleError(f"llama2 chat: roles must alternate user/assistant starting "
+                                  f"with user (after an optional system message); message "
+                                  f"{index} is {role!r}")
+            if index == 0 and system is not None:
+                content = f"<<SYS>>\n{system}\n<</SYS>>\n\n{content}"
+            if role == "user":
+                parts.append(f"{self.bos_token}[INST] {content.strip()} [/INST]")
+            else:
+                parts.append(f" {content.strip()} {self.eos_token}")
+        return "".join(parts)
+
+
+def render_chat(template, messages, add_generation_prompt: bool = True, bos_token: str = "",
+                eos_token: str = "") -> str:
+    """Detect `template`'s format and render `messages` (dicts with role/content)."""
+    return ChatTemplate.detect(template, bos_token, eos_token).render(messages,
+                                                                      add_generation_prompt)
+
+
+def chat_template_for(model, tokenizer) -> ChatTemplate:
+    """The ChatTemplate of a loaded model (its `chat_template` source), with the BOS/EOS
+    token strings the format may need taken from its tokenizer."""
+
+    def token(token_id):
+        if token_id is None:
+            return ""
+        return tokenizer.id_to_token(int(token_id)) or ""
+
+    config = model.config
+    eos_ids = tuple(config.eos_token_ids)
+    return ChatTemplate.detect(model.chat_template, token(config.bos_token_id),
+                               token(eos_ids[0] if eos_ids else None))

@@ -1,0 +1,546 @@
+"""LLaMA-family decoder-only transformer (Touvron et al. 2023), read top to bottom.
+
+    ids [b, t] -> embed -> x [b, t, d]
+      -> n_layers x Block:
+           x = x + attn(rms_norm(x))   fused QKV, RoPE on q/k, KV cache, grouped-query attention
+           x = x + mlp(rms_norm(x))    fused gate|up, silu(gate) * up, down
+      -> rms_norm -> logits = x @ W_out^T   [b, vocab] (last position) or [b, t, vocab]
+    W_out is the embedding table when the checkpoint has no separate output weight (tied).
+
+Weights load from two layouts onto the same modules:
+
+    GGUF (quantized)          HF safetensors (float)                      here
+    token_embd.weight         model.embed_tokens.weight                   embed
+    blk.N.attn_norm.weight    model.layers.N.input_layernorm.weight       blocks[N].attn_norm
+    blk.N.attn_q|k|v.weight   model.layers.N.self_attn.q|k|v_proj.weight  blocks[N].attn.qkv
+    blk.N.attn_output.weight  model.layers.N.self_attn.o_proj.weight      blocks[N].attn.out
+    blk.N.ffn_norm.weight     model.layers.N.post_attention_layernorm.w.  blocks[N].mlp_norm
+    blk.N.ffn_gate|up.weight  model.layers.N.mlp.gate|up_proj.weight      blocks[N].mlp.gate_up
+    blk.N.ffn_down.weight     model.layers.N.mlp.down_proj.weight         blocks[N].mlp.down
+    output_norm.weight        model.norm.weight                           norm
+    output.weight             lm_head.weight                              lm_head
+    rope_freqs.weight         (rope_scaling llama3 in config.json)        rotary (freq factors)
+
+RoPE layouts: llama.cpp's converter permutes the rows of Q and K inside each head so that the
+rotated pairs are adjacent (the original Meta layout), so GGUF weights use interleaved RoPE
+(`rope_i`); HF checkpoints rotate the two halves of each head (`rope`). Weights are never
+shuffled at load; `LlamaConfig.rope_interleaved` records which layout the checkpoint uses.
+
+Grouped-query attention without repeating K/V: the h query heads are grouped as
+[n_kv, n_rep], so q [b, h, t, hd] is viewed as [b, n_kv, n_rep * t, hd] and attends to the
+n_kv cached heads directly; the causal mask is tiled n_rep times along its rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import dtype as dt
+from ..device import Device
+from ..errors import FormatError, IndexOutOfRange, ModelNotFound, ShapeMismatch, UnsupportedError
+from ..nn import ops
+from ..nn.kv_cache import KvCache
+from ..nn.layers import RmsNorm
+from ..nn.rotary import rope, rope_frequencies, rope_i
+from ..quantized.qmatmul import QMatMul
+from ..quantized.qtensor import QTensor
+from ..tensor import Tensor
+
+SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
+SUPPORTED_HF_MODEL_TYPES = ("llama",)
+SUPPORTED_ROPE_SCALING = ("linear", "llama3")
+DEFAULT_ROPE_THETA = 10000.0
+DEFAULT_RMS_NORM_EPS = 1e-5
+# KV cache positions allocated up front when the caller does not say how long the sequence
+# will be; the cache doubles when full.
+DEFAULT_CACHE_CAPACITY = 256
+# Rotary tables are computed for this many positions first and doubled on demand, so a
+# 128k-context model does not build 128k rows for a short chat.
+INITIAL_ROPE_POSITIONS = 2048
+
+
+# -- configuration ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rescaling of the rotary inverse frequencies for long context.
+
+    linear: every frequency divided by `factor` (positions interpolated).
+    llama3: long wavelengths divided by `factor`, short ones kept, a smooth blend between
+    (Llama 3.1's scheme). freq_factors: each frequency divided by its own factor (how
+    llama.cpp stores llama3 scaling in GGUF: a `rope_freqs.weight` tensor)."""
+
+    kind: str
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    freq_factors: tuple = ()
+
+    def apply(self, inv_freq: np.ndarray) -> np.ndarray:
+        if self.kind == "linear":
+            return inv_freq / self.factor
+        if self.kind == "freq_factors":
+            factors = np.asarray(self.freq_factors, dtype=np.float64)
+            if factors.shape != inv_freq.shape:
+                raise ShapeMismatch(f"rope_freqs: {factors.size} factors for {inv_freq.size} "
+                                    "rotary frequencies")
+            return inv_freq / factors
+        if self.kind == "llama3":
+            return self._llama3(inv_freq)
+        raise UnsupportedError(f"rope scaling {self.kind!r} is not supported; supported: "
+                               f"{SUPPORTED_ROPE_SCALING}")
+
+    def _llama3(self, inv_freq: np.ndarray) -> np.ndarray:
+        old_context = float(self.original_max_position_embeddings)
+        low_freq_wavelen = old_context / self.low_freq_factor
+        high_freq_wavelen = old_context / self.high_freq_factor
+        wavelen = 2.0 * math.pi / inv_freq
+        smooth = (old_context / wavelen - self.low_freq_factor) / \
+            (self.high_freq_factor - self.low_freq_factor)
+        blended = (1.0 - smooth) * inv_freq / self.factor + smooth * inv_freq
+        out = np.where(wavelen > low_freq_wavelen, inv_freq / self.factor, blended)
+        return np.where(wavelen < high_freq_wavelen, inv_freq, out)
+
+    @staticmethod
+    def from_hf(fields: dict | None):
+        """From config.json's `rope_scaling` (or transformers 5's `rope_parameters`)."""
+        if not fields:
+            return None
+        kind = fields.get("rope_type", fields.get("type", "default"))
+        if kind == "default":
+            return None
+        if kind not in SUPPORTED_ROPE_SCALING:
+            raise UnsupportedError(f"config.json: rope scaling {kind!r} is not supported; "
+                                   f"supported: {SUPPORTED_ROPE_SCALING}")
+        if kind == "linear":
+            return RopeScaling("linear", float(fields["factor"]))
+        return RopeScaling("llama3", float(fields["factor"]),
+                           float(fields.get("low_freq_factor", 1.0)),
+                           float(fields.get("high_freq_factor", 4.0)),
+                           int(fields.get("original_max_position_embeddings", 8192)))
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = DEFAULT_RMS_NORM_EPS
+    rope_theta: float = DEFAULT_ROPE_THETA
+    max_position_embeddings: int = 4096
+    rope_interleaved: bool = False  # True for GGUF's permuted Q/K (see the module doc)
+    rope_scaling: RopeScaling = None
+    tie_word_embeddings: bool = False
+    bos_token_id: int = None
+    eos_token_ids: tuple = ()
+
+    def __post_init__(self):
+        if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+            raise FormatError(f"llama config: {self.num_heads} attention heads cannot be "
+                              f"grouped over {self.num_kv_heads} key/value heads")
+        if self.head_dim % 2:
+            raise FormatError(f"llama config: head_dim {self.head_dim} must be even for RoPE")
+
+    @property
+    def n_rep(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @staticmethod
+    def from_hf_config(cfg: dict) -> "LlamaConfig":
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_HF_MODEL_TYPES:
+            raise UnsupportedError(f"config.json: model_type {model_type!r} is not supported "
+                                   f"by the llama model; supported: {SUPPORTED_HF_MODEL_TYPES}")
+        for flag in ("attention_bias", "mlp_bias"):
+            if cfg.get(flag):
+                raise UnsupportedError(f"config.json: {flag}=true is not supported")
+        rope_fields = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or rope_fields
+        theta = cfg.get("rope_theta", rope_fields.get("rope_theta", DEFAULT_ROPE_THETA))
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        try:
+            heads = cfg["num_attention_heads"]
+            hidden = cfg["hidden_size"]
+            return LlamaConfig(
+                vocab_size=cfg["vocab_size"], hidden_size=hidden,
+                intermediate_size=cfg["intermediate_size"],
+                num_layers=cfg["num_hidden_layers"], num_heads=heads,
+                num_kv_heads=cfg.get("num_key_value_heads") or heads,
+                head_dim=cfg.get("head_dim") or hidden // heads,
+                rms_norm_eps=float(cfg.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS)),
+                rope_theta=float(theta),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+                rope_interleaved=False, rope_scaling=RopeScaling.from_hf(scaling),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids)
+        except KeyError as missing:
+            raise FormatError(f"llama config.json: missing field {missing}") from None
+
+    @staticmethod
+    def from_gguf(gguf) -> "LlamaConfig":
+        """From a GgufFile's metadata (`llama.*` keys) and tensor shapes."""
+        meta = gguf.metadata
+        arch = meta.get("general.architecture")
+        if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+            raise UnsupportedError(f"GGUF {gguf.source}: general.architecture {arch!r} is not "
+                                   f"supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}")
+
+        def field(key, default=None):
+            value = meta.get(f"{arch}.{key}", default)
+            if value is None:
+                raise FormatError(f"GGUF {gguf.source}: missing metadata key {arch}.{key}")
+            return value
+
+        hidden = int(field("embedding_length"))
+        heads = int(field("attention.head_count"))
+        head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+        rotary_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+        if rotary_dims != head_dim:
+            raise UnsupportedError(f"GGUF {gguf.source}: partial rotary embeddings "
+                                   f"({rotary_dims} of {head_dim} dims) are not supported")
+        embed_info = gguf.tensors.get("token_embd.weight")
+        if embed_info is None:
+            raise FormatError(f"GGUF {gguf.source}: no token_embd.weight tensor")
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        eot = meta.get("tokenizer.ggml.eot_token_id")
+        eos_ids = tuple(dict.fromkeys(int(i) for i in (eos, eot) if i is not None))
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return LlamaConfig(
+            vocab_size=int(embed_info.shape[0]), hidden_size=hidden,
+            intermediate_size=int(field("feed_forward_length")),
+            num_layers=int(field("block_count")), num_heads=heads,
+            num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            rms_norm_eps=float(field("attention.layer_norm_rms_epsilon", DEFAULT_RMS_NORM_EPS)),
+            rope_theta=float(field("rope.freq_base", DEFAULT_ROPE_THETA)),
+            max_position_embeddings=int(field("context_length", 4096)),
+            rope_interleaved=True, rope_scaling=_gguf_rope_scaling(gguf, arch),
+            tie_word_embeddings="output.weight" not in gguf.tensors,
+            bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids)
+
+
+def _gguf_rope_scaling(gguf, arch: str):
+    if "rope_freqs.weight" in gguf.tensors:
+        factors = gguf.qtensor("rope_freqs.weight").dequantize().reshape(-1)
+        return RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in factors))
+    kind = gguf.metadata.get(f"{arch}.rope.scaling.type", "none")
+    factor = gguf.metadata.get(f"{arch}.rope.scaling.factor",
+                               gguf.metadata.get(f"{arch}.rope.scale_linear"))
+    if kind == "none" and factor is None:
+        return None
+    if kind in ("linear", "none") and factor is not None:
+        return None if float(factor) == 1.0 else RopeScaling("linear", float(factor))
+    raise UnsupportedError(f"GGUF {gguf.source}: {arch}.rope.scaling.type {kind!r} is not "
+                           "supported; supported: linear (and llama3 via rope_freqs.weight)")
+
+
+# -- modules in forward order -------------------------------------------------------------
+class TokenEmbedding:
+    """Rows of the [vocab, d] table; from f32 (shared with a dequantized tied head) or
+    from GGML blocks, decoding only the rows looked up."""
+
+    def __init__(self, table: Tensor = None, qtable: QTensor = None, device=None):
+        self.table, self.qtable = table, qtable
+        self.device = table.device if table is not None else Device.parse(device)
+        self.vocab_size = (table.dims() if table is not None else qtable.shape)[0]
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        flat = ids.to_numpy().reshape(-1).astype(np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.vocab_size):
+            bad = flat[(flat < 0) | (flat >= self.vocab_size)][0]
+            raise IndexOutOfRange(f"llama embedding: token id {int(bad)} is outside the "
+                                  f"vocabulary of {self.vocab_size}")
+        if self.table is not None:
+            rows = self.table.index_select(Tensor.from_numpy(flat, dt.i64, self.device), 0)
+        else:
+            row_bytes = self.qtable.dtype.row_bytes(self.qtable.shape[1])
+            blocks = np.asarray(self.qtable.data).reshape(self.vocab_size, row_bytes)[flat]
+            rows = Tensor.from_numpy(QTensor(self.qtable.dtype, (flat.size, self.qtable.shape[1]),
+                                             blocks.reshape(-1)).dequantize(), dt.f32, self.device)
+        return rows.reshape(ids.dims() + (rows.dims()[-1],))
+
+
+class RotaryEmbedding:
+    """cos/sin tables [positions, head_dim/2], grown by doubling as positions advance."""
+
+    def __init__(self, cfg: LlamaConfig, device):
+        self.cfg, self.device = cfg, device
+        self.apply = rope_i if cfg.rope_interleaved else rope
+        self.positions = 0
+        self.cos = self.sin = None
+
+    def tables(self, start: int, length: int):
+        """(cos, sin) for positions start .. start + length - 1, each [length, head_dim/2]."""
+        needed = start + length
+        if needed > self.positions:
+            size = max(needed, 2 * self.positions, INITIAL_ROPE_POSITIONS)
+            scaling = self.cfg.rope_scaling.apply if self.cfg.rope_scaling else None
+            self.cos, self.sin = rope_frequencies(self.cfg.head_dim, size, self.cfg.rope_theta,
+                                                  scaling, self.device)
+            self.positions = size
+        return self.cos.narrow(0, start, length), self.sin.narrow(0, start, length)
+
+
+class Attention:
+    def __init__(self, cfg: LlamaConfig, qkv: QMatMul, out: QMatMul):
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.n_rep = cfg.n_rep
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.qkv, self.out = qkv, out
+
+    def __call__(self, x: Tensor, rotary: RotaryEmbedding, cos, sin, cache: KvCache,
+                 mask) -> Tensor:
+        b, t, _ = x.dims()
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        heads = self.qkv(x).reshape(b, t, h + 2 * kv, hd).transpose(1, 2)  # [b, h+2kv, t, hd]
+        qk = rotary.apply(heads.narrow(1, 0, h + kv), cos, sin)  # q and k heads in one call
+        q = qk.narrow(1, 0, h)  # [b, h, t, hd]
+        k = qk.narrow(1, h, kv)  # [b, kv, t, hd]
+        v = heads.narrow(1, h + kv, kv)
+        k, v = cache.append(k, v)  # [b, kv, T, hd], T = positions so far
+        grouped = q.reshape(b, kv, self.n_rep * t, hd)  # query heads grouped per kv head
+        y = ops.scaled_dot_product_attention(grouped, k, v, mask, self.scale)
+        y = y.reshape(b, h, t, hd).transpose(1, 2).reshape(b, t, h * hd)
+        return self.out(y)  # [b, t, d]
+
+
+class Mlp:
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+
+    def __init__(self, gate_up: QMatMul, down: QMatMul):
+        self.gate_up, self.down = gate_up, down
+        self.hidden = gate_up.out_features // 2
+
+    def __call__(self, x: Tensor) -> Tensor:
+        gate_up = self.gate_up(x)  # [b, t, 2 * ffn]
+        gate = gate_up.narrow(2, 0, self.hidden)
+        up = gate_up.narrow(2, self.hidden, self.hidden)
+        return self.down(ops.swiglu(gate, up))
+
+
+class Block:
+    def __init__(self, attn_norm: RmsNorm, attn: Attention, mlp_norm: RmsNorm, mlp: Mlp):
+        self.attn_norm, self.attn = attn_norm, attn
+        self.mlp_norm, self.mlp = mlp_norm, mlp
+
+    def __call__(self, x, rotary, cos, sin, cache, mask) -> Tensor:
+        x = x.add(self.attn(self.attn_norm(x), rotary, cos, sin, cache, mask))
+        return x.add(self.mlp(self.mlp_norm(x)))
+
+
+class Llama:
+    """A loaded model with its KV cache. `forward(ids, index_pos)` runs new tokens and
+    returns logits; `clear_kv_cache` starts a new sequence."""
+
+    def __init__(self, cfg: LlamaConfig, embed: TokenEmbedding, blocks: list, norm: RmsNorm,
+                 lm_head: QMatMul, device=None, chat_template: str = None):
+        self.config = cfg
+        self.embed, self.blocks, self.norm, self.lm_head = embed, blocks, norm, lm_head
+        self.device = Device.parse(device)
+        self.rotary = RotaryEmbedding(cfg, self.device)
+        self.chat_template = chat_template
+        self.clear_kv_cache()
+
+    def clear_kv_cache(self, capacity: int = None) -> None:
+        """Forget the sequence; preallocate `capacity` positions (the cache doubles beyond)."""
+        capacity = capacity or DEFAULT_CACHE_CAPACITY
+        self.caches = [KvCache(dim=2, initial_capacity=capacity) for _ in self.blocks]
+
+    @property
+    def seq_len(self) -> int:
+        return self.caches[0].current_seq_len()
+
+    def forward(self, ids, index_pos: int = None, all_logits: bool = False) -> Tensor:
+        """ids [b, t] (new tokens; a list, numpy array or integer Tensor) at positions
+        index_pos .. index_pos + t - 1 -> f32 logits [b, vocab] of the last position, or
+        [b, t, vocab] with all_logits."""
+        ids = _as_ids(ids, self.device)
+        b, t = ids.dims()
+        if index_pos is None:
+            index_pos = self.seq_len
+        if index_pos != self.seq_len:
+            raise ShapeMismatch(f"llama forward: index_pos {index_pos} but the KV cache holds "
+                                f"{self.seq_len} positions (call clear_kv_cache to restart)")
+        x = self.embed(ids)  # [b, t, d]
+        cos, sin = self.rotary.tables(index_pos, t)
+        mask = self._mask(t, index_pos)
+        for block, cache in zip(self.blocks, self.caches):
+            x = block(x, self.rotary, cos, sin, cache, mask)
+        if not all_logits:
+            x = x.narrow(1, t - 1, 1)  # only the last position's logits are needed
+        logits = self.lm_head(self.norm(x))  # [b, t', vocab]
+        return logits if all_logits else logits.squeeze(1)
+
+    __call__ = forward
+
+    def _mask(self, t: int, index_pos: int):
+        """Causal additive mask [n_rep * t, index_pos + t] for the grouped queries; none
+        for a single new token (it may see every cached position)."""
+        if t == 1:
+            return None
+        mask = ops.causal_mask(t, index_pos).to_numpy()
+        return Tensor.from_numpy(np.tile(mask, (self.config.n_rep, 1)), dt.f32, self.device)
+
+    # -- loading ------------------------------------------------------------------------
+    @staticmethod
+    def from_gguf(source, device=None, mode: str = "auto") -> "Llama":
+        """From a GGUF file (path, bytes or GgufFile). `mode` chooses how quantized matmuls
+        run (see quantized/qmatmul.py): by default the numpy backend dequantizes at load."""
+        from ..io.gguf import GgufFile
+
+        gguf = source if isinstance(source, GgufFile) else GgufFile(source)
+        cfg = LlamaConfig.from_gguf(gguf)
+        device = Device.parse(device)
+
+        d, hd, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+        kv_rows = cfg.num_kv_heads * hd
+        # Each tensor's expected [rows, cols]: a file whose tensors disagree with its own
+        # metadata fails here, naming the tensor, not later inside a matmul.
+        shapes = {"attn_q": (cfg.num_heads * hd, d), "attn_k": (kv_rows, d),
+                  "attn_v": (kv_rows, d), "attn_output": (d, cfg.num_heads * hd),
+                  "ffn_gate": (ffn, d), "ffn_up": (ffn, d), "ffn_down": (d, ffn),
+                  "attn_norm": (d,), "ffn_norm": (d,), "token_embd": (cfg.vocab_size, d),
+                  "output": (cfg.vocab_size, d), "output_norm": (d,)}
+
+        def qtensor(name):
+            tensor = gguf.qtensor(name)
+            expected = shapes[name.split(".")[-2]]
+            if tensor.shape != expected:
+                raise ShapeMismatch(f"GGUF {gguf.source}: tensor {name} has shape "
+                                    f"{list(tensor.shape)}, the metadata implies "
+                                    f"{list(expected)}")
+            return tensor
+
+        def vector(name):
+            return Tensor.from_numpy(qtensor(name).dequantize(), dt.f32, device)
+
+        def matmul(*names):
+            return QMatMul.fused([qtensor(n) for n in names], device, mode)
+
+        blocks = []
+        for i in range(cfg.num_layers):
+            p = f"blk.{i}."
+            attn = Attention(cfg, matmul(p + "attn_q.weight", p + "attn_k.weight",
+                                         p + "attn_v.weight"),
+                             matmul(p + "attn_output.weight"))
+            mlp = Mlp(matmul(p + "ffn_gate.weight", p + "ffn_up.weight"),
+                      matmul(p + "ffn_down.weight"))
+            blocks.append(Block(RmsNorm(vector(p + "attn_norm.weight"), cfg.rms_norm_eps), attn,
+                                RmsNorm(vector(p + "ffn_norm.weight"), cfg.rms_norm_eps), mlp))
+        embed_q = qtensor("token_embd.weight")
+        head_name = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
+        lm_head = matmul(head_name)
+        if cfg.tie_word_embeddings and not lm_head.is_quantized:
+            embed = TokenEmbedding(table=lm_head.weight)  # one f32 table serves both
+        else:
+            embed = TokenEmbedding(qtable=embed_q, device=device)
+        return Llama(cfg, embed, blocks, RmsNorm(vector("output_norm.weight"), cfg.rms_norm_eps),
+                     lm_head, device, gguf.metadata.get("tokenizer.chat_template"))
+
+    @staticmethod
+    def from_safetensors(files, cfg: LlamaConfig, device=None,
+                         chat_template: str = None) -> "Llama":
+        """From HF safetensors files (paths or bytes) with their config; weights of any float
+        dtype are computed in f32."""
+        from ..nn.var_builder import VarBuilder
+
+        device = Device.parse(device)
+        vb = VarBuilder.from_safetensors(files, dt.f32, device)
+        d, hd = cfg.hidden_size, cfg.head_dim
+
+        def weight(name, rows, cols):
+            return vb.get((rows, cols), name)
+
+        def norm(name):
+            return RmsNorm(vb.get((d,), name), cfg.rms_norm_eps)
+
+        blocks = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            qkv = Tensor.cat([weight(p + "self_attn.q_proj.weight", cfg.num_heads * hd, d),
+                              weight(p + "self_attn.k_proj.weight", cfg.num_kv_heads * hd, d),
+                              weight(p + "self_attn.v_proj.weight", cfg.num_kv_heads * hd, d)], 0)
+            out = weight(p + "self_attn.o_proj.weight", d, cfg.num_heads * hd)
+            gate_up = Tensor.cat([weight(p + "mlp.gate_proj.weight", cfg.intermediate_size, d),
+                                  weight(p + "mlp.up_proj.weight", cfg.intermediate_size, d)], 0)
+            down = weight(p + "mlp.down_proj.weight", d, cfg.intermediate_size)
+            blocks.append(Block(norm(p + "input_layernorm.weight"),
+                                Attention(cfg, QMatMul.from_tensor(qkv), QMatMul.from_tensor(out)),
+                                norm(p + "post_attention_layernorm.weight"),
+                                Mlp(QMatMul.from_tensor(gate_up), QMatMul.from_tensor(down))))
+        table = weight("model.embed_tokens.weight", cfg.vocab_size, d)
+        tied = cfg.tie_word_embeddings or not vb.contains("lm_head.weight")
+        head = table if tied else weight("lm_head.weight", cfg.vocab_size, d)
+        return Llama(cfg, TokenEmbedding(table=table), blocks, norm("model.norm.weight"),
+                     QMatMul.from_tensor(head), device, chat_template)
+
+    @staticmethod
+    def from_pretrained(path, device=None, mode: str = "auto") -> "Llama":
+        """From a .gguf file, or a folder holding one .gguf file or HF config.json +
+        *.safetensors (+ optional chat template in tokenizer_config.json)."""
+        path = Path(path)
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise UnsupportedError(f"{path}: expected a .gguf file or a model folder")
+            return Llama.from_gguf(path, device, mode)
+        if not path.is_dir():
+            raise ModelNotFound(f"no such model file or folder: {path}")
+        ggufs = sorted(path.glob("*.gguf"))
+        if (path / "config.json").exists():
+            shards = sorted(path.glob("*.safetensors"))
+            if not shards:
+                raise ModelNotFound(f"{path}: config.json but no *.safetensors weights")
+            cfg = _with_generation_eos(
+                LlamaConfig.from_hf_config(json.loads((path / "config.json").read_text())), path)
+            return Llama.from_safetensors([str(s) for s in shards], cfg, device,
+                                          _hf_chat_template(path))
+        if len(ggufs) == 1:
+            return Llama.from_gguf(ggufs[0], device, mode)
+        raise ModelNotFound(f"{path}: expected config.json + *.safetensors or exactly one .gguf "
+                            f"file (found {len(ggufs)} .gguf files)")
+
+
+def _with_generation_eos(cfg: LlamaConfig, folder: Path) -> LlamaConfig:
+    """Add the end tokens of generation_config.json (Llama 3 lists several there)."""
+    path = folder / "generation_config.json"
+    if not path.exists():
+        return cfg
+    eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    merged = tuple(dict.fromkeys(list(cfg.eos_token_ids) + [int(i) for i in extra]))
+    return dataclasses.replace(cfg, eos_token_ids=merged)
+
+
+def _hf_chat_template(folder: Path):
+    """The chat template of an HF folder: chat_template.jinja or tokenizer_config.json."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    if config.exists():
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        return template if isinstance(template, str) else None
+    return None
+
+
+def _as_ids(ids, device) -> Tensor:
+    if not isinstance(ids, Tensor):
+        ids = Tensor.from_numpy(np.asarray(ids, dtype=np.int64), dt.i64, device)
+    if ids.rank == 1:
+        ids = ids.unsqueeze(0)
+    if ids.rank != 2 or ids.dims()[1] == 0 or ids.dtype.is_float:
+        raise ShapeMismatch(f"llama forward: expected integer token ids [batch, seq] with "
+                            f"seq > 0, got {ids.dtype.name} {list(ids.shape)}")
+    return ids
+

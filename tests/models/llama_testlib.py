@@ -1,0 +1,188 @@
+"""Helpers for the LLaMA tests: tiny random checkpoints in both layouts.
+
+A tiny config (GQA, even head_dim) gets random weights in HF naming; `to_gguf` writes the
+same weights as a GGUF file the way llama.cpp's converter lays them out (names mapped, Q/K
+rows permuted so rotated pairs are adjacent), optionally quantized.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+REFERENCE_SCRIPT = Path(__file__).resolve().parent.parent / "reference" / "record_llama.py"
+
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def random_state(config: dict, seed: int = 0) -> dict:
+    """HF-named float32 weights; scaled so activations stay O(1) through the layers."""
+    rng = np.random.default_rng(seed)
+    d, ffn = config["hidden_size"], config["intermediate_size"]
+    hd = config["head_dim"]
+    q_rows, kv_rows = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+
+    def matrix(rows, cols):
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    def norm(size):
+        return (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32)
+
+    embeddings = rng.standard_normal((config["vocab_size"], d)).astype(np.float32)
+    state = {"model.embed_tokens.weight": embeddings, "model.norm.weight": norm(d)}
+    if not config.get("tie_word_embeddings"):
+        state["lm_head.weight"] = matrix(config["vocab_size"], d)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        state[p + "input_layernorm.weight"] = norm(d)
+        state[p + "post_attention_layernorm.weight"] = norm(d)
+        state[p + "self_attn.q_proj.weight"] = matrix(q_rows, d)
+        state[p + "self_attn.k_proj.weight"] = matrix(kv_rows, d)
+        state[p + "self_attn.v_proj.weight"] = matrix(kv_rows, d)
+        state[p + "self_attn.o_proj.weight"] = matrix(d, q_rows)
+        state[p + "mlp.gate_proj.weight"] = matrix(ffn, d)
+        state[p + "mlp.up_proj.weight"] = matrix(ffn, d)
+        state[p + "mlp.down_proj.weight"] = matrix(d, ffn)
+    return state
+
+
+def permute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter order: within each head, rows (half, pair) become (pair, half)."""
+    head_dim = weight.shape[0] // n_heads
+    grouped = weight.reshape(n_heads, 2, head_dim // 2, *weight.shape[1:])
+    return np.ascontiguousarray(grouped.swapaxes(1, 2).reshape(weight.shape))
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name.startswith("model.layers."):
+        _, _, layer, rest = hf_name.split(".", 3)
+        return f"blk.{layer}.{HF_TO_GGUF[rest]}"
+    return HF_TO_GGUF[hf_name]
+
+
+def gguf_metadata(config: dict, arch: str = "llama") -> dict:
+    return {
+        "general.architecture": arch,
+        f"{arch}.block_count": config["num_hidden_layers"],
+        f"{arch}.context_length": config["max_position_embeddings"],
+        f"{arch}.embedding_length": config["hidden_size"],
+        f"{arch}.feed_forward_length": config["intermediate_size"],
+        f"{arch}.attention.head_count": config["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": config["num_key_value_heads"],
+        f"{arch}.rope.freq_base": float(config["rope_theta"]),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        f"{arch}.rope.dimension_count": config["head_dim"],
+        "tokenizer.ggml.bos_token_id": config["bos_token_id"],
+        "tokenizer.ggml.eos_token_id": config["eos_token_id"],
+    }
+
+
+def to_gguf(state: dict, config: dict, path: Path, quantize_to=None, extra_metadata=None,
+            extra_tensors=None, arch: str = "llama") -> Path:
+    """Write `state` as a llama.cpp-style GGUF; 2-D weights optionally quantized (a GgmlDType)."""
+    from candle_web.io.gguf import write_gguf
+    from candle_web.quantized import QTensor
+
+    tensors = {}
+    for name, values in state.items():
+        if name.endswith("q_proj.weight"):
+            values = permute_rows(values, config["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            values = permute_rows(values, config["num_key_value_heads"])
+        if quantize_to is not None and values.ndim == 2:
+            values = QTensor.from_float(values, quantize_to)
+        tensors[gguf_name(name)] = values
+    tensors.update(extra_tensors or {})
+    metadata = gguf_metadata(config, arch)
+    metadata.update(extra_metadata or {})
+    write_gguf(path, metadata, tensors)
+    return path
+
+
+def to_hf_folder(state: dict, config: dict, folder: Path) -> Path:
+    """config.json + model.safetensors written by the `safetensors` library."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def transformers_logits(config: dict, state: dict, ids) -> np.ndarray:
+    """All-position logits [t, vocab] of transformers' LlamaForCausalLM on the same weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    cfg = LlamaConfig(**fields)
+    cfg._attn_implementation = "eager"
+    model = LlamaForCausalLM(cfg).eval()
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()},
+                                                strict=False)
+    # A tied head has no lm_head.weight of its own; nothing else may be missing.
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if config.get("tie_word_embeddings"):
+        model.tie_weights()
+    with torch.no_grad():
+        return model(torch.tensor([list(ids)])).logits[0].numpy()
+
+
+def reference_script():
+    """tests/reference/record_llama.py as a module (its conversion helpers)."""
+    spec = importlib.util.spec_from_file_location("record_llama", REFERENCE_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextmanager
+def one_blas_thread():
+    """Run numpy's BLAS on one thread. On the shared 2-core test machine, multithreaded
+    OpenBLAS gemm measured 10x slower when the cores are oversubscribed (a 37-token prefill:
+    0.5 s on one thread, 5-7 s on two); results are identical either way."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
