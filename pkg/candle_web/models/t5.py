@@ -1,0 +1,713 @@
+"""T5 (Raffel et al. 2020): the text-to-text encoder-decoder, read top to bottom.
+
+    input ids [b, s] -> shared embedding -> Encoder: n x (x += SelfAttention(rms(x)) with a
+      bidirectional relative position bias; x += FF(rms(x))) -> rms -> encoder states [b, s, d]
+    decoder ids [b, t] -> shared embedding -> Decoder: n x (x += causal SelfAttention (KV cache,
+      causal relative bias); x += CrossAttention(rms(x), encoder states); x += FF(rms(x)))
+      -> rms -> (* d_model ** -0.5 when the head is tied) -> logits [b, t, vocab]
+
+What sets T5 apart from the textbook transformer:
+  * no absolute positions: each attention score gets a learned bias per head, looked up by the
+    bucket of the relative distance (key - query). Exact buckets for small distances, log-spaced
+    ones up to `relative_attention_max_distance`. Only layer 0 of each stack has the table; the
+    other layers reuse layer 0's bias (with the mask folded in).
+  * no 1/sqrt(d_kv) attention scaling (folded into the initialisation), no biases anywhere,
+    RMS layer norm without mean subtraction or bias ("T5LayerNorm").
+  * FF: v1.0 is wo(relu(wi(x))); v1.1 / flan-t5 is gated: wo(gelu_new(wi_0(x)) * wi_1(x)).
+  * a tied head (v1.0: logits = (h * d_model ** -0.5) @ shared^T); v1.1 / flan have an untied
+    lm_head and no rescale. The rescale follows `tie_word_embeddings` in config.json.
+
+Weight names (HF `T5ForConditionalGeneration`; llama.cpp's GGUF `t5` arch in brackets):
+    shared.weight [token_embd]                      the embedding for both stacks
+    encoder.block.N.layer.0.layer_norm [enc.blk.N.attn_norm]
+    encoder.block.N.layer.0.SelfAttention.q|k|v|o [enc.blk.N.attn_q|k|v|o]
+    encoder.block.0.layer.0.SelfAttention.relative_attention_bias [enc.blk.0.attn_rel_b]
+    encoder.block.N.layer.1.layer_norm [enc.blk.N.ffn_norm]
+    encoder.block.N.layer.1.DenseReluDense.wi | wi_0, wi_1 | wo [ffn_up | ffn_gate, ffn_up | ffn_down]
+    encoder.final_layer_norm [enc.output_norm]
+    decoder.block.N.layer.0 (self-attention, [dec.blk.N.attn_*]), layer.1.EncDecAttention
+      [dec.blk.N.cross_attn_*], layer.2 (FF, [dec.blk.N.ffn_*]), decoder.final_layer_norm
+      [dec.output_norm], lm_head.weight [output]
+Old checkpoints also carry decoder.block.0.layer.1.EncDecAttention.relative_attention_bias,
+which T5 never uses (cross-attention has no position bias): it is ignored.
+GGUF files come in two namings: the HF names above (Candle's quantized T5, with config.json
+beside the file) and llama.cpp's (`general.architecture = t5`, config in the metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import dtype as dt
+from ..device import Device
+from ..errors import Cancelled, FormatError, ModelNotFound, ShapeMismatch, UnsupportedError
+from ..generation import (STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, GenerationOptions,
+                          LogitsProcessor, StopStringMatcher, TokenOutputStream,
+                          apply_repeat_penalty, penalty_window)
+from ..nn import ops
+from ..nn.kv_cache import KvCache
+from ..nn.layers import Activation, RmsNorm
+from ..quantized.qmatmul import QMatMul
+from ..tensor import Tensor
+
+# Sequence length the released checkpoints were trained with (`n_positions` in old configs).
+# Relative positions have no hard limit, but far longer inputs are out of distribution and
+# cost quadratic memory: longer inputs are truncated with a notice.
+DEFAULT_MAX_INPUT_TOKENS = 512
+DEFAULT_MAX_NEW_TOKENS = 64
+# Additive mask value for padded keys; the most negative f32 (like HF) rather than -inf, so a
+# row whose keys are all masked gives a uniform softmax instead of NaN.
+MASKED = float(np.finfo(np.float32).min)
+REQUIRED_CONFIG_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
+
+
+@dataclass(frozen=True)
+class T5Config:
+    vocab_size: int
+    d_model: int
+    d_kv: int
+    d_ff: int
+    num_layers: int
+    num_decoder_layers: int
+    num_heads: int
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
+    dense_act_fn: str = "relu"
+    is_gated_act: bool = False
+    scale_decoder_outputs: bool = True  # tied head: hidden * d_model ** -0.5 before the head
+    pad_token_id: int = 0
+    eos_token_id: int = 1
+    decoder_start_token_id: int = 0
+    max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_heads * self.d_kv
+
+    @staticmethod
+    def parse_feed_forward_proj(value: str) -> tuple:
+        """HF `feed_forward_proj`: "relu", "gated-gelu", "gated-silu"... -> (activation, gated).
+        "gated-gelu" means the tanh GELU (`gelu_new`), for backward compatibility in HF."""
+        if not isinstance(value, str) or not value:
+            raise FormatError(f"t5 config.json: feed_forward_proj must be a string, got {value!r}")
+        parts = value.split("-")
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+            raise FormatError(f"t5 config.json: feed_forward_proj {value!r} is not of the form "
+                              f"'ACT' or 'gated-ACT'")
+        gated = len(parts) == 2
+        activation = "gelu_new" if value == "gated-gelu" else parts[-1]
+        try:
+            Activation(activation)
+        except UnsupportedError as error:
+            raise UnsupportedError(f"t5 config.json feed_forward_proj {value!r}: {error}") from None
+        return activation, gated
+
+    @staticmethod
+    def from_hf_config(cfg: dict) -> "T5Config":
+        if not isinstance(cfg, dict):
+            raise FormatError(f"t5 config.json: expected a JSON object, got {type(cfg).__name__}")
+        for field in REQUIRED_CONFIG_FIELDS:
+            if field not in cfg:
+                raise FormatError(f"t5 config.json: missing field {field!r}")
+            if not isinstance(cfg[field], int) or isinstance(cfg[field], bool) or cfg[field] <= 0:
+                raise FormatError(f"t5 config.json: field {field!r} must be a positive integer, "
+                                  f"got {cfg[field]!r}")
+        activation, gated = T5Config.parse_feed_forward_proj(cfg.get("feed_forward_proj", "relu"))
+        num_decoder_layers = cfg.get("num_decoder_layers") or cfg["num_layers"]
+        eos = cfg.get("eos_token_id", 1)
+        pad = cfg.get("pad_token_id", 0)
+        start = cfg.get("decoder_start_token_id")
+        return T5Config(
+            vocab_size=cfg["vocab_size"], d_model=cfg["d_model"], d_kv=cfg["d_kv"],
+            d_ff=cfg["d_ff"], num_layers=cfg["num_layers"], num_decoder_layers=num_decoder_layers,
+            num_heads=cfg["num_heads"],
+            relative_attention_num_buckets=cfg.get("relative_attention_num_buckets", 32),
+            relative_attention_max_distance=cfg.get("relative_attention_max_distance", 128),
+            layer_norm_epsilon=cfg.get("layer_norm_epsilon", 1e-6),
+            dense_act_fn=activation, is_gated_act=gated,
+            # HF: only an explicit `tie_word_embeddings: false` (v1.1, flan) drops the rescale.
+            scale_decoder_outputs=cfg.get("tie_word_embeddings", True) is not False,
+            pad_token_id=0 if pad is None else pad,
+            eos_token_id=(eos[0] if isinstance(eos, list) else eos) if eos is not None else 1,
+            decoder_start_token_id=start if start is not None else (0 if pad is None else pad),
+            max_input_tokens=cfg.get("n_positions") or DEFAULT_MAX_INPUT_TOKENS)
+
+    @staticmethod
+    def from_gguf(gguf) -> "T5Config":
+        """From llama.cpp's `t5.*` metadata; activation and tying follow from the tensors."""
+        def field(key, default=None):
+            value = gguf.get(f"t5.{key}", default)
+            if value is None:
+                raise FormatError(f"GGUF {gguf.source}: missing metadata t5.{key}")
+            return int(value) if isinstance(value, (int, np.integer)) else value
+
+        embed = gguf.qtensor("token_embd.weight")
+        gated = "enc.blk.0.ffn_gate.weight" in gguf.tensors
+        n_layers = field("block_count")
+        return T5Config(
+            vocab_size=embed.shape[0], d_model=field("embedding_length"),
+            d_kv=field("attention.key_length"), d_ff=field("feed_forward_length"),
+            num_layers=n_layers, num_decoder_layers=field("decoder_block_count", n_layers),
+            num_heads=field("attention.head_count"),
+            relative_attention_num_buckets=field("attention.relative_buckets_count", 32),
+            layer_norm_epsilon=float(field("attention.layer_norm_rms_epsilon", 1e-6)),
+            # llama.cpp's convention: gated FF means flan/v1.1 (gelu_new), else v1.0 relu.
+            dense_act_fn="gelu_new" if gated else "relu", is_gated_act=gated,
+            scale_decoder_outputs="output.weight" not in gguf.tensors,
+            eos_token_id=int(gguf.get("tokenizer.ggml.eos_token_id", 1)),
+            pad_token_id=int(gguf.get("tokenizer.ggml.padding_token_id", 0)),
+            decoder_start_token_id=field("decoder_start_token_id", 0),
+            max_input_tokens=field("context_length", DEFAULT_MAX_INPUT_TOKENS))
+
+
+# -- relative position buckets --------------------------------------------------------------
+def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> np.ndarray:
+    """Bucket of each (key - query) distance. Bidirectional (encoder): half the buckets for
+    keys after the query. Causal (decoder): only keys at or before the query count. Below
+    `max_exact` each distance has its own bucket, above it buckets are log-spaced up to
+    `max_distance` and the last bucket takes everything further.
+
+    The log branch is computed in float32 like the reference implementation: a distance that
+    lands exactly on a bucket boundary must round the same way."""
+    relative_position = np.asarray(relative_position, dtype=np.int64)
+    buckets = np.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative_position > 0).astype(np.int64) * num_buckets
+        distance = np.abs(relative_position)
+    else:
+        distance = -np.minimum(relative_position, 0)
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    with np.errstate(divide="ignore"):  # log(0) only in the small branch, which is not used
+        scaled = (np.log(distance.astype(np.float32) / np.float32(max_exact))
+                  / np.float32(math.log(max_distance / max_exact))
+                  * np.float32(num_buckets - max_exact))
+    large = max_exact + np.where(is_small, 0, scaled).astype(np.int64)
+    large = np.minimum(large, num_buckets - 1)
+    return buckets + np.where(is_small, distance, large)
+
+
+class RelativePositionBias:
+    """The learned bias table [num_buckets, heads] of layer 0 -> bias [1, heads, q, k]."""
+
+    def __init__(self, table: Tensor, bidirectional: bool, max_distance: int):
+        self.table = table
+        self.bidirectional = bidirectional
+        self.num_buckets = table.dims()[0]
+        self.max_distance = max_distance
+
+    def __call__(self, q_len: int, k_len: int, q_offset: int = 0) -> Tensor:
+        query = np.arange(q_offset, q_offset + q_len)[:, None]
+        key = np.arange(k_len)[None, :]
+        buckets = relative_position_bucket(key - query, self.bidirectional, self.num_buckets,
+                                           self.max_distance)
+        ids = Tensor.from_numpy(buckets.reshape(-1), dt.i64, self.table.device)
+        values = self.table.index_select(ids, 0).reshape(q_len, k_len, -1)  # [q, k, h]
+        return values.permute(2, 0, 1).unsqueeze(0)  # [1, h, q, k]
+
+
+# -- modules in forward order ---------------------------------------------------------------
+class T5Attention:
+    """Multi-head attention without scaling or biases; keys/values either from `x` itself
+    (self-attention, optionally cached) or precomputed from the encoder (cross-attention)."""
+
+    def __init__(self, q: QMatMul, k: QMatMul, v: QMatMul, o: QMatMul, num_heads: int, d_kv: int):
+        self.q, self.k, self.v, self.o = q, k, v, o
+        self.num_heads, self.d_kv = num_heads, d_kv
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.dims()
+        return x.reshape(b, t, self.num_heads, self.d_kv).transpose(1, 2)  # [b, h, t, d_kv]
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+        heads = ops.scaled_dot_product_attention(q, k, v, bias, scale=1.0)  # [b, h, t, d_kv]
+        b, h, t, d_kv = heads.dims()
+        return self.o(heads.transpose(1, 2).reshape(b, t, h * d_kv))
+
+    def self_attend(self, x: Tensor, bias: Tensor, cache: KvCache = None) -> Tensor:
+        q = self._split_heads(self.q(x)).contiguous()
+        k = self._split_heads(self.k(x))
+        v = self._split_heads(self.v(x)).contiguous()
+        if cache is not None:
+            k, v = cache.append(k.contiguous(), v)
+        else:
+            k = _keys_for_matmul(k)
+        return self._attend(q, k, v, bias)
+
+    def encoder_kv(self, encoder_states: Tensor):
+        """Cross-attention keys and values, computed once per input and reused every step."""
+        return (_keys_for_matmul(self._split_heads(self.k(encoder_states))),
+                self._split_heads(self.v(encoder_states)).contiguous())
+
+    def cross_attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        return self._attend(self._split_heads(self.q(x)), k, v, mask)
+
+
+def _keys_for_matmul(k: Tensor) -> Tensor:
+    """k [b, h, t, d] as the transpose of a contiguous [b, h, d, t]: the attention kernel's
+    k^T is then contiguous. numpy's batched matmul takes a slow non-BLAS loop on strided
+    operands (measured 40-700x slower at BERT/T5 sizes); the numbers are the same."""
+    return k.transpose(2, 3).contiguous().transpose(2, 3)
+
+
+class FeedForward:
+    """v1.0: wo(act(wi(x))); gated (v1.1, flan): wo(act(wi_0(x)) * wi_1(x))."""
+
+    def __init__(self, activation: str, wo: QMatMul, wi: QMatMul = None, wi_0: QMatMul = None,
+                 wi_1: QMatMul = None):
+        self.act = Activation(activation)
+        self.wi, self.wi_0, self.wi_1, self.wo = wi, wi_0, wi_1, wo
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.wi is not None:
+            return self.wo(self.act(self.wi(x)))
+        return self.wo(self.act(self.wi_0(x)).mul(self.wi_1(x)))
+
+
+class EncoderBlock:
+    def __init__(self, attn_norm: RmsNorm, attn: T5Attention, ff_norm: RmsNorm, ff: FeedForward):
+        self.attn_norm, self.attn, self.ff_norm, self.ff = attn_norm, attn, ff_norm, ff
+
+    def __call__(self, x: Tensor, bias: Tensor) -> Tensor:
+        x = x.add(self.attn.self_attend(self.attn_norm(x), bias))
+        return x.add(self.ff(self.ff_norm(x)))
+
+
+class DecoderBlock:
+    def __init__(self, attn_norm, attn: T5Attention, cross_norm, cross: T5Attention, ff_norm,
+                 ff: FeedForward):
+        self.attn_norm, self.attn = attn_norm, attn
+        self.cross_norm, self.cross = cross_norm, cross
+        self.ff_norm, self.ff = ff_norm, ff
+
+    def __call__(self, x, bias, cross_k, cross_v, cross_mask, cache: KvCache) -> Tensor:
+        x = x.add(self.attn.self_attend(self.attn_norm(x), bias, cache))
+        x = x.add(self.cross.cross_attend(self.cross_norm(x), cross_k, cross_v, cross_mask))
+        return x.add(self.ff(self.ff_norm(x)))
+
+
+class DecoderState:
+    """What persists between decoding steps: cross-attention K/V per layer (from the encoder
+    output, computed once), the self-attention caches and the encoder padding mask."""
+
+    def __init__(self, cross_kv: list, cross_mask, n_layers: int):
+        self.cross_kv = cross_kv  # per layer (k, v), [b, h, s, d_kv]
+        self.cross_mask = cross_mask  # [b, 1, 1, s] additive, or None without padding
+        self.caches = [KvCache(dim=2) for _ in range(n_layers)]
+
+    @property
+    def offset(self) -> int:
+        return self.caches[0].current_seq_len()
+
+
+class T5ForConditionalGeneration:
+    def __init__(self, config: T5Config, shared: Tensor, encoder_blocks: list,
+                 encoder_bias: RelativePositionBias, encoder_norm: RmsNorm, decoder_blocks: list,
+                 decoder_bias: RelativePositionBias, decoder_norm: RmsNorm, lm_head: QMatMul,
+                 device=None):
+        self.config = config
+        self.shared = shared  # [vocab, d]
+        self.encoder_blocks, self.encoder_bias, self.encoder_norm = (encoder_blocks, encoder_bias,
+                                                                     encoder_norm)
+        self.decoder_blocks, self.decoder_bias, self.decoder_norm = (decoder_blocks, decoder_bias,
+                                                                     decoder_norm)
+        self.lm_head = lm_head
+        self.device = Device.parse(device)
+
+    # -- encoder ----------------------------------------------------------------------------
+    def encode(self, input_ids, attention_mask=None) -> Tensor:
+        """input ids [b, s] (+ 1/0 mask [b, s] for padded batches) -> states [b, s, d]."""
+        ids = _as_ids(input_ids, self.device, "t5 encode")
+        b, s = ids.dims()
+        x = self.shared.embedding(ids)
+        bias = self.encoder_bias(s, s)  # [1, h, s, s]
+        pad_mask = _padding_mask(attention_mask, b, s, self.device)
+        if pad_mask is not None:
+            bias = bias.broadcast_add(pad_mask)  # [b, h, s, s]
+        for block in self.encoder_blocks:
+            x = block(x, bias)
+        return self.encoder_norm(x)
+
+    # -- decoder ----------------------------------------------------------------------------
+    def start_decoding(self, encoder_states: Tensor, attention_mask=None) -> DecoderState:
+        b, s, _ = encoder_states.dims()
+        cross = [block.cross.encoder_kv(encoder_states) for block in self.decoder_blocks]
+        return DecoderState(cross, _padding_mask(attention_mask, b, s, self.device),
+                            len(self.decoder_blocks))
+
+    def decode(self, decoder_ids, state: DecoderState) -> Tensor:
+        """New decoder ids [b, t] -> logits [b, t, vocab]; the caches advance by t."""
+        ids = _as_ids(decoder_ids, self.device, "t5 decode")
+        t = ids.dims()[1]
+        offset = state.offset
+        x = self.shared.embedding(ids)
+        bias = self.decoder_bias(t, offset + t, q_offset=offset)  # [1, h, t, offset + t]
+        if t > 1:
+            bias = bias.broadcast_add(ops.causal_mask(t, offset, device=self.device))
+        for block, (k, v), cache in zip(self.decoder_blocks, state.cross_kv, state.caches):
+            x = block(x, bias, k, v, state.cross_mask, cache)
+        x = self.decoder_norm(x)
+        if self.config.scale_decoder_outputs:
+            x = x.affine(self.config.d_model ** -0.5, 0.0)
+        return self.lm_head(x)
+
+    def forward(self, input_ids, decoder_ids, attention_mask=None) -> Tensor:
+        """Teacher-forced logits [b, t, vocab] for decoder ids that start with the start token."""
+        state = self.start_decoding(self.encode(input_ids, attention_mask), attention_mask)
+        return self.decode(decoder_ids, state)
+
+    __call__ = forward
+
+    # -- generation -------------------------------------------------------------------------
+    def generate(self, input_ids, attention_mask=None, options: GenerationOptions = None,
+                 on_step=None) -> list:
+        """Generated ids per batch row (without the start token; ending with the eos token
+        unless the budget ran out). Sampling, repeat penalty and eos ids come from the shared
+        `generation.GenerationOptions` (stop strings are applied by T5TextGenerator).
+        `on_step(step, new_ids)` is called after each step: the hook for streaming, progress
+        and cancel (it may raise `Cancelled`)."""
+        options = options or GenerationOptions(max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+        ids = _as_ids(input_ids, self.device, "t5 generate")
+        b = ids.dims()[0]
+        state = self.start_decoding(self.encode(ids, attention_mask), attention_mask)
+        # One seeded processor per row: row 0 samples exactly as a batch of one would.
+        processors = [LogitsProcessor(options.seed + row, sampling=options.sampling())
+                      for row in range(b)]
+        eos = set(options.eos_token_ids if options.eos_token_ids is not None
+                  else (self.config.eos_token_id,))
+        generated = [[] for _ in range(b)]
+        finished = np.zeros(b, dtype=bool)
+        step_ids = np.full((b, 1), self.config.decoder_start_token_id, dtype=np.int64)
+        for step in range(options.max_new_tokens):
+            logits = self.decode(step_ids, state).narrow(1, 0, 1).reshape(b, -1).to_numpy()
+            next_ids = np.full(b, self.config.pad_token_id, dtype=np.int64)
+            for row in np.flatnonzero(~finished):
+                scores = logits[row]
+                if options.repeat_penalty != 1.0:
+                    scores = apply_repeat_penalty(scores, options.repeat_penalty,
+                                                  penalty_window(generated[row], options.repeat_last_n))
+                next_ids[row] = processors[row].sample(scores)
+                generated[row].append(int(next_ids[row]))
+                finished[row] = next_ids[row] in eos
+            if on_step is not None:
+                on_step(step, next_ids)
+            if finished.all():
+                break
+            step_ids = next_ids.reshape(b, 1)
+        return generated
+
+
+# -- text in, text out ----------------------------------------------------------------------
+@dataclass
+class Text2TextResult:
+    text: str
+    token_ids: list  # as generated, the final eos included
+    input_tokens: int
+    truncated: bool  # the input was longer than the model's limit and was cut
+    stop_reason: str = STOP_MAX_TOKENS
+
+
+class T5TextGenerator:
+    """A T5 model with its tokenizer: prompt (with its task prefix, e.g. "translate English to
+    German: ...") in, text out, streamed through the shared generation callback protocol."""
+
+    def __init__(self, model: T5ForConditionalGeneration, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+        # Padding in tokenizer.json would feed pad tokens into the encoder unmasked.
+        if getattr(tokenizer, "padding", None) is not None:
+            tokenizer.no_padding()
+
+    def encode_prompt(self, prompt: str) -> tuple:
+        """(ids, truncated): the prompt's ids (ending with </s>), cut to the model's limit."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"t5 prompt: expected a str, got {type(prompt).__name__}")
+        ids = list(self.tokenizer.encode(prompt).ids)
+        if not ids:
+            ids = [self.model.config.eos_token_id]
+        limit = self.model.config.max_input_tokens
+        if len(ids) <= limit:
+            return ids, False
+        warnings.warn(f"t5: the input has {len(ids)} tokens, more than the model's limit of "
+                      f"{limit}; it was truncated to the first {limit}", stacklevel=3)
+        ends_with_eos = ids[-1] == self.model.config.eos_token_id
+        kept = ids[:limit - 1] + [ids[-1]] if ends_with_eos else ids[:limit]
+        return kept, True
+
+    def __call__(self, prompt: str, options: GenerationOptions = None, on_event=None) -> Text2TextResult:
+        """on_event(kind, payload) as in generation.generate: ("token", {"index", "id",
+        "text"}) per generated token (text is the new piece, '' while a character or a
+        possible stop string is open) and ("done", {"reason", "n_tokens"}); returning False
+        (or raising Cancelled) cancels."""
+        options = options or GenerationOptions(max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+        ids, truncated = self.encode_prompt(prompt)
+        eos = set(options.eos_token_ids if options.eos_token_ids is not None
+                  else (self.model.config.eos_token_id,))
+        stream = TokenOutputStream(self.tokenizer)
+        stops = StopStringMatcher(options.stop_strings)
+        pieces = []
+        reason = STOP_MAX_TOKENS
+
+        class _Stop(Exception):
+            pass
+
+        def on_step(step, next_ids):
+            nonlocal reason
+            token = int(next_ids[0])
+            if token in eos:
+                reason = STOP_EOS
+                return
+            text = stops.feed(stream.next_token(token))
+            pieces.append(text)
+            if on_event is not None and on_event("token", {"index": step, "id": token, "text": text}) is False:
+                raise Cancelled(f"t5 generation cancelled at token {step}")
+            if stops.stopped:
+                reason = STOP_STRING
+                raise _Stop
+
+        try:
+            out = self.model.generate([ids], options=options, on_step=on_step)[0]
+        except _Stop:
+            out = list(stream.tokens)
+        tail = stops.feed(stream.finish()) + stops.flush()
+        if tail:
+            pieces.append(tail)
+            if on_event is not None:
+                on_event("token", {"index": len(out), "id": None, "text": tail})
+        if on_event is not None:
+            on_event("done", {"reason": reason, "n_tokens": len(out)})
+        return Text2TextResult("".join(pieces), out, len(ids), truncated, reason)
+
+
+# -- weight loading -------------------------------------------------------------------------
+class _SafetensorsWeights:
+    """HF names through a VarBuilder (shape-checked; float weights computed in f32)."""
+
+    def __init__(self, vb):
+        self.vb = vb
+
+    def has(self, name: str) -> bool:
+        return self.vb.contains(name)
+
+    def tensor(self, name: str, shape: tuple) -> Tensor:
+        return self.vb.get(shape, name)
+
+    def matrix(self, name: str, rows: int, cols: int) -> QMatMul:
+        return QMatMul.from_tensor(self.vb.get((rows, cols), name))
+
+
+class _GgufWeights:
+    """GGUF tensors by HF name: matrices stay quantized (or are dequantized at load, by
+    backend), vectors and tables are dequantized. `names` maps HF names to the file's."""
+
+    def __init__(self, gguf, device, mode: str, names=None):
+        self.gguf, self.device, self.mode = gguf, device, mode
+        self.names = names or (lambda name: name)
+
+    def has(self, name: str) -> bool:
+        return self.names(name) in self.gguf.tensors
+
+    def _qtensor(self, name: str, shape: tuple):
+        file_name = self.names(name)
+        if file_name not in self.gguf.tensors:
+            raise ModelNotFound(f"GGUF {self.gguf.source}: missing tensor {file_name!r}")
+        qtensor = self.gguf.qtensor(file_name)
+        if tuple(qtensor.shape) != tuple(shape):
+            raise ShapeMismatch(f"GGUF {self.gguf.source}: tensor {file_name!r} has shape "
+                                f"{list(qtensor.shape)}, the config implies {list(shape)}")
+        return qtensor
+
+    def tensor(self, name: str, shape: tuple) -> Tensor:
+        values = self._qtensor(name, shape).dequantize().reshape(shape)
+        return Tensor.from_numpy(np.ascontiguousarray(values, dtype=np.float32), dt.f32, self.device)
+
+    def matrix(self, name: str, rows: int, cols: int) -> QMatMul:
+        return QMatMul.from_qtensor(self._qtensor(name, (rows, cols)), self.device, self.mode)
+
+
+def llama_cpp_name(hf_name: str) -> str:
+    """HF T5 tensor name -> llama.cpp's GGUF name (the converter's mapping)."""
+    parts = hf_name.split(".")
+    if hf_name == "shared.weight":
+        return "token_embd.weight"
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    if parts[0] in ("encoder", "decoder") and parts[1] == "final_layer_norm":
+        return ("enc" if parts[0] == "encoder" else "dec") + ".output_norm.weight"
+    stack = "enc" if parts[0] == "encoder" else "dec"
+    block, layer, module = parts[2], int(parts[4]), parts[5]
+    prefix = f"{stack}.blk.{block}."
+    is_ff = module == "DenseReluDense" or (module == "layer_norm" and (
+        (stack == "enc" and layer == 1) or (stack == "dec" and layer == 2)))
+    cross = module == "EncDecAttention" or (module == "layer_norm" and stack == "dec" and layer == 1)
+    if module == "layer_norm":
+        kind = "ffn_norm" if is_ff else ("cross_attn_norm" if cross else "attn_norm")
+        return prefix + kind + ".weight"
+    if is_ff:
+        ff_names = {"wi": "ffn_up", "wi_0": "ffn_gate", "wi_1": "ffn_up", "wo": "ffn_down"}
+        return prefix + ff_names[parts[6]] + ".weight"
+    attn = "cross_attn" if cross else "attn"
+    if parts[6] == "relative_attention_bias":
+        return prefix + attn + "_rel_b.weight"
+    return prefix + f"{attn}_{parts[6]}.weight"
+
+
+def _build(config: T5Config, weights, device) -> T5ForConditionalGeneration:
+    """Map HF names onto the modules; every tensor is checked against the config's shape."""
+    d, inner, d_ff, eps = config.d_model, config.inner_dim, config.d_ff, config.layer_norm_epsilon
+
+    def norm(name):
+        return RmsNorm(weights.tensor(name + ".weight", (d,)), eps)
+
+    def attention(prefix):
+        return T5Attention(weights.matrix(prefix + ".q.weight", inner, d),
+                           weights.matrix(prefix + ".k.weight", inner, d),
+                           weights.matrix(prefix + ".v.weight", inner, d),
+                           weights.matrix(prefix + ".o.weight", d, inner),
+                           config.num_heads, config.d_kv)
+
+    def feed_forward(prefix):
+        wo = weights.matrix(prefix + ".wo.weight", d, d_ff)
+        if config.is_gated_act:
+            return FeedForward(config.dense_act_fn, wo, wi_0=weights.matrix(prefix + ".wi_0.weight", d_ff, d),
+                               wi_1=weights.matrix(prefix + ".wi_1.weight", d_ff, d))
+        return FeedForward(config.dense_act_fn, wo, wi=weights.matrix(prefix + ".wi.weight", d_ff, d))
+
+    def position_bias(prefix, bidirectional):
+        table = weights.tensor(prefix + ".relative_attention_bias.weight",
+                               (config.relative_attention_num_buckets, config.num_heads))
+        return RelativePositionBias(table, bidirectional, config.relative_attention_max_distance)
+
+    encoder_blocks = []
+    for i in range(config.num_layers):
+        p = f"encoder.block.{i}.layer"
+        encoder_blocks.append(EncoderBlock(norm(f"{p}.0.layer_norm"), attention(f"{p}.0.SelfAttention"),
+                                           norm(f"{p}.1.layer_norm"), feed_forward(f"{p}.1.DenseReluDense")))
+    decoder_blocks = []
+    for i in range(config.num_decoder_layers):
+        p = f"decoder.block.{i}.layer"
+        decoder_blocks.append(DecoderBlock(
+            norm(f"{p}.0.layer_norm"), attention(f"{p}.0.SelfAttention"),
+            norm(f"{p}.1.layer_norm"), attention(f"{p}.1.EncDecAttention"),
+            norm(f"{p}.2.layer_norm"), feed_forward(f"{p}.2.DenseReluDense")))
+    shared_name = "shared.weight"
+    if not weights.has(shared_name) and weights.has("encoder.embed_tokens.weight"):
+        shared_name = "encoder.embed_tokens.weight"  # some exports keep only the stack copies
+    shared = weights.tensor(shared_name, (config.vocab_size, d))
+    if weights.has("lm_head.weight"):
+        lm_head = weights.matrix("lm_head.weight", config.vocab_size, d)
+    else:
+        lm_head = QMatMul.from_tensor(shared)  # tied
+    return T5ForConditionalGeneration(
+        config, shared, encoder_blocks, position_bias("encoder.block.0.layer.0.SelfAttention", True),
+        norm("encoder.final_layer_norm"), decoder_blocks,
+        position_bias("decoder.block.0.layer.0.SelfAttention", False),
+        norm("decoder.final_layer_norm"), lm_head, device)
+
+
+def _read_config(config) -> T5Config:
+    if isinstance(config, T5Config):
+        return config
+    if isinstance(config, (str, Path)):
+        try:
+            config = json.loads(Path(config).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise FormatError(f"t5 config.json {config}: cannot read it ({error})") from None
+    return T5Config.from_hf_config(config)
+
+
+def load_t5_safetensors(weights, config, device=None) -> T5ForConditionalGeneration:
+    """HF safetensors (path(s) or bytes) + config.json (path, dict or T5Config)."""
+    from ..nn.var_builder import VarBuilder
+
+    vb = VarBuilder.from_safetensors(weights, dt.f32, device)
+    return _build(_read_config(config), _SafetensorsWeights(vb), Device.parse(device))
+
+
+def load_t5_gguf(source, config=None, device=None, mode: str = "auto") -> T5ForConditionalGeneration:
+    """A GGUF file: llama.cpp's `t5` arch (config from its metadata), or HF tensor names with
+    config.json given (Candle's quantized T5 files)."""
+    from ..io.gguf import GgufFile
+
+    gguf = source if isinstance(source, GgufFile) else GgufFile(source)
+    device = Device.parse(device)
+    if "token_embd.weight" in gguf.tensors:
+        arch = gguf.get("general.architecture")
+        if arch not in (None, "t5"):
+            raise UnsupportedError(f"GGUF {gguf.source}: architecture {arch!r} is not t5")
+        cfg = _read_config(config) if config is not None else T5Config.from_gguf(gguf)
+        return _build(cfg, _GgufWeights(gguf, device, mode, llama_cpp_name), device)
+    if "shared.weight" in gguf.tensors or "encoder.embed_tokens.weight" in gguf.tensors:
+        if config is None:
+            raise FormatError(f"GGUF {gguf.source} uses HF tensor names and has no t5 metadata: "
+                              f"pass its config.json")
+        return _build(_read_config(config), _GgufWeights(gguf, device, mode), device)
+    raise FormatError(f"GGUF {gguf.source}: no T5 embedding tensor (token_embd.weight or "
+                      f"shared.weight); not a T5 model")
+
+
+def load_t5(path, device=None, mode: str = "auto") -> T5ForConditionalGeneration:
+    """A folder with config.json + model.safetensors (or one .gguf), or a .gguf file."""
+    path = Path(path)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise UnsupportedError(f"{path}: expected a .gguf file or a T5 model folder")
+        config = path.with_name("config.json")
+        return load_t5_gguf(path, config if config.exists() else None, device, mode)
+    if not path.is_dir():
+        raise ModelNotFound(f"no such T5 model file or folder: {path}")
+    shards = sorted(path.glob("*.safetensors"))
+    config = path / "config.json"
+    if shards:
+        if not config.exists():
+            raise ModelNotFound(f"{path}: T5 safetensors weights but no config.json")
+        return load_t5_safetensors([str(s) for s in shards], config, device)
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return load_t5_gguf(ggufs[0], config if config.exists() else None, device, mode)
+    raise ModelNotFound(f"{path}: expected config.json + *.safetensors or one .gguf file")
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _as_ids(ids, device, what: str) -> Tensor:
+    if not isinstance(ids, Tensor):
+        array = np.asarray(ids)
+        if array.dtype == object or (array.size and not np.issubdtype(array.dtype, np.integer)):
+            raise ShapeMismatch(f"{what}: expected integer token ids [batch, seq] (rows of equal "
+                                f"length; pad and pass attention_mask), got {array.dtype}")
+        ids = Tensor.from_numpy(array.astype(np.int64), dt.i64, device)
+    if ids.rank == 1:
+        ids = ids.unsqueeze(0)
+    if ids.rank != 2 or ids.dims()[1] == 0 or ids.dtype.is_float:
+        raise ShapeMismatch(f"{what}: expected integer token ids [batch, seq] with seq > 0, got "
+                            f"{ids.dtype.name} {list(ids.shape)}")
+    return ids
+
+
+def _padding_mask(attention_mask, b: int, s: int, device):
+    """1/0 mask [b, s] -> additive [b, 1, 1, s] (None when nothing is masked)."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask.to_numpy() if isinstance(attention_mask, Tensor) else np.asarray(attention_mask)
+    mask = mask.reshape(-1, mask.shape[-1]) if mask.ndim else mask
+    if mask.shape != (b, s):
+        raise ShapeMismatch(f"t5: attention_mask {list(mask.shape)} does not match the input ids "
+                            f"[{b}, {s}]")
+    if mask.all():
+        return None
+    additive = np.where(mask > 0, 0.0, MASKED).astype(np.float32).reshape(b, 1, 1, s)
+    return Tensor.from_numpy(additive, dt.f32, device)
+
+
+__all__ = ["T5Config", "T5ForConditionalGeneration", "T5TextGenerator", "Text2TextResult",
+           "GenerationOptions", "relative_position_bucket", "llama_cpp_name",
+           "load_t5", "load_t5_safetensors", "load_t5_gguf"]
