@@ -48,12 +48,16 @@ web: $(STAMP_DEV)
 	$(PY) scripts/vendor_pyodide.py
 
 # -- the two commands -----------------------------------------------------------------------
+# One BLAS thread: results do not depend on it, but with pytest, Chromium and native twin
+# subprocesses sharing 2 cores, OpenBLAS's spinning threads made small matmuls 10-30x slower.
+test: export OPENBLAS_NUM_THREADS = 1
 test: $(STAMP_DEV) $(STAMP_SYS) models web
 	$(PY) -m pytest -q
 
 # The demo: a native transcription of a bundled LibriVox clip, then the browser page.
 DEMO_PORT ?= 8000
 demo: $(STAMP_DEV) models web
+	$(PY) -m candle_native.warm
 	@speech=$$($(PY) -c 'from candle_web import hub; print(hub.cache_dir() / "testdata/speech/librivox")'); \
 	  $(PY) -m candle_web.cli transcribe "$$speech/sense_and_sensibility_01_austen_64kb-0870.wav"
 	$(PY) -m candle_web.cli serve --port $(DEMO_PORT)
