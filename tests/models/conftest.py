@@ -52,13 +52,18 @@ def librivox_transcripts():
 
 @pytest.fixture(scope="session")
 def whisper_models():
+    """whisper_models(name, backend=None) -> (model, tokenizer), loaded once per pair.
+    backend=None is Device.cpu()'s default (numba when installed); "numpy"/"numba" pin one."""
+    from candle_web import Device
     from candle_web.pipelines import load_whisper
 
     loaded = {}
 
-    def get(name):
-        if name not in loaded:
-            loaded[name] = load_whisper(name)
-        return loaded[name]
+    def get(name, backend=None):
+        if (name, backend) not in loaded:
+            device = Device.cpu(backend=backend) if backend else None
+            loaded[name, backend] = load_whisper(name, device=device)
+        return loaded[name, backend]
 
     return get
+

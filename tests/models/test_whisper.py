@@ -23,26 +23,48 @@ def _segment_tokens(transcript):
 
 @pytest.fixture(scope="module")
 def greedy_transcripts(whisper_models, speech_clips):
-    """(model name, clip) -> greedy Transcript, computed once for the tests below."""
+    """(model name, clip, backend) -> greedy Transcript, computed once for the tests below."""
     done = {}
 
-    def get(model_name, clip):
-        if (model_name, clip) not in done:
-            model, tokenizer = whisper_models(model_name)
+    def get(model_name, clip, backend=None):
+        from candle_web import Device
+
+        backend = backend or Device.cpu().backend.name  # the default, named: one cache entry
+        if (model_name, clip, backend) not in done:
+            model, tokenizer = whisper_models(model_name, backend)
             language = "en" if model.config.is_multilingual else None
             options = TranscribeOptions(temperatures=(0.0,), language=language)
-            done[model_name, clip] = transcribe(model, tokenizer, speech_clips[clip], options)
-        return done[model_name, clip]
+            done[model_name, clip, backend] = transcribe(model, tokenizer, speech_clips[clip], options)
+        return done[model_name, clip, backend]
 
     return get
 
 
-@pytest.mark.parametrize("model_name", MODELS)
-def test_greedy_tokens_equal_openai_whisper(model_name, greedy_transcripts, speech_clips, whisper_reference):
+def available_cpu_backends():
+    """The CPU backends this machine can run (numpy always; numba with the native extra)."""
+    from candle_web import BackendUnavailable, Device
+
+    names = []
+    for name in ("numpy", "numba"):
+        try:
+            Device.cpu(backend=name)
+            names.append(name)
+        except BackendUnavailable:
+            pass
+    return names
+
+
+# tiny.en on every CPU backend; base on the default one (the backends already agree on tiny.en).
+CASES = [("whisper-tiny.en", backend) for backend in available_cpu_backends()] + [("whisper-base", None)]
+
+
+@pytest.mark.parametrize("model_name, backend", CASES)
+def test_greedy_tokens_equal_openai_whisper(model_name, backend, greedy_transcripts, speech_clips,
+                                            whisper_reference):
     mismatches = []
     for clip in speech_clips:
         expected = whisper_reference[model_name][clip]
-        got = greedy_transcripts(model_name, clip)
+        got = greedy_transcripts(model_name, clip, backend)
         want = [s["tokens"] for s in expected["segments"] if s["tokens"]]
         if _segment_tokens(got) != want:
             mismatches.append((clip, got.text, expected["text"]))
@@ -126,3 +148,24 @@ def test_translate_task_uses_the_translate_token(whisper_models, speech_clips):
     got = transcribe(model, tokenizer, speech_clips["goforward.raw"],
                      TranscribeOptions(temperatures=(0.0,), language="en", task="translate"))
     assert "forward" in got.text.lower()
+
+
+def test_live_openai_whisper_gives_the_recorded_tokens(greedy_transcripts, speech_clips, whisper_reference,
+                                                        model_file):
+    """openai-whisper run now, on the same weights, agrees with the recording and with us
+    (so the recorded JSON cannot silently go stale)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("whisper")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
+    import record_whisper
+
+    clip = "goforward.raw"
+    model = record_whisper.load_openai_model(model_file("whisper-tiny.en", "model.bin"))
+    live = record_whisper.record(None, speech_clips[clip], model)
+    recorded = whisper_reference["whisper-tiny.en"][clip]
+    assert live["segments"] == recorded["segments"]
+    assert [s["tokens"] for s in live["segments"] if s["tokens"]] == \
+        _segment_tokens(greedy_transcripts("whisper-tiny.en", clip))
