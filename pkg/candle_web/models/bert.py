@@ -36,12 +36,10 @@ from ..errors import FormatError, ModelNotFound, ShapeMismatch
 from ..nn import ops
 from ..nn.layers import Activation, LayerNorm, Linear
 from ..tensor import Tensor
+from .inputs import additive_padding_mask, token_ids
 
 REQUIRED_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers",
                           "num_attention_heads", "intermediate_size", "max_position_embeddings")
-# Additive mask value for padding keys (the most negative f32, like HF; -inf would give NaN
-# for a row with no real token).
-MASKED = float(np.finfo(np.float32).min)
 # Sentences embedded per forward pass: padding is to the longest in the batch, so batches are
 # formed from inputs sorted by length.
 DEFAULT_BATCH_SIZE = 32
@@ -151,17 +149,17 @@ class BertModel:
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> Tensor:
         """ids [b, t] (+ 1/0 mask, token types) -> last hidden states [b, t, d]."""
-        ids = _as_int_tensor(input_ids, self.device, "input_ids")
+        ids = token_ids(input_ids, self.device, "bert input_ids")
         b, t = ids.dims()
         if t > self.config.max_position_embeddings:
             raise ShapeMismatch(f"bert: {t} tokens exceed the {self.config.max_position_embeddings} "
                                 f"positions of the model (truncate the input)")
         types = (Tensor.zeros((b, t), dt.i64, self.device) if token_type_ids is None
-                 else _as_int_tensor(token_type_ids, self.device, "token_type_ids"))
+                 else token_ids(token_type_ids, self.device, "bert token_type_ids"))
         if types.dims() != (b, t):
             raise ShapeMismatch(f"bert: token_type_ids {list(types.shape)} do not match the ids "
                                 f"[{b}, {t}]")
-        mask = _additive_mask(attention_mask, b, t, self.device)
+        mask = additive_padding_mask(attention_mask, b, t, self.device, "bert")
         x = self.embeddings(ids, types)
         for layer in self.layers:
             x = layer(x, mask)
@@ -345,36 +343,6 @@ def _length_batches(lengths: list, batch_size: int) -> list:
     if current:
         batches.append(current)
     return batches
-
-
-def _as_int_tensor(ids, device, what: str) -> Tensor:
-    if not isinstance(ids, Tensor):
-        array = np.asarray(ids)
-        if array.dtype == object or (array.size and not np.issubdtype(array.dtype, np.integer)):
-            raise ShapeMismatch(f"bert: {what} must be integer ids [batch, seq] (rows of equal "
-                                f"length), got {array.dtype}")
-        ids = Tensor.from_numpy(array.astype(np.int64), dt.i64, device)
-    if ids.rank == 1:
-        ids = ids.unsqueeze(0)
-    if ids.rank != 2 or ids.dims()[1] == 0 or ids.dtype.is_float:
-        raise ShapeMismatch(f"bert: {what} must be integer ids [batch, seq] with seq > 0, got "
-                            f"{ids.dtype.name} {list(ids.shape)}")
-    return ids
-
-
-def _additive_mask(attention_mask, b: int, t: int, device):
-    """1/0 [b, t] -> additive [b, 1, 1, t]; None when nothing is masked."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask.to_numpy() if isinstance(attention_mask, Tensor) else np.asarray(attention_mask)
-    if mask.ndim == 1:
-        mask = mask[None, :]
-    if mask.shape != (b, t):
-        raise ShapeMismatch(f"bert: attention_mask {list(mask.shape)} does not match the ids [{b}, {t}]")
-    if mask.all():
-        return None
-    additive = np.where(mask > 0, 0.0, MASKED).astype(np.float32).reshape(b, 1, 1, t)
-    return Tensor.from_numpy(additive, dt.f32, device)
 
 
 def load_sentence_embedder(folder, device=None) -> SentenceEmbedder:

@@ -51,6 +51,7 @@ from ..nn.rotary import rope, rope_frequencies, rope_i
 from ..quantized.qmatmul import QMatMul
 from ..quantized.qtensor import QTensor
 from ..tensor import Tensor
+from .inputs import token_ids
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
 SUPPORTED_HF_MODEL_TYPES = ("llama",)
@@ -365,7 +366,7 @@ class Llama:
         """ids [b, t] (new tokens; a list, numpy array or integer Tensor) at positions
         index_pos .. index_pos + t - 1 -> f32 logits [b, vocab] of the last position, or
         [b, t, vocab] with all_logits."""
-        ids = _as_ids(ids, self.device)
+        ids = token_ids(ids, self.device, "llama forward")
         b, t = ids.dims()
         if index_pos is None:
             index_pos = self.seq_len
@@ -533,14 +534,4 @@ def _hf_chat_template(folder: Path):
         return template if isinstance(template, str) else None
     return None
 
-
-def _as_ids(ids, device) -> Tensor:
-    if not isinstance(ids, Tensor):
-        ids = Tensor.from_numpy(np.asarray(ids, dtype=np.int64), dt.i64, device)
-    if ids.rank == 1:
-        ids = ids.unsqueeze(0)
-    if ids.rank != 2 or ids.dims()[1] == 0 or ids.dtype.is_float:
-        raise ShapeMismatch(f"llama forward: expected integer token ids [batch, seq] with "
-                            f"seq > 0, got {ids.dtype.name} {list(ids.shape)}")
-    return ids
 

@@ -55,15 +55,13 @@ from ..nn.kv_cache import KvCache
 from ..nn.layers import Activation, RmsNorm
 from ..quantized.qmatmul import QMatMul
 from ..tensor import Tensor
+from .inputs import additive_padding_mask, token_ids
 
 # Sequence length the released checkpoints were trained with (`n_positions` in old configs).
 # Relative positions have no hard limit, but far longer inputs are out of distribution and
 # cost quadratic memory: longer inputs are truncated with a notice.
 DEFAULT_MAX_INPUT_TOKENS = 512
 DEFAULT_MAX_NEW_TOKENS = 64
-# Additive mask value for padded keys; the most negative f32 (like HF) rather than -inf, so a
-# row whose keys are all masked gives a uniform softmax instead of NaN.
-MASKED = float(np.finfo(np.float32).min)
 REQUIRED_CONFIG_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
 
 
@@ -326,11 +324,11 @@ class T5ForConditionalGeneration:
     # -- encoder ----------------------------------------------------------------------------
     def encode(self, input_ids, attention_mask=None) -> Tensor:
         """input ids [b, s] (+ 1/0 mask [b, s] for padded batches) -> states [b, s, d]."""
-        ids = _as_ids(input_ids, self.device, "t5 encode")
+        ids = token_ids(input_ids, self.device, "t5 encode")
         b, s = ids.dims()
         x = self.shared.embedding(ids)
         bias = self.encoder_bias(s, s)  # [1, h, s, s]
-        pad_mask = _padding_mask(attention_mask, b, s, self.device)
+        pad_mask = additive_padding_mask(attention_mask, b, s, self.device, "t5")
         if pad_mask is not None:
             bias = bias.broadcast_add(pad_mask)  # [b, h, s, s]
         for block in self.encoder_blocks:
@@ -341,12 +339,12 @@ class T5ForConditionalGeneration:
     def start_decoding(self, encoder_states: Tensor, attention_mask=None) -> DecoderState:
         b, s, _ = encoder_states.dims()
         cross = [block.cross.encoder_kv(encoder_states) for block in self.decoder_blocks]
-        return DecoderState(cross, _padding_mask(attention_mask, b, s, self.device),
+        return DecoderState(cross, additive_padding_mask(attention_mask, b, s, self.device, "t5"),
                             len(self.decoder_blocks))
 
     def decode(self, decoder_ids, state: DecoderState) -> Tensor:
         """New decoder ids [b, t] -> logits [b, t, vocab]; the caches advance by t."""
-        ids = _as_ids(decoder_ids, self.device, "t5 decode")
+        ids = token_ids(decoder_ids, self.device, "t5 decode")
         t = ids.dims()[1]
         offset = state.offset
         x = self.shared.embedding(ids)
@@ -376,7 +374,7 @@ class T5ForConditionalGeneration:
         `on_step(step, new_ids)` is called after each step: the hook for streaming, progress
         and cancel (it may raise `Cancelled`)."""
         options = options or GenerationOptions(max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
-        ids = _as_ids(input_ids, self.device, "t5 generate")
+        ids = token_ids(input_ids, self.device, "t5 generate")
         b = ids.dims()[0]
         state = self.start_decoding(self.encode(ids, attention_mask), attention_mask)
         # One seeded processor per row: row 0 samples exactly as a batch of one would.
@@ -678,36 +676,6 @@ def load_t5(path, device=None, mode: str = "auto") -> T5ForConditionalGeneration
 
 
 # -- helpers --------------------------------------------------------------------------------
-def _as_ids(ids, device, what: str) -> Tensor:
-    if not isinstance(ids, Tensor):
-        array = np.asarray(ids)
-        if array.dtype == object or (array.size and not np.issubdtype(array.dtype, np.integer)):
-            raise ShapeMismatch(f"{what}: expected integer token ids [batch, seq] (rows of equal "
-                                f"length; pad and pass attention_mask), got {array.dtype}")
-        ids = Tensor.from_numpy(array.astype(np.int64), dt.i64, device)
-    if ids.rank == 1:
-        ids = ids.unsqueeze(0)
-    if ids.rank != 2 or ids.dims()[1] == 0 or ids.dtype.is_float:
-        raise ShapeMismatch(f"{what}: expected integer token ids [batch, seq] with seq > 0, got "
-                            f"{ids.dtype.name} {list(ids.shape)}")
-    return ids
-
-
-def _padding_mask(attention_mask, b: int, s: int, device):
-    """1/0 mask [b, s] -> additive [b, 1, 1, s] (None when nothing is masked)."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask.to_numpy() if isinstance(attention_mask, Tensor) else np.asarray(attention_mask)
-    mask = mask.reshape(-1, mask.shape[-1]) if mask.ndim else mask
-    if mask.shape != (b, s):
-        raise ShapeMismatch(f"t5: attention_mask {list(mask.shape)} does not match the input ids "
-                            f"[{b}, {s}]")
-    if mask.all():
-        return None
-    additive = np.where(mask > 0, 0.0, MASKED).astype(np.float32).reshape(b, 1, 1, s)
-    return Tensor.from_numpy(additive, dt.f32, device)
-
-
 __all__ = ["T5Config", "T5ForConditionalGeneration", "T5TextGenerator", "Text2TextResult",
            "GenerationOptions", "relative_position_bucket", "llama_cpp_name",
            "load_t5", "load_t5_safetensors", "load_t5_gguf"]
