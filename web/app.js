@@ -1,6 +1,9 @@
 // candle-web page shell: the tab bar, the runtime status line and the worker client that the
 // views (transcribe, generate, ...) use. Loaded as a module by index.html.
 
+import { setUpGenerate } from "./generate.js";
+import { setUpSimilarity } from "./similarity.js";
+import { setUpText2text } from "./text2text.js";
 import { setUpTranscribe } from "./transcribe.js";
 
 const WORKER_URL = new URL("worker.js", import.meta.url);
@@ -162,6 +165,16 @@ const ready = client.init();
 ready.then(showReady, showStartFailure);
 
 const transcribeView = setUpTranscribe(client, ready);
+const generateView = setUpGenerate(client, ready);
+const text2textView = setUpText2text(client, ready);
+const similarityView = setUpSimilarity(client, ready);
 
-// For the views added later, and for the UI tests.
-window.candleWeb = { client, ready, transcribe: transcribeView.state };
+// For the UI tests and the curious: each view's state.
+window.candleWeb = {
+  client,
+  ready,
+  transcribe: transcribeView.state,
+  generate: generateView.state,
+  text2text: text2textView.state,
+  similarity: similarityView.state,
+};

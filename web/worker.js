@@ -5,15 +5,29 @@
  *   {type: "progress", id, phase, state, ...}  zero or more, while the command runs
  *   {type: "result",   id, ...}                 exactly one on success
  *   {type: "error",    id, error: {name, message, traceback?}}  exactly one on failure
- * Commands: init, eval_twin, models, load, transcribe, cancel (the COMMANDS table below).
- *   models                      -> {models: [{name, description, size}]} (browser Whisper models)
- *   load {model} | {hf_repo, revision}
+ * Commands: init, eval_twin, models, load, transcribe, embed, generate, text2text, cancel
+ * (the COMMANDS table below). `kind` picks the model family and its Python session module
+ * (SESSION_MODULES): whisper (the default), bert, llama, t5.
+ *   models {kind?}              -> {models: [{name, description, size}], hint?} (the registry's
+ *                                  browser models of that kind; hint: how to get one if none)
+ *   load {kind?, model} | {kind?, hf_repo, revision} | {kind, url} (a folder on this origin)
  *       progress {phase: "download", file, loaded, total, cached}, {phase: "verify"},
  *       {phase: "build"} -> {key, cached, downloadedBytes, timingsMs, model: {...}}
  *   transcribe {model, samples: Float32Array (transferred), options, profile?}
  *       progress {phase: "transcribe", event: "language"|"window"|"token"|"segment", data}
  *       -> {text, segments: [{id, start, end, text, tokens}], exports: {txt, srt, vtt, json},
  *           timings: {elapsedMs, rtf, encodeMs, decodeMs, ...}, input: {samples, sha256}}
+ *   embed {model, sentences: [string]}
+ *       -> {vectors: ArrayBuffer (float32 [count, dims], transferred), count, dims, maxTokens,
+ *           tokenCounts, inputTokenCounts, truncated, similarity, elapsedMs}
+ *   generate {model, prompt, chat, options: {maxTokens, temperature, topK, topP, seed,
+ *             repeatPenalty, repeatLastN}}
+ *       progress {phase: "generate", event: "prompt"|"token"|"done", data}
+ *       -> {text, tokenIds, promptIds, renderedPrompt, stopReason, timings: {tokensPerSecond, ...}}
+ *   text2text {model, prompt, options: {maxTokens, temperature, topK, topP, seed}}
+ *       progress {phase: "text2text", event: "token"|"done", data}
+ *       -> {text, tokenIds, inputTokens, fullInputTokens, truncated, maxInputTokens, stopReason,
+ *           timings}
  *
  * Everything is fetched from the serving origin: Pyodide and the wheels from
  * /vendor/pyodide/ (checked by Pyodide against the sha256 in pyodide-lock.json), the
@@ -35,7 +49,12 @@ const PYODIDE_INDEX_URL = new URL("vendor/pyodide/", BASE_URL).href;
 const WHEEL_DIR_URL = new URL("vendor/wheels/", BASE_URL).href;
 const WHEEL_MANIFEST_URL = new URL("manifest.json", WHEEL_DIR_URL).href;
 // Python helpers shipped next to this file and imported by name inside Pyodide.
-const PYTHON_MODULES = ["py/twin_check.py", "py/whisper_session.py"];
+const PYTHON_MODULES = ["py/twin_check.py", "py/whisper_session.py", "py/model_files.py",
+  "py/bert_session.py", "py/llama_session.py", "py/t5_session.py"];
+// Model kind -> the Python module that loads and runs it (each has manifest_json,
+// allocate_file, discard_incoming, build_model and browser_models).
+const SESSION_MODULES = { whisper: "whisper_session", bert: "bert_session", llama: "llama_session", t5: "t5_session" };
+const DEFAULT_KIND = "whisper";
 const PYTHON_MODULE_DIR = "/home/pyodide/candle_web_worker";
 const WHEEL_FS_DIR = "/tmp/candle_web_wheels";
 const TWIN_ARGUMENTS = ["seed", "m", "k", "n", "repeat"];
@@ -324,15 +343,25 @@ function whisperSession() {
   return pyodide.pyimport("whisper_session");
 }
 
+function sessionFor(kind) {
+  const name = SESSION_MODULES[kind ?? DEFAULT_KIND];
+  if (name === undefined) {
+    throw new TypedError("UnsupportedError", `unknown model kind ${JSON.stringify(kind)}; known: ${Object.keys(SESSION_MODULES).join(", ")}`);
+  }
+  return pyodide.pyimport(name);
+}
+
 function callJson(session, name, ...args) {
   return JSON.parse(session[name](...args));
 }
 
 async function handleModels(message) {
   await ensureRuntime(message.id);
-  const session = whisperSession();
+  const session = sessionFor(message.kind);
   try {
-    return { payload: { models: callJson(session, "browser_models") } };
+    const payload = { models: callJson(session, "browser_models") };
+    if (session.how_to_get_a_model !== undefined) payload.hint = session.how_to_get_a_model();
+    return { payload };
   } finally {
     session.destroy();
   }
@@ -473,10 +502,13 @@ async function handleLoad(message) {
   await ensureRuntime(message.id);
   const id = message.id;
   return runPythonJob(id, async () => {
-    const session = whisperSession();
+    const session = sessionFor(message.kind);
     let key = null;
     try {
-      const manifest = callJson(session, "manifest_json", message.model ?? null, message.hf_repo ?? null, message.revision ?? null);
+      const naming = [message.model ?? null, message.hf_repo ?? null, message.revision ?? null];
+      // Whisper loads by registry name or Hub repo; the text models also from a folder URL.
+      if ((message.kind ?? DEFAULT_KIND) !== "whisper") naming.push(message.url ?? null);
+      const manifest = callJson(session, "manifest_json", ...naming);
       key = manifest.key;
       const cache = await openModelCache();
       const timingsMs = {};
@@ -540,6 +572,66 @@ async function handleTranscribe(message) {
   });
 }
 
+// --- text models: embed (BERT), generate (LLaMA), text2text (T5) ------------------------------
+
+async function handleEmbed(message) {
+  await ensureRuntime(message.id);
+  if (!Array.isArray(message.sentences)) {
+    throw new TypedError("FormatError", "embed: `sentences` must be an array of strings");
+  }
+  return runPythonJob(message.id, async () => {
+    const session = sessionFor("bert");
+    let sentences = null;
+    let reply = null;
+    try {
+      sentences = pyodide.toPy(message.sentences);
+      reply = session.embed(message.model, sentences);
+      const vectorsProxy = reply.get(0);
+      let vectors;
+      try {
+        vectors = numpyToArrayBuffer(vectorsProxy);
+      } finally {
+        vectorsProxy.destroy();
+      }
+      const summary = JSON.parse(reply.get(1));
+      return { payload: { ...summary, vectors }, transfer: [vectors] };
+    } finally {
+      if (reply !== null) reply.destroy();
+      if (sentences !== null && sentences.destroy) sentences.destroy();
+      session.destroy();
+    }
+  });
+}
+
+// Runs a streaming text job: Python calls onEvent(kind, json) per event, which becomes a
+// progress message {phase, event, data}; the return value is the final result's JSON.
+async function runStreamingTextJob(message, kind, phase, call) {
+  await ensureRuntime(message.id);
+  const id = message.id;
+  return runPythonJob(id, async () => {
+    const session = sessionFor(kind);
+    let options = null;
+    const onEvent = (event, json) => progress(id, { phase, event, data: JSON.parse(json) });
+    try {
+      options = message.options ? pyodide.toPy(message.options) : null;
+      return { payload: JSON.parse(call(session, options, onEvent)) };
+    } finally {
+      if (options !== null && options.destroy) options.destroy();
+      session.destroy();
+    }
+  });
+}
+
+function handleGenerate(message) {
+  return runStreamingTextJob(message, "llama", "generate",
+    (session, options, onEvent) => session.generate(message.model, message.prompt, message.chat === true, options, onEvent));
+}
+
+function handleText2text(message) {
+  return runStreamingTextJob(message, "t5", "text2text",
+    (session, options, onEvent) => session.text2text(message.model, message.prompt, options, onEvent));
+}
+
 // Cancels a job that has not reached Python yet (the running one is stopped by the page
 // through the shared interrupt slot, since this handler cannot run while Python does).
 async function handleCancel(message) {
@@ -557,6 +649,9 @@ const COMMANDS = {
   models: handleModels,
   load: handleLoad,
   transcribe: handleTranscribe,
+  embed: handleEmbed,
+  generate: handleGenerate,
+  text2text: handleText2text,
   cancel: handleCancel,
 };
 
@@ -575,7 +670,10 @@ function describeError(error) {
     if (error.type === "KeyboardInterrupt") {
       return { name: "Cancelled", message: "cancelled by the page", traceback: error.message };
     }
-    return { name: error.type, message: lastLine, traceback: error.message };
+    // "candle_web.errors.ModelNotFound: text" -> "text": the type is already in `name`.
+    const qualified = /^([\w.]+): ([\s\S]*)$/.exec(lastLine);
+    const message = qualified && qualified[1].split(".").pop() === error.type ? qualified[2] : lastLine;
+    return { name: error.type, message, traceback: error.message };
   }
   return { name: (error && error.name) || "Error", message: String((error && error.message) || error) };
 }

@@ -6,6 +6,8 @@ Serves, on 127.0.0.1 by default:
                     scripts/vendor_pyodide.py)
   /models/M/F       file F of registry model M from the hub's cache, read-only, only once
                     verified, and only for models that may be shipped (never `test-input`)
+  /models/local/N/F file F of a local model folder named N (`--local-model DIR`, N = the
+                    folder's name): for models outside the registry, e.g. a T5 you trained
 
 Every response carries the cross-origin isolation headers (COOP same-origin, COEP
 require-corp, CORP same-origin) so that `crossOriginIsolated` is true in the page: the worker
@@ -36,6 +38,9 @@ DEFAULT_PORT = 8000
 CACHE_ENV_VAR = "CANDLE_WEB_CACHE"
 WEB_ROOT_ENV_VAR = "CANDLE_WEB_ROOT"
 MODELS_URL_PREFIX = "/models/"
+# /models/local/<name>/<file>: the folders given with --local-model (no registry model may be
+# named "local", so the two never collide).
+LOCAL_MODELS_SEGMENT = "local"
 VENDOR_PYODIDE_URL_PREFIX = "/vendor/pyodide/"
 INDEX_FILE = "index.html"
 COPY_CHUNK_BYTES = 1 << 20
@@ -141,6 +146,9 @@ class SiteConfig:
     web_root: Path
     # None: nothing is served under /models/.
     model_files: Optional[RegistryModelFiles] = None
+    # Served under /models/local/<name>/: name -> folder. Tests may add entries while the
+    # server runs (each request reads the mapping).
+    local_models: dict = field(default_factory=dict)
     verbose: bool = False
     extra_headers: dict = field(default_factory=dict)
 
@@ -180,6 +188,12 @@ def resolve_request_path(config: SiteConfig, url_path: str) -> Path:
     segments = _decoded_segments(url_path)
     if not segments:
         segments = [INDEX_FILE]
+    if segments[0] == MODELS_URL_PREFIX.strip("/") and len(segments) >= 4 \
+            and segments[1] == LOCAL_MODELS_SEGMENT:
+        folder = config.local_models.get(segments[2])
+        if folder is None:
+            raise RefusedPath(HTTPStatus.NOT_FOUND, "no such local model folder")
+        return _contained_file(Path(folder), Path(folder).joinpath(*segments[3:]))
     if segments[0] == MODELS_URL_PREFIX.strip("/"):
         if len(segments) < 3 or config.model_files is None:
             raise RefusedPath(HTTPStatus.NOT_FOUND, "no such model file")
@@ -381,11 +395,26 @@ class CandleWebRequestHandler(BaseHTTPRequestHandler):
 
 # --- building and running a server ----------------------------------------------------------
 
+def local_model_map(folders) -> dict:
+    """{name: folder} for --local-model folders: each served as /models/local/<its name>/."""
+    mapping = {}
+    for folder in folders or ():
+        folder = Path(folder).expanduser().resolve()
+        if not folder.is_dir():
+            raise ValueError(f"--local-model {folder}: not a folder")
+        if folder.name in mapping:
+            raise ValueError(f"--local-model: two folders named {folder.name!r} "
+                             f"({mapping[folder.name]} and {folder})")
+        mapping[folder.name] = folder
+    return mapping
+
+
 def make_site_config(web_root: Optional[Path] = None, serve_models: bool = True,
-                     verbose: bool = False) -> SiteConfig:
+                     verbose: bool = False, local_models=()) -> SiteConfig:
     web_root = Path(web_root) if web_root is not None else default_web_root()
     model_files = RegistryModelFiles() if serve_models else None
-    return SiteConfig(web_root=web_root, model_files=model_files, verbose=verbose)
+    return SiteConfig(web_root=web_root, model_files=model_files, verbose=verbose,
+                      local_models=local_model_map(local_models))
 
 
 class QuietThreadingHTTPServer(ThreadingHTTPServer):
@@ -435,10 +464,12 @@ def _warn_if_not_vendored(web_root: Path) -> None:
 
 
 def serve(port: int = DEFAULT_PORT, open_browser: bool = False, host: str = DEFAULT_HOST,
-          web_root: Optional[Path] = None, verbose: bool = True) -> None:
+          web_root: Optional[Path] = None, verbose: bool = True, local_models=()) -> None:
     """Serve until interrupted (Ctrl-C), printing the URL. Model files come from the hub's
-    cache ($CANDLE_WEB_CACHE, default ~/.cache/candle-web)."""
-    site = make_site_config(web_root, verbose=verbose)
+    cache ($CANDLE_WEB_CACHE, default ~/.cache/candle-web) and the local model folders."""
+    site = make_site_config(web_root, verbose=verbose, local_models=local_models)
+    for name, folder in site.local_models.items():
+        print(f"candle-web: {folder} served as /models/local/{name}/", flush=True)
     _warn_if_not_vendored(site.web_root)
     server = make_server(host, port, site)
     url = server_url(server)
@@ -468,6 +499,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help=f"model cache to serve under /models/ (sets ${CACHE_ENV_VAR}; "
                              "default: the hub's cache)")
+    parser.add_argument("--local-model", type=Path, action="append", default=[],
+                        metavar="DIR",
+                        help="also serve model folder DIR under /models/local/<DIR's name>/ "
+                             "(e.g. a T5 for the Text-to-text view); repeatable")
     parser.add_argument("--open", action="store_true", help="open the page in a browser")
     parser.add_argument("--quiet", action="store_true", help="do not log requests")
     args = parser.parse_args(argv)
@@ -477,8 +512,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         # The hub reads the cache location from the environment on every lookup.
         os.environ[CACHE_ENV_VAR] = str(args.cache_dir)
     try:
+        local_model_map(args.local_model)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
         serve(args.port, open_browser=args.open, host=args.host, web_root=args.web_root,
-              verbose=not args.quiet)
+              verbose=not args.quiet, local_models=args.local_model)
     except OSError as error:
         print(f"candle-web serve: cannot listen on {args.host}:{args.port}: {error}",
               file=sys.stderr)

@@ -3,7 +3,7 @@
 - `ui_server_url` (session): `candle-web serve` (the serve module) on a free port, in a
   thread, over the checkout's web/; the vendored runtime is brought up to date first
   (scripts/vendor_pyodide.py: fast when done) and the candle_web wheel rebuilt, so the browser
-  always runs the current sources.
+  always runs the current sources. `ui_site` is its SiteConfig (tests add local model folders).
 - `browser_context` (session): Debian's chromium through Playwright's sync API, launched with
   playwright.config.py's settings and a fresh user-data folder.
 - `network_guard` (session): every request the pages or their workers make goes through a
@@ -159,7 +159,17 @@ def save_screenshot(item) -> None:
 # --- server -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def ui_server_url():
+def ui_site():
+    """The served site's configuration. Tests may serve a model folder outside the registry
+    (e.g. a small T5 they wrote) by adding it: ui_site.local_models[name] = folder, then
+    /models/local/<name>/<file> serves it."""
+    from candle_web.serve import make_site_config
+
+    return make_site_config(REPO_ROOT / "web")
+
+
+@pytest.fixture(scope="session")
+def ui_server_url(ui_site):
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     try:
         vendor_pyodide = _load_by_path("candle_web_vendor_pyodide",
@@ -171,9 +181,9 @@ def ui_server_url():
     except vendor_pyodide.VendorError as error:
         pytest.fail(f"cannot vendor the browser runtime: {error}", pytrace=False)
 
-    from candle_web.serve import make_site_config, start_in_thread
+    from candle_web.serve import start_in_thread
 
-    server, url = start_in_thread(LOOPBACK_HOST, 0, make_site_config(REPO_ROOT / "web"))
+    server, url = start_in_thread(LOOPBACK_HOST, 0, ui_site)
     yield url.rstrip("/")
     server.shutdown()
     server.server_close()

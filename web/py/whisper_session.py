@@ -192,11 +192,12 @@ def loaded_model(key: str):
 class TimedWhisper:
     """The model seen by whisper_decode, timing the encoder and each decoder call.
 
-    transcribe() and WindowDecoder use only config, encode, start_decoding and logits."""
+    transcribe() and WindowDecoder use only config, device, encode, start_decoding and logits."""
 
     def __init__(self, model):
         self._model = model
         self.config = model.config
+        self.device = model.device  # whisper_decode creates its inputs on the model's device
         self.encode_ms = 0.0
         self.decode_ms = 0.0
         self.decoder_calls = 0
@@ -215,10 +216,12 @@ class TimedWhisper:
         finally:
             self.decode_ms += (time.perf_counter() - started) * 1000.0
 
-    def logits(self, tokens, state):
+    def logits(self, tokens, state, positions=None):
         started = time.perf_counter()
         try:
-            return self._model.logits(tokens, state)
+            if positions is None:
+                return self._model.logits(tokens, state)
+            return self._model.logits(tokens, state, positions)  # only the rows decoding reads
         finally:
             self.decode_ms += (time.perf_counter() - started) * 1000.0
             self.decoder_calls += 1

@@ -1,0 +1,208 @@
+// The Generate view: a LLaMA-family model from a GGUF file (SmolLM2-135M-Instruct, Q4_1)
+// writes a continuation of the prompt, or a chat answer (the model's ChatML template), token
+// by token; sampling settings as in Candle's examples; Stop cancels. Started by app.js.
+
+import { JobStatus, describeLoad, fillModelSelect, formatSeconds, loadModel } from "./view_common.js";
+
+const KIND = "llama";
+const MODEL_LABELS = { "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1)" };
+// Each control: its element id, the option name the worker takes, and its valid range.
+// An empty box means "not set" (top-k, top-p: no mask).
+const NUMBER_CONTROLS = [
+  { id: "generate-max-tokens", option: "maxTokens", label: "Max tokens", min: 1, max: 2048, integer: true, required: true },
+  { id: "generate-temperature", option: "temperature", label: "Temperature", min: 0, max: 10, required: true },
+  { id: "generate-top-k", option: "topK", label: "Top-k", min: 1, max: 1_000_000, integer: true },
+  { id: "generate-top-p", option: "topP", label: "Top-p", min: 0, max: 1 },
+  { id: "generate-seed", option: "seed", label: "Seed", min: 0, max: Number.MAX_SAFE_INTEGER, integer: true, required: true },
+  { id: "generate-repeat-penalty", option: "repeatPenalty", label: "Repeat penalty", min: 0.01, max: 10, required: true },
+];
+
+class OptionError extends Error {}
+
+// The sampling options from the form; throws OptionError naming a bad field.
+export function readOptions(doc = document) {
+  const options = {};
+  for (const control of NUMBER_CONTROLS) {
+    const raw = doc.getElementById(control.id).value.trim();
+    if (raw === "") {
+      if (control.required) throw new OptionError(`${control.label} is empty.`);
+      continue;
+    }
+    const value = Number(raw);
+    if (!Number.isFinite(value) || value < control.min || value > control.max || (control.integer && !Number.isInteger(value))) {
+      const kind = control.integer ? "a whole number" : "a number";
+      throw new OptionError(`${control.label} must be ${kind} from ${control.min} to ${control.max}, got “${raw}”.`);
+    }
+    options[control.option] = value;
+  }
+  return options;
+}
+
+export function setUpGenerate(client, ready) {
+  const $ = (id) => document.getElementById(id);
+  const ui = {
+    modelSelect: $("generate-model"),
+    modelNote: $("generate-model-note"),
+    prompt: $("generate-prompt"),
+    chat: $("generate-chat"),
+    button: $("generate-button"),
+    stop: $("generate-stop"),
+    output: $("generate-output"),
+    stats: $("generate-stats"),
+    statTokens: $("generate-stat-tokens"),
+    statSpeed: $("generate-stat-speed"),
+    statPrompt: $("generate-stat-prompt"),
+  };
+  const status = new JobStatus({ job: $("generate-job"), progress: $("generate-progress"), phase: $("generate-phase"), error: $("generate-error") });
+
+  // What the tests (and the curious) can read: window.candleWeb.generate.
+  const state = {
+    runtimeReady: false,
+    busy: false,
+    loadedModel: null,
+    lastLoad: null,
+    lastResult: null,
+    lastError: null,
+    events: [],
+    streamed: { tokens: 0, text: "" }, // the token events of the last run
+    jobId: null,
+    runs: 0,
+  };
+
+  function refreshButtons() {
+    ui.button.disabled = state.busy || !state.runtimeReady;
+    ui.stop.disabled = !state.busy;
+    ui.modelSelect.disabled = state.busy;
+  }
+
+  function track(job) {
+    state.jobId = job.id;
+  }
+
+  async function ensureModel(model) {
+    if (state.loadedModel === model) return;
+    const reply = await loadModel(client, KIND, { model }, status, { label: MODEL_LABELS[model] || model, track, events: state.events });
+    state.lastLoad = reply;
+    state.loadedModel = reply.key;
+    ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).`;
+  }
+
+  function showSpeed(tokens, tokensPerSecond) {
+    ui.statTokens.textContent = String(tokens);
+    ui.statSpeed.textContent = tokensPerSecond > 0 ? `${tokensPerSecond.toFixed(1)} tok/s` : "–";
+    ui.stats.hidden = false;
+  }
+
+  // Progress events of one generation: the prompt pass, then one event per token.
+  function onGenerateProgress(maxTokens) {
+    let firstTokenAt = null;
+    return (message) => {
+      if (message.phase !== "generate") return;
+      const data = message.data;
+      if (message.event === "prompt") {
+        ui.statPrompt.textContent = `${data.n_tokens} tokens in ${formatSeconds(data.seconds)}`;
+        status.set("generating", "Writing…");
+        status.fraction(0);
+      } else if (message.event === "token") {
+        // The last event may carry only held-back text (id null), not a new token.
+        if (data.id !== null) state.streamed.tokens += 1;
+        state.streamed.text += data.text;
+        ui.output.textContent += data.text;
+        const now = performance.now();
+        if (firstTokenAt === null) firstTokenAt = now;
+        // Decode speed: tokens after the first, over the time since the first arrived.
+        const seconds = (now - firstTokenAt) / 1000;
+        showSpeed(state.streamed.tokens, seconds > 0 ? (state.streamed.tokens - 1) / seconds : 0);
+        status.fraction(state.streamed.tokens / maxTokens);
+        status.phase.textContent = `Writing: ${state.streamed.tokens} tokens so far…`;
+      }
+    };
+  }
+
+  const STOP_REASONS = {
+    eos: "the model ended its answer",
+    stop_string: "a stop string",
+    max_tokens: "the token limit",
+    context_length: "the model's context length",
+  };
+
+  async function run() {
+    if (state.busy) return;
+    status.clearError();
+    const prompt = ui.prompt.value;
+    if (prompt.trim() === "") {
+      status.showError("Type a prompt first: a question (chat) or a text to continue.");
+      ui.prompt.focus();
+      return;
+    }
+    let options;
+    try {
+      options = readOptions();
+    } catch (error) {
+      if (!(error instanceof OptionError)) throw error;
+      status.showError(error.message);
+      return;
+    }
+    const model = ui.modelSelect.value;
+    const chat = ui.chat.checked;
+    state.busy = true;
+    state.lastError = null;
+    state.events = [];
+    state.streamed = { tokens: 0, text: "" };
+    ui.output.textContent = "";
+    ui.stats.hidden = true;
+    ui.statPrompt.textContent = "–";
+    refreshButtons();
+    try {
+      await ensureModel(model);
+      status.set("running", "Reading the prompt…");
+      status.fraction(null);
+      const job = client.start("generate", { model, prompt, chat, options }, { onProgress: onGenerateProgress(options.maxTokens) });
+      track(job);
+      const result = await job.result;
+      state.lastResult = { ...result, model, prompt, chat, options };
+      state.runs += 1;
+      ui.output.textContent = result.text; // the final text (a held-back stop string removed)
+      showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
+      status.fraction(1);
+      status.set("done", `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.`);
+    } catch (error) {
+      state.lastError = { name: error.name, message: error.message };
+      if (error.name === "Cancelled") {
+        status.set("cancelled", `Stopped after ${state.streamed.tokens} tokens.`);
+      } else {
+        status.set("error", "Stopped by an error.");
+        status.showError(`${error.name}: ${error.message}`);
+        console.error(error.traceback || error);
+      }
+    } finally {
+      state.busy = false;
+      state.jobId = null;
+      refreshButtons();
+    }
+  }
+
+  async function stop() {
+    if (state.jobId === null) return;
+    status.phase.textContent = "Stopping…";
+    await client.cancel(state.jobId);
+  }
+
+  ui.button.addEventListener("click", run);
+  ui.stop.addEventListener("click", stop);
+  ui.prompt.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      run();
+    }
+  });
+  ready.then(() => {
+    state.runtimeReady = true;
+    refreshButtons();
+    return fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS).catch((error) => console.warn("model list unavailable:", error));
+  }, (error) => {
+    status.showError(`The Python runtime failed to start, so nothing can be generated: ${error.message}`);
+  });
+  refreshButtons();
+  return { state, run, stop };
+}

@@ -1,0 +1,249 @@
+// The Text-to-text view: a T5 (encoder-decoder) turns the input, with a task prefix such as
+// "translate English to German: ", into an output streamed token by token. The model comes
+// from the registry, a Hub repository at a revision (online), or a folder this server serves
+// (`candle-web serve --local-model DIR`): no T5 weights exist offline, so when none is at hand
+// the view says how to get one instead of failing. Started by app.js.
+
+import { JobStatus, describeLoad, fillModelSelect, formatSeconds, loadModel } from "./view_common.js";
+
+const KIND = "t5";
+const SOURCE_HUB = "hub";
+const SOURCE_FOLDER = "url";
+const MAX_TOKENS_LIMIT = 512; // web/py/t5_session.py refuses more
+// What a Hub download failure means here, besides the worker's own message.
+const OFFLINE_ERRORS = new Set(["NetworkError", "ModelNotFound"]);
+
+// Shows `text` in `element`, with the `backquoted` parts (commands, paths) as <code>.
+function showWithCode(element, text) {
+  element.replaceChildren();
+  text.split("`").forEach((part, index) => {
+    if (index % 2 === 1) {
+      const code = document.createElement("code");
+      code.textContent = part;
+      element.append(code);
+    } else {
+      element.append(part);
+    }
+  });
+}
+
+export function setUpText2text(client, ready) {
+  const $ = (id) => document.getElementById(id);
+  const ui = {
+    source: $("t2t-source"),
+    hubFields: $("t2t-hub-fields"),
+    repo: $("t2t-repo"),
+    revision: $("t2t-revision"),
+    folderFields: $("t2t-folder-fields"),
+    folder: $("t2t-folder"),
+    hint: $("t2t-hint"),
+    modelNote: $("t2t-model-note"),
+    task: $("t2t-task"),
+    input: $("t2t-input"),
+    maxTokens: $("t2t-max-tokens"),
+    button: $("t2t-button"),
+    stop: $("t2t-stop"),
+    notice: $("t2t-notice"),
+    output: $("t2t-output"),
+    stats: $("t2t-stats"),
+    statInput: $("t2t-stat-input"),
+    statSpeed: $("t2t-stat-speed"),
+  };
+  const status = new JobStatus({ job: $("t2t-job"), progress: $("t2t-progress"), phase: $("t2t-phase"), error: $("t2t-error") });
+
+  // What the tests (and the curious) can read: window.candleWeb.text2text.
+  const state = {
+    runtimeReady: false,
+    busy: false,
+    loadedSource: null, // identity of the loaded model's source (see sourceFields)
+    loadedKey: null,
+    lastLoad: null,
+    lastResult: null,
+    lastError: null,
+    events: [],
+    streamed: { tokens: 0, text: "" },
+    jobId: null,
+    runs: 0,
+    hint: null, // how to get a T5, from the worker
+    registryModels: [],
+  };
+
+  function refreshButtons() {
+    ui.button.disabled = state.busy || !state.runtimeReady;
+    ui.stop.disabled = !state.busy;
+    ui.source.disabled = state.busy;
+  }
+
+  function showSourceFields() {
+    ui.hubFields.hidden = ui.source.value !== SOURCE_HUB;
+    ui.folderFields.hidden = ui.source.value !== SOURCE_FOLDER;
+  }
+
+  // {fields for the worker's load, label} of the chosen source; throws with a message to show.
+  function sourceFields() {
+    if (ui.source.value === SOURCE_HUB) {
+      const repo = ui.repo.value.trim();
+      const revision = ui.revision.value.trim();
+      if (!repo || !revision) throw new Error("Give the Hub repository (owner/name) and its revision (a 40-character commit hash).");
+      return { fields: { hf_repo: repo, revision }, label: `${repo}@${revision.slice(0, 12)}` };
+    }
+    if (ui.source.value === SOURCE_FOLDER) {
+      let folder = ui.folder.value.trim().replace(/^\/+/, "");
+      if (!folder) throw new Error("Give the folder on this server, e.g. models/local/my-t5/.");
+      if (!folder.endsWith("/")) folder += "/";
+      return { fields: { url: folder }, label: folder };
+    }
+    return { fields: { model: ui.source.value }, label: ui.source.value };
+  }
+
+  function track(job) {
+    state.jobId = job.id;
+  }
+
+  async function ensureModel({ fields, label }) {
+    const identity = JSON.stringify(fields);
+    if (state.loadedSource === identity) return state.loadedKey;
+    const reply = await loadModel(client, KIND, fields, status, { label, track, events: state.events });
+    state.lastLoad = reply;
+    state.loadedSource = identity;
+    state.loadedKey = reply.key;
+    const m = reply.model;
+    ui.modelNote.textContent = `${label} loaded: T5 with ${m.encoderLayers}+${m.decoderLayers} layers, d_model ${m.dModel}${m.gated ? ", gated FF (v1.1)" : ""} (${describeLoad(reply)}).`;
+    return reply.key;
+  }
+
+  function showNotice(result) {
+    if (!result.truncated) {
+      ui.notice.hidden = true;
+      ui.notice.textContent = "";
+      return;
+    }
+    ui.notice.textContent = `Truncated: the input has ${result.fullInputTokens} tokens; only the first ${result.inputTokens} (the model's limit of ${result.maxInputTokens}) were used.`;
+    ui.notice.hidden = false;
+  }
+
+  function onProgress(maxTokens) {
+    return (message) => {
+      if (message.phase !== "text2text" || message.event !== "token") return;
+      const data = message.data;
+      if (data.id !== null) state.streamed.tokens += 1;
+      state.streamed.text += data.text;
+      ui.output.textContent += data.text;
+      status.fraction(state.streamed.tokens / maxTokens);
+      status.phase.textContent = `Writing: ${state.streamed.tokens} tokens so far…`;
+    };
+  }
+
+  function readMaxTokens() {
+    const value = Number(ui.maxTokens.value);
+    if (!Number.isInteger(value) || value < 1 || value > MAX_TOKENS_LIMIT) {
+      throw new Error(`Max tokens must be a whole number from 1 to ${MAX_TOKENS_LIMIT}, got “${ui.maxTokens.value}”.`);
+    }
+    return value;
+  }
+
+  async function run() {
+    if (state.busy) return;
+    status.clearError();
+    const text = ui.input.value;
+    if (text.trim() === "") {
+      status.showError("Type a text first: it is sent with the task prefix chosen above.");
+      ui.input.focus();
+      return;
+    }
+    let source;
+    let maxTokens;
+    try {
+      source = sourceFields();
+      maxTokens = readMaxTokens();
+    } catch (error) {
+      status.showError(error.message);
+      return;
+    }
+    const prompt = ui.task.value + text.trim();
+    state.busy = true;
+    state.lastError = null;
+    state.events = [];
+    state.streamed = { tokens: 0, text: "" };
+    ui.output.textContent = "";
+    ui.stats.hidden = true;
+    refreshButtons();
+    try {
+      const model = await ensureModel(source);
+      status.set("running", "Encoding the input…");
+      status.fraction(null);
+      const job = client.start("text2text", { model, prompt, options: { maxTokens } }, { onProgress: onProgress(maxTokens) });
+      track(job);
+      const result = await job.result;
+      state.lastResult = { ...result, model, prompt };
+      state.runs += 1;
+      ui.output.textContent = result.text;
+      showNotice(result);
+      ui.statInput.textContent = `${result.inputTokens} tokens`;
+      ui.statSpeed.textContent = `${result.timings.tokensPerSecond.toFixed(1)} tok/s`;
+      ui.stats.hidden = false;
+      status.fraction(1);
+      status.set("done", `Done: ${result.tokenIds.length} tokens in ${formatSeconds(result.timings.elapsedMs / 1000)}.`);
+    } catch (error) {
+      state.lastError = { name: error.name, message: error.message };
+      if (error.name === "Cancelled") {
+        status.set("cancelled", `Stopped after ${state.streamed.tokens} tokens.`);
+      } else {
+        status.set("error", "Stopped by an error.");
+        let help = "";
+        if (OFFLINE_ERRORS.has(error.name) && state.hint) {
+          help = ui.hint.hidden ? `\n${state.hint.replaceAll("`", "")}` : "\nThe note above says how to get a T5 here.";
+        }
+        status.showError(`${error.name}: ${error.message}${help}`);
+        console.error(error.traceback || error);
+      }
+    } finally {
+      state.busy = false;
+      state.jobId = null;
+      refreshButtons();
+    }
+  }
+
+  async function stop() {
+    if (state.jobId === null) return;
+    status.phase.textContent = "Stopping…";
+    await client.cancel(state.jobId);
+  }
+
+  async function showModels() {
+    const reply = await fillModelSelect(client, KIND, ui.source);
+    state.registryModels = reply.models.map((model) => model.name);
+    state.hint = reply.hint || null;
+    // The registry's models come first; the default is the first one, else the folder.
+    for (const name of [...state.registryModels].reverse()) {
+      ui.source.prepend(ui.source.querySelector(`option[value="${CSS.escape(name)}"]`));
+    }
+    if (state.registryModels.length > 0) {
+      ui.source.value = state.registryModels[0];
+    } else {
+      showWithCode(ui.hint, state.hint);
+      ui.hint.hidden = false;
+    }
+    showSourceFields();
+  }
+
+  ui.source.addEventListener("change", showSourceFields);
+  ui.button.addEventListener("click", run);
+  ui.stop.addEventListener("click", stop);
+  ui.input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      run();
+    }
+  });
+  showSourceFields();
+  ready.then(() => {
+    state.runtimeReady = true;
+    refreshButtons();
+    return showModels().catch((error) => console.warn("model list unavailable:", error));
+  }, (error) => {
+    status.showError(`The Python runtime failed to start, so nothing can be generated: ${error.message}`);
+  });
+  refreshButtons();
+  return { state, run, stop };
+}
