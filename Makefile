@@ -62,8 +62,9 @@ demo: $(STAMP_DEV) models web
 	  $(PY) -m candle_web.cli transcribe "$$speech/sense_and_sensibility_01_austen_64kb-0870.wav"
 	$(PY) -m candle_web.cli serve --port $(DEMO_PORT)
 
-bench: $(STAMP_DEV) models
-	@for f in bench/*.py; do [ -f "$$f" ] && $(PY) "$$f"; done
+# Side-by-side benchmarks, one process per workload; the GPU one only where CUDA is present.
+bench: $(STAMP_DEV) models web
+	$(PY) bench/run_all.py
 
 clean-venv:
 	rm -rf $(VENV)
