@@ -1,12 +1,14 @@
-"""Whisper transcription, candle-web next to openai-whisper (PyTorch CPU), in one process.
+"""Whisper transcription: candle-web (numpy and numba backends) next to openai-whisper (PyTorch
+CPU), all in one process, interleaved clip by clip so that machine load hits every engine alike.
 
     .venv/bin/python bench/whisper.py [--model whisper-tiny.en] [--threads 2] [--repeat 1]
+                                      [--backends numpy,numba] [--no-torch]
 
-For each LibriVox clip: end-to-end greedy transcription time (temperature 0, as the tests),
-encoder ms per 30 s window and decoder ms per token, for each engine, then the ratio
-candle-web / PyTorch (below 1 = candle-web faster). Both engines run the same weights with the
-same thread count; the CPU backend is whatever `Device.cpu()` picks (CANDLE_WEB_BACKEND=numpy
-or numba to choose).
+For each LibriVox clip and engine: end-to-end greedy transcription time (temperature 0, as the
+tests), encoder ms per 30 s window and decoder ms per token (the first window's greedy decode
+from precomputed audio features, so the encoder is not counted), then each candle-web backend's
+ratio to PyTorch (below 1 = candle-web faster). `--threads` sets BLAS, OpenMP, numba and torch
+threads alike before any of them is imported.
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+# This file is named whisper.py: drop its folder from the path, or `import whisper` (the
+# openai-whisper package) would import this script instead.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
 sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO / "tests" / "reference")]
+
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                    "NUMBA_NUM_THREADS")
 
 
 def _median(values):
@@ -26,92 +35,171 @@ def _median(values):
     return values[len(values) // 2]
 
 
-def bench_candle(model, tokenizer, samples, repeat):
-    from candle_web import Tensor, audio
-    from candle_web.models.whisper_decode import (DecodingOptions, TranscribeOptions,
-                                                  WhisperTokenizer, WindowDecoder, transcribe)
+class CandleEngine:
+    def __init__(self, backend: str, model_name: str):
+        from candle_web import Device
+        from candle_web.pipelines import load_whisper
 
+        self.name = f"cw-{backend}"
+        started = time.perf_counter()
+        self.model, self.tokenizer = load_whisper(model_name, device=Device.cpu(backend=backend))
+        self.load_s = time.perf_counter() - started
+
+    def transcribe(self, samples):
+        from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+
+        language = "en" if self.model.config.is_multilingual else None
+        return transcribe(self.model, self.tokenizer, samples,
+                          TranscribeOptions(temperatures=(0.0,), language=language)).text
+
+    def encode(self, mel):
+        from candle_web import Tensor
+
+        return self.model.encode(Tensor.from_numpy(mel[None], device=self.model.device))
+
+    def decode(self, features):
+        """Greedy-decode one window from its features; returns the number of tokens sampled."""
+        from candle_web.models.whisper_decode import DecodingOptions, WhisperTokenizer, WindowDecoder
+
+        multilingual = self.model.config.is_multilingual
+        tk = WhisperTokenizer(self.tokenizer, multilingual, "en" if multilingual else None)
+        return len(WindowDecoder(self.model, tk, DecodingOptions()).run(features).tokens)
+
+
+class TorchEngine:
+    name = "torch"
+
+    def __init__(self, model_name: str):
+        import record_whisper as reference
+        from candle_web import hub
+
+        started = time.perf_counter()
+        self.model = reference.load_openai_model(hub.fetch(model_name, "model.bin"))
+        self.load_s = time.perf_counter() - started
+
+    def transcribe(self, samples):
+        import torch
+
+        with torch.no_grad():
+            return self.model.transcribe(torch.from_numpy(samples), temperature=0.0, fp16=False,
+                                         language="en", verbose=None)["text"]
+
+    def encode(self, mel):
+        import torch
+
+        with torch.no_grad():
+            return self.model.embed_audio(torch.from_numpy(mel)[None])
+
+    def decode(self, features):
+        import torch
+        import whisper
+
+        # Features of shape [1500, d] make whisper.decode skip its encoder.
+        with torch.no_grad():
+            result = whisper.decode(self.model, features[0],
+                                    whisper.DecodingOptions(temperature=0.0, fp16=False, language="en"))
+        return len(result.tokens)
+
+
+def measure(engine, samples, mel, repeat):
+    """(total s, encoder s, decoder s per token, text): medians over `repeat` runs."""
     totals, encoders, per_token = [], [], []
+    text = ""
     for _ in range(repeat):
         started = time.perf_counter()
-        result = transcribe(model, tokenizer, samples, TranscribeOptions(temperatures=(0.0,),
-                                                                         language="en" if model.config.is_multilingual else None))
+        text = engine.transcribe(samples)
         totals.append(time.perf_counter() - started)
-        mel = audio.pad_or_trim(audio.log_mel_spectrogram(samples, model.config.n_mels), audio.N_FRAMES)
         started = time.perf_counter()
-        features = model.encode(Tensor.from_numpy(mel[None]))
+        features = engine.encode(mel)
         encoders.append(time.perf_counter() - started)
-        tk = WhisperTokenizer(tokenizer, model.config.is_multilingual, "en" if model.config.is_multilingual else None)
         started = time.perf_counter()
-        decoded = WindowDecoder(model, tk, DecodingOptions()).run(features)
-        per_token.append((time.perf_counter() - started) / max(len(decoded.tokens) + 1, 1))
-    return _median(totals), _median(encoders), _median(per_token), result.text
-
-
-def bench_torch(model, samples, repeat):
-    import torch
-    import whisper
-
-    audio_t = torch.from_numpy(samples)
-    totals, encoders, per_token = [], [], []
-    with torch.no_grad():
-        for _ in range(repeat):
-            started = time.perf_counter()
-            result = model.transcribe(audio_t, temperature=0.0, fp16=False, language="en", verbose=None)
-            totals.append(time.perf_counter() - started)
-            mel = whisper.pad_or_trim(whisper.log_mel_spectrogram(audio_t, model.dims.n_mels), whisper.audio.N_FRAMES)
-            started = time.perf_counter()
-            model.embed_audio(mel[None])
-            encoders.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            decoded = whisper.decode(model, mel, whisper.DecodingOptions(temperature=0.0, fp16=False, language="en"))
-            per_token.append((time.perf_counter() - started) / max(len(decoded.tokens) + 1, 1))
-    return _median(totals), _median(encoders), _median(per_token), result["text"]
+        n_tokens = engine.decode(features)
+        # +1: the step that sampled the end-of-text token
+        per_token.append((time.perf_counter() - started) / (n_tokens + 1))
+    return _median(totals), _median(encoders), _median(per_token), text
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="whisper-tiny.en")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--backends", default="numpy,numba",
+                        help="comma-separated candle-web CPU backends")
+    parser.add_argument("--no-torch", action="store_true", help="skip openai-whisper")
+    parser.add_argument("--clips", type=int, default=None, help="only the first N clips")
     args = parser.parse_args(argv)
+    for variable in THREAD_VARIABLES:
+        os.environ[variable] = str(args.threads)
 
-    import torch
+    import numpy as np
 
-    torch.set_num_threads(args.threads)
     import record_whisper as reference
-    from candle_web import Device, hub
-    from candle_web.pipelines import load_whisper
+    from candle_web import audio, hub
 
-    started = time.perf_counter()
-    model, tokenizer = load_whisper(args.model)
-    candle_load = time.perf_counter() - started
-    started = time.perf_counter()
-    torch_model = reference.load_openai_model(hub.fetch(args.model, "model.bin"))
-    torch_load = time.perf_counter() - started
+    engines = [CandleEngine(b.strip(), args.model) for b in args.backends.split(",") if b.strip()]
+    torch_version = "skipped"
+    if not args.no_torch:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        torch_version = torch.__version__
+        engines.append(TorchEngine(args.model))
     clips = {k: v for k, v in reference.speech_clips(hub.cache_dir() / "testdata" / "speech").items()
              if k.startswith("librivox/")}
-    backend = Device.cpu().backend.name
-    print(f"model {args.model}; candle-web backend {backend}; torch {torch.__version__} with "
-          f"{args.threads} threads; load: candle-web {candle_load:.2f} s, torch {torch_load:.2f} s")
-    header = (f"{'clip':10} {'audio s':>7} | {'cw total':>8} {'cw enc ms':>9} {'cw ms/tok':>9} | "
-              f"{'pt total':>8} {'pt enc ms':>9} {'pt ms/tok':>9} | {'total x':>7} {'enc x':>6} {'tok x':>6}")
+    if args.clips:
+        clips = dict(list(clips.items())[:args.clips])
+    n_mels = engines[0].model.config.n_mels if hasattr(engines[0], "model") else 80
+    mels = {name: audio.pad_or_trim(audio.log_mel_spectrogram(s, n_mels), audio.N_FRAMES).astype(np.float32)
+            for name, s in clips.items()}
+
+    # Warm-up (numba compiles or loads its kernel cache; torch allocates), untimed.
+    first = next(iter(clips))
+    for engine in engines:
+        engine.decode(engine.encode(mels[first]))
+
+    print(f"model {args.model}; {args.threads} threads (BLAS/OpenMP/numba/torch); torch "
+          f"{torch_version}; load s: " + ", ".join(f"{e.name} {e.load_s:.2f}" for e in engines))
+    columns = "".join(f" | {e.name + ' total':>14} {'enc ms':>7} {'ms/tok':>6}" for e in engines)
+    has_torch = engines[-1].name == "torch"
+    ratio_columns = "".join(f" | {e.name + ' x pt: total':>20} {'enc':>5} {'tok':>5}"
+                            for e in engines if has_torch and e.name != "torch")
+    header = f"{'clip':10} {'audio s':>7}{columns}{ratio_columns}"
     print(header)
     print("-" * len(header))
-    sums = [0.0, 0.0, 0.0]
+    results = {e.name: [] for e in engines}
+    audio_seconds = 0.0
     for name, samples in clips.items():
-        c_total, c_enc, c_tok, c_text = bench_candle(model, tokenizer, samples, args.repeat)
-        t_total, t_enc, t_tok, t_text = bench_torch(torch_model, samples, args.repeat)
-        duration = len(samples) / 16000
-        sums[0] += duration
-        sums[1] += c_total
-        sums[2] += t_total
-        same = "" if c_text.strip() == t_text.strip() else "  (texts differ!)"
-        print(f"{name[-9:]:10} {duration:7.2f} | {c_total:8.2f} {c_enc * 1e3:9.0f} {c_tok * 1e3:9.1f} | "
-              f"{t_total:8.2f} {t_enc * 1e3:9.0f} {t_tok * 1e3:9.1f} | {c_total / t_total:7.2f} "
-              f"{c_enc / t_enc:6.2f} {c_tok / t_tok:6.2f}{same}")
-    print(f"all clips: {sums[0]:.1f} s audio; candle-web {sums[1]:.2f} s (RTF {sums[1] / sums[0]:.3f}), "
-          f"PyTorch {sums[2]:.2f} s (RTF {sums[2] / sums[0]:.3f}); ratio {sums[1] / sums[2]:.2f}")
+        duration = len(samples) / audio.SAMPLE_RATE
+        audio_seconds += duration
+        row = {e.name: measure(e, samples, mels[name], args.repeat) for e in engines}
+        for engine_name, figures in row.items():
+            results[engine_name].append(figures)
+        line = f"{name.split('/')[-1][:10]:10} {duration:7.2f}"
+        for e in engines:
+            total, enc, tok, _ = row[e.name]
+            line += f" | {total:14.2f} {enc * 1e3:7.0f} {tok * 1e3:6.1f}"
+        if has_torch:
+            t_total, t_enc, t_tok, t_text = row["torch"]
+            for e in engines[:-1]:
+                total, enc, tok, text = row[e.name]
+                same = "" if text.strip() == t_text.strip() else " (text differs!)"
+                line += f" | {total / t_total:20.2f} {enc / t_enc:5.2f} {tok / t_tok:5.2f}{same}"
+        print(line)
+    print("-" * len(header))
+    totals = {n: sum(r[0] for r in rows) for n, rows in results.items()}
+    for engine_name, rows in results.items():
+        summary = (f"{engine_name:10} all clips ({audio_seconds:.1f} s audio): total {totals[engine_name]:.2f} s, "
+                   f"RTF {totals[engine_name] / audio_seconds:.3f}, median encoder "
+                   f"{_median([r[1] for r in rows]) * 1e3:.0f} ms, median decoder "
+                   f"{_median([r[2] for r in rows]) * 1e3:.1f} ms/token")
+        if has_torch and engine_name != "torch":
+            t_rows = results["torch"]
+            summary += (f"; x PyTorch: total {totals[engine_name] / totals['torch']:.2f}, encoder "
+                        f"{_median([r[1] / t[1] for r, t in zip(rows, t_rows)]):.2f}, decoder step "
+                        f"{_median([r[2] / t[2] for r, t in zip(rows, t_rows)]):.2f} "
+                        f"(PyTorch step {_median([t[2] / r[2] for r, t in zip(rows, t_rows)]):.2f}x slower)")
+        print(summary)
     return 0
 
 

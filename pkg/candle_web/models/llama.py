@@ -26,6 +26,11 @@ rotated pairs are adjacent (the original Meta layout), so GGUF weights use inter
 (`rope_i`); HF checkpoints rotate the two halves of each head (`rope`). Weights are never
 shuffled at load; `LlamaConfig.rope_interleaved` records which layout the checkpoint uses.
 
+Decode steps (batch 1, one new token) go to the backend's fused decoder when it has one
+(`fused_llama_decoder`, the numba backend: one machine-code call per block, see
+native/candle_native/llama_decoder.py); the result is the same up to f32 summation order.
+Prompts, batches and other backends take the tensor path below.
+
 Grouped-query attention without repeating K/V: the h query heads are grouped as
 [n_kv, n_rep], so q [b, h, t, hd] is viewed as [b, n_kv, n_rep * t, hd] and attends to the
 n_kv cached heads directly; the causal mask is tiled n_rep times along its rows.
@@ -45,7 +50,6 @@ from .. import dtype as dt
 from ..device import Device
 from ..errors import FormatError, IndexOutOfRange, ModelNotFound, ShapeMismatch, UnsupportedError
 from ..nn import ops
-from ..nn.kv_cache import KvCache
 from ..nn.layers import RmsNorm
 from ..nn.rotary import rope, rope_frequencies, rope_i
 from ..quantized.qmatmul import QMatMul
@@ -246,6 +250,9 @@ def _gguf_rope_scaling(gguf, arch: str):
                            "supported; supported: linear (and llama3 via rope_freqs.weight)")
 
 
+_NOT_BUILT = object()  # Llama._fused_decoder before the backend was asked
+
+
 # -- modules in forward order -------------------------------------------------------------
 class TokenEmbedding:
     """Rows of the [vocab, d] table; from f32 (shared with a dequantized tied head) or
@@ -293,6 +300,48 @@ class RotaryEmbedding:
         return self.cos.narrow(0, start, length), self.sin.narrow(0, start, length)
 
 
+class LayerKvCache:
+    """One block's keys and values: [b, n_kv, capacity, head_dim] buffers filled up to
+    `length`, doubled when full. Unlike nn.KvCache the buffers are open to a backend's fused
+    decode step, which writes position `length` in place (see Llama._fused_forward)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.keys = self.values = None
+        self.length = 0
+
+    def reserve(self, extra: int, batch: int, n_kv: int, head_dim: int, xp, dtype) -> None:
+        """Room for `extra` more positions in [batch, n_kv, -, head_dim] buffers of `xp`."""
+        if self.keys is not None and (self.keys.shape[:2] + self.keys.shape[3:]
+                                      != (batch, n_kv, head_dim) or self.keys.dtype != dtype):
+            raise ShapeMismatch(f"llama kv cache: got keys [{batch}, {n_kv}, -, {head_dim}] "
+                                f"{dtype}, the cache holds {list(self.keys.shape)} "
+                                f"{self.keys.dtype} (call clear_kv_cache to restart)")
+        needed = self.length + extra
+        if self.keys is not None and needed <= self.keys.shape[2]:
+            return
+        size = max(needed, self.capacity, 0 if self.keys is None else 2 * self.keys.shape[2])
+        grown = [xp.empty((batch, n_kv, size, head_dim), dtype=dtype) for _ in range(2)]
+        if self.keys is not None:
+            grown[0][:, :, :self.length] = self.keys[:, :, :self.length]
+            grown[1][:, :, :self.length] = self.values[:, :, :self.length]
+        self.keys, self.values = grown
+
+    def append(self, k: Tensor, v: Tensor):
+        """Add k, v [b, n_kv, t, hd]; returns every cached position's (k, v) so far."""
+        if k.dims() != v.dims():
+            raise ShapeMismatch(f"llama kv cache: k {list(k.shape)} and v {list(v.shape)} "
+                                "differ")
+        b, n_kv, t, head_dim = k.dims()
+        self.reserve(t, b, n_kv, head_dim, k.device.backend.xp, k._data.dtype)
+        end = self.length + t
+        self.keys[:, :, self.length:end] = k._data
+        self.values[:, :, self.length:end] = v._data
+        self.length = end
+        return (Tensor._wrap(self.keys[:, :, :end], k.dtype, k.device),
+                Tensor._wrap(self.values[:, :, :end], v.dtype, v.device))
+
+
 class Attention:
     def __init__(self, cfg: LlamaConfig, qkv: QMatMul, out: QMatMul):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -300,7 +349,7 @@ class Attention:
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.qkv, self.out = qkv, out
 
-    def __call__(self, x: Tensor, rotary: RotaryEmbedding, cos, sin, cache: KvCache,
+    def __call__(self, x: Tensor, rotary: RotaryEmbedding, cos, sin, cache: LayerKvCache,
                  mask) -> Tensor:
         b, t, _ = x.dims()
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
@@ -351,16 +400,20 @@ class Llama:
         self.device = Device.parse(device)
         self.rotary = RotaryEmbedding(cfg, self.device)
         self.chat_template = chat_template
+        # Whether single-token steps may use the backend's fused decoder (when it has one);
+        # False forces the generic tensor path (for comparisons).
+        self.use_fused_decode = True
+        self._fused_decoder = _NOT_BUILT
         self.clear_kv_cache()
 
     def clear_kv_cache(self, capacity: int = None) -> None:
         """Forget the sequence; preallocate `capacity` positions (the cache doubles beyond)."""
         capacity = capacity or DEFAULT_CACHE_CAPACITY
-        self.caches = [KvCache(dim=2, initial_capacity=capacity) for _ in self.blocks]
+        self.caches = [LayerKvCache(capacity) for _ in self.blocks]
 
     @property
     def seq_len(self) -> int:
-        return self.caches[0].current_seq_len()
+        return self.caches[0].length
 
     def forward(self, ids, index_pos: int = None, all_logits: bool = False) -> Tensor:
         """ids [b, t] (new tokens; a list, numpy array or integer Tensor) at positions
@@ -374,6 +427,10 @@ class Llama:
             raise ShapeMismatch(f"llama forward: index_pos {index_pos} but the KV cache holds "
                                 f"{self.seq_len} positions (call clear_kv_cache to restart)")
         x = self.embed(ids)  # [b, t, d]
+        if b == 1 and t == 1 and not all_logits and self.use_fused_decode:
+            decoder = self._fused_decoder_for_backend()
+            if decoder is not None:
+                return self._fused_forward(decoder, x, index_pos)
         cos, sin = self.rotary.tables(index_pos, t)
         mask = self._mask(t, index_pos)
         for block, cache in zip(self.blocks, self.caches):
@@ -384,6 +441,29 @@ class Llama:
         return logits if all_logits else logits.squeeze(1)
 
     __call__ = forward
+
+    def _fused_decoder_for_backend(self):
+        """The backend's whole-step decoder for this model (built once), or None when the
+        backend has none (numpy, cupy) or it cannot take these weights."""
+        if self._fused_decoder is _NOT_BUILT:
+            factory = getattr(self.device.backend, "fused_llama_decoder", None)
+            self._fused_decoder = factory(self) if factory is not None else None
+        return self._fused_decoder
+
+    def _fused_forward(self, decoder, x: Tensor, index_pos: int) -> Tensor:
+        """One token through the fused decoder: it writes each block's new key/value at
+        position index_pos of the shared caches and returns the logits."""
+        cfg, xp = self.config, self.device.backend.xp
+        buffers = []
+        for cache in self.caches:
+            cache.reserve(1, 1, cfg.num_kv_heads, cfg.head_dim, xp, x._data.dtype)
+            buffers.append((cache.keys[0], cache.values[0]))  # [n_kv, capacity, head_dim]
+        self.rotary.tables(index_pos, 1)  # grows the tables to cover index_pos
+        logits = decoder(x._data.reshape(-1), index_pos, buffers, self.rotary.cos._data,
+                         self.rotary.sin._data)
+        for cache in self.caches:
+            cache.length += 1
+        return Tensor._wrap(logits.reshape(1, -1), dt.f32, self.device)
 
     def _mask(self, t: int, index_pos: int):
         """Causal additive mask [n_rep * t, index_pos + t] for the grouped queries; none

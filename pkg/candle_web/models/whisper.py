@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import dtype as dt
+from ..autograd import is_tracking
 from ..errors import FormatError, ShapeMismatch
 from ..nn import ops
 from ..nn.kv_cache import KvCache
@@ -162,15 +163,28 @@ class DecoderState:
     def __init__(self, cross_kv: list, n_layers: int):
         self.cross_kv = cross_kv  # per layer (k, v), [b, h, 1500, dh]
         self.caches = [KvCache(dim=2) for _ in range(n_layers)]
+        # The backend's fused decode step keeps its own caches once it has taken over (see
+        # TextDecoder.__call__); `caches` are then stale until handed back.
+        self.fused_run = None
 
     @property
     def offset(self) -> int:
+        if self.fused_run is not None:
+            return self.fused_run.length
         return self.caches[0].current_seq_len()
 
     def reorder(self, indices) -> None:
         """Keep batch rows `indices` (beam search): caches and cross K/V follow their beams."""
         device = self.cross_kv[0][0].device
         ids = Tensor.from_numpy(np.asarray(indices, dtype=np.int64), device=device)
+        if self.fused_run is not None:
+            same_rows = len(indices) == self.cross_kv[0][0].dims()[0]
+            if not same_rows:
+                self.cross_kv = [(k.index_select(ids, 0).contiguous(), v.index_select(ids, 0).contiguous())
+                                 for k, v in self.cross_kv]
+            self.fused_run.reorder(indices, None if same_rows else
+                                   [(k.storage_numpy(), v.storage_numpy()) for k, v in self.cross_kv])
+            return
         for i, cache in enumerate(self.caches):
             k, v = cache.k.current_data(), cache.v.current_data()
             if k is None:
@@ -180,6 +194,12 @@ class DecoderState:
         same_rows = len(indices) == self.cross_kv[0][0].dims()[0]
         if not same_rows:
             self.cross_kv = [(k.index_select(ids, 0), v.index_select(ids, 0)) for k, v in self.cross_kv]
+
+
+def fused_caches(state: DecoderState):
+    """The fused path's caches as (k, v) numpy arrays [b, h, n, dh] per block."""
+    run = state.fused_run
+    return [(k[:, :, :run.length], v[:, :, :run.length]) for k, v in run.caches]
 
 
 class TextDecoder:
@@ -193,16 +213,47 @@ class TextDecoder:
         cross = [block.cross_attn.cross_kv(audio_features) for block in self.blocks]
         return DecoderState(cross, len(self.blocks))
 
-    def __call__(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """tokens [b, t] (new tokens only) -> logits [b, t, vocab] in f32."""
+    def _fused_step(self):
+        """The backend's fused one-token decode step for these weights (built once), or None:
+        only native backends offer one (numba: one machine-code call per block instead of ~60
+        tensor ops), and never while gradients are tracked."""
+        if not hasattr(self, "_fused"):
+            make = getattr(self.token_embedding.device.backend, "fused_whisper_decoder", None)
+            self._fused = make(self) if make is not None else None
+        if self._fused is None or is_tracking(self.token_embedding):
+            return None
+        return self._fused
+
+    def __call__(self, tokens: Tensor, state: DecoderState, positions=None) -> Tensor:
+        """tokens [b, t] (new tokens only) -> logits [b, t, vocab] in f32, or [b, p, vocab] for
+        only the `positions` (indices into the t new tokens) that the caller reads: decoding a
+        prompt of 100 tokens needs 2 rows of logits, not 100 x vocab."""
         b, t = tokens.dims()
         offset = state.offset
         if offset + t > self.positions.dims()[0]:
             raise ShapeMismatch(f"whisper decoder: {offset + t} tokens exceed the "
                                 f"{self.positions.dims()[0]} text positions")
+        fused = self._fused_step() if t == 1 else None
+        if fused is not None:
+            if state.fused_run is None:
+                filled = [None if c.k.current_data() is None else (c.k.current_data(), c.v.current_data())
+                          for c in state.caches]
+                state.fused_run = fused.begin(b, filled, state.cross_kv)
+            logits = fused.step(state.fused_run, tokens.to_numpy().reshape(b))
+            return Tensor.from_numpy(logits.reshape(b, 1, -1), device=tokens.device)
+        if state.fused_run is not None:  # several new tokens after fused steps: hand the caches back
+            for cache, (k, v) in zip(state.caches, fused_caches(state)):
+                cache.reset()
+                cache.append(Tensor.from_numpy(np.ascontiguousarray(k), device=tokens.device),
+                             Tensor.from_numpy(np.ascontiguousarray(v), device=tokens.device))
+            state.fused_run = None
         x = self.token_embedding.embedding(tokens).broadcast_add(self.positions.narrow(0, offset, t))
         for block, (k, v), cache in zip(self.blocks, state.cross_kv, state.caches):
             x = block.decode(x, k, v, cache)
+        if positions is not None:
+            ids = Tensor.from_numpy(np.asarray(positions, dtype=np.int64), device=x.device)
+            x = x.index_select(ids, 1)
+            t = len(positions)
         x = self.ln(x)
         return x.reshape(b * t, -1).matmul(self.token_embedding.t()).reshape(b, t, -1)
 
@@ -229,8 +280,8 @@ class Whisper:
     def start_decoding(self, audio_features: Tensor) -> DecoderState:
         return self.decoder.start(audio_features)
 
-    def logits(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        return self.decoder(tokens, state)
+    def logits(self, tokens: Tensor, state: DecoderState, positions=None) -> Tensor:
+        return self.decoder(tokens, state, positions)
 
     # -- loading ----------------------------------------------------------------------------
     @staticmethod

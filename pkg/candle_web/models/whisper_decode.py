@@ -394,9 +394,16 @@ class WindowDecoder:
         no_speech_prob = float("nan")
         new_tokens = tokens
         for step in range(self.sample_len):
-            logits = self.model.logits(Tensor.from_numpy(new_tokens, device=self.model.device), state).to_numpy()
+            # Only the rows read below: the last position and, at the first step, the one
+            # after <|startoftranscript|> (no-speech probability).
+            positions = None
+            if new_tokens.shape[1] > 1:
+                positions = sorted({self.sot_index, new_tokens.shape[1] - 1})
+            logits = self.model.logits(Tensor.from_numpy(new_tokens, device=self.model.device), state,
+                                       positions).to_numpy()
             if step == 0 and self.tk.no_speech is not None:
-                at_sot = logits[0, self.sot_index].astype(np.float64)
+                sot_row = self.sot_index if positions is None else positions.index(self.sot_index)
+                at_sot = logits[0, sot_row].astype(np.float64)
                 probs = np.exp(at_sot - at_sot.max())
                 no_speech_prob = float(probs[self.tk.no_speech] / probs.sum())
             logits = np.array(logits[:, -1], dtype=np.float32)

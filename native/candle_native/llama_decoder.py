@@ -1,0 +1,92 @@
+"""The numba backend's fused LLaMA decode step (one token, batch 1), driving
+numba_kernels.decoder_step: one machine-code call per block plus one for the head, instead of
+a dozen tensor ops per block.
+
+`FusedLlamaDecoder.build(model)` returns None when the model does not fit the kernels (a weight
+not kept as a single unpackable quantized tensor, e.g. f32 weights or mixed-type fused parts),
+and the model then keeps its generic path. The model's KV cache buffers are shared with the
+generic path (prompt processing fills them, decode steps append here).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .numba_kernels import decoder_step as nk
+from .quant_unpack import UNPACKABLE
+
+DECODE_THREADS_VARIABLE = "CANDLE_WEB_DECODE_THREADS"
+
+
+def _kernel_tuple(qmatmul):
+    """The weight tuple the kernels take, or None when the layer is not a single unpackable
+    quantized tensor."""
+    from .numba_backend import kernel_weight
+
+    if not qmatmul.is_quantized or len(qmatmul.qweights) != 1:
+        return None
+    qtensor = qmatmul.qweights[0]
+    if qtensor.dtype not in UNPACKABLE:
+        return None
+    w = kernel_weight(qtensor)
+    return (w.levels, w.scales, w.offsets, bool(w.use_offsets), int(w.group))
+
+
+def _f32(tensor) -> np.ndarray:
+    return np.ascontiguousarray(tensor.to_numpy(), dtype=np.float32).reshape(-1)
+
+
+def _default_parallel() -> bool:
+    """Threads for the decode step: CANDLE_WEB_DECODE_THREADS=1 forces one (better on an
+    oversubscribed machine, where every join of a parallel region can wait a time slice for a
+    descheduled worker); otherwise parallel whenever numba has more than one thread."""
+    import numba
+
+    requested = os.environ.get(DECODE_THREADS_VARIABLE, "").strip()
+    if requested:
+        return int(requested) > 1 and numba.get_num_threads() > 1
+    return numba.get_num_threads() > 1
+
+
+class FusedLlamaDecoder:
+    """Callable: (x f32[d] embedding of the new token, pos, caches, cos, sin) -> logits.
+    `parallel` (settable) splits each step's matrix products over numba's threads."""
+
+    def __init__(self, cfg, layers, final_norm, head):
+        self.cfg = cfg
+        self.parallel = _default_parallel()
+        self.layers = layers  # per block: (attn_norm, mlp_norm, eps, qkv, out, gate_up, down)
+        self.final_norm = final_norm  # (weight, eps)
+        self.head = head
+        self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+
+    @staticmethod
+    def build(model):
+        layers = []
+        for block in model.blocks:
+            weights = [_kernel_tuple(m) for m in (block.attn.qkv, block.attn.out,
+                                                  block.mlp.gate_up, block.mlp.down)]
+            if any(w is None for w in weights):
+                return None
+            layers.append((_f32(block.attn_norm.weight), _f32(block.mlp_norm.weight),
+                           np.float32(block.attn_norm.eps), *weights))
+        head = _kernel_tuple(model.lm_head)
+        if head is None:
+            return None
+        return FusedLlamaDecoder(model.config, layers,
+                                 (_f32(model.norm.weight), np.float32(model.norm.eps)), head)
+
+    def __call__(self, x: np.ndarray, pos: int, caches, cos: np.ndarray, sin: np.ndarray):
+        cfg = self.cfg
+        x = np.array(x, dtype=np.float32).reshape(-1)  # updated in place by the blocks
+        for (attn_norm, mlp_norm, eps, qkv, out, gate_up, down), (keys, values) in zip(
+                self.layers, caches):
+            nk.llama_block_step(x, attn_norm, mlp_norm, eps, qkv, out, gate_up, down,
+                                keys, values, pos, cos, sin, cfg.num_heads, cfg.num_kv_heads,
+                                cfg.head_dim, cfg.rope_interleaved, self.scale, self.parallel)
+        logits = np.empty(self.head[0].shape[0], np.float32)
+        norm, eps = self.final_norm
+        nk.final_logits(x, norm, eps, self.head, logits, self.parallel)
+        return logits

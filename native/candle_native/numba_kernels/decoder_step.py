@@ -1,0 +1,294 @@
+"""One LLaMA decoder block for one new token, fused into a single numba call.
+
+A decode step through the generic tensor path costs ~12 Python-level ops per layer (norm,
+matmul, reshape/transpose/narrow, rope, cache append, attention, add...), each a few tens of
+microseconds of dispatch and temporaries; on SmolLM2-135M (30 layers) that overhead was larger
+than the arithmetic. Here the whole block runs in machine code:
+
+    h = rms_norm(x) ; q|k|v = W_qkv h ; rope(q, k) at `pos` ; cache[pos] = k, v
+    x += W_o attention(q, cache[0..pos])            (grouped-query, no mask: one token)
+    h = rms_norm(x) ; g|u = W_gu h ; x += W_down (silu(g) * u)
+
+The arithmetic is the generic path's, element for element: the same f32 products and the same
+per-lane accumulation as `qmatmul_g32`/`qmatmul_g16`, rms norm as `_rms_norm_row`, rope as the
+rope kernels, softmax-weighted values as `attention_rows`; only some sums are re-associated.
+
+A weight is passed as a tuple ``(levels i8[n, k], scales f32[n, k/g], offsets f32[n, k/g] or a
+1x1 stand-in, use_offsets, group)`` with group 32 or 16 (see quant_unpack / numba_backend).
+With `parallel`, matrix-vector products are split over numba's threads in chunks of rows and
+attention over heads; without, everything runs on the calling thread. Each parallel region
+ends in a join, five per block: on an oversubscribed machine a join can wait a whole
+scheduler time slice for a descheduled worker, so the caller picks (see llama_decoder.py).
+"""
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ._jit import kernel, parallel_kernel
+from .stack_scratch import stack_f32_32, stack_f32_64
+
+# Weight rows per parallel work item: enough to amortise scheduling, few enough to balance
+# two threads on the smallest matrix (576 rows -> 9 items).
+ROW_CHUNK = 64
+
+
+@kernel
+def _rows_g32(x, xsum, levels, scales, offsets, use_offsets, out, start, stop):
+    """out[i] for rows start..stop-1, groups of 32. Two rows share each load of x; each row
+    keeps 32 accumulator lanes (level * (x * scale)), summed once at the end."""
+    n_groups = levels.shape[1] // 32
+    partial = stack_f32_64()  # in registers, see stack_scratch
+    for i in range(start, stop - 1, 2):
+        for j in range(64):
+            partial[j] = 0.0
+        for g in range(n_groups):
+            s0 = scales[i, g]
+            s1 = scales[i + 1, g]
+            base = g * 32
+            for j in range(32):
+                xv = x[base + j]
+                partial[j] += np.float32(levels[i, base + j]) * (xv * s0)
+                partial[32 + j] += np.float32(levels[i + 1, base + j]) * (xv * s1)
+        t0 = np.float32(0.0)
+        t1 = np.float32(0.0)
+        for j in range(32):
+            t0 += partial[j]
+            t1 += partial[32 + j]
+        if use_offsets:
+            for g in range(n_groups):
+                t0 += offsets[i, g] * xsum[g]
+                t1 += offsets[i + 1, g] * xsum[g]
+        out[i] = t0
+        out[i + 1] = t1
+    if (stop - start) % 2:
+        _row_g32(x, xsum, levels, scales, offsets, use_offsets, out, stop - 1)
+
+
+@kernel
+def _row_g32(x, xsum, levels, scales, offsets, use_offsets, out, i):
+    """One row of _rows_g32 (the odd row out)."""
+    n_groups = levels.shape[1] // 32
+    partial = stack_f32_32()
+    for j in range(32):
+        partial[j] = 0.0
+    for g in range(n_groups):
+        scale = scales[i, g]
+        base = g * 32
+        for j in range(32):
+            partial[j] += np.float32(levels[i, base + j]) * (x[base + j] * scale)
+    total = np.float32(0.0)
+    for j in range(32):
+        total += partial[j]
+    if use_offsets:
+        for g in range(n_groups):
+            total += offsets[i, g] * xsum[g]
+    out[i] = total
+
+
+@kernel
+def _rows_g16(x, xsum, levels, scales, offsets, use_offsets, out, start, stop):
+    """As _rows_g32 for 16-element groups, one row at a time: two groups fill the 32 lanes,
+    the scale chosen per lane (the layout of qmatmul_g16)."""
+    n_groups = levels.shape[1] // 16
+    partial = stack_f32_32()
+    for i in range(start, stop):
+        for j in range(32):
+            partial[j] = 0.0
+        for pair in range(n_groups // 2):
+            first = scales[i, 2 * pair]
+            second = scales[i, 2 * pair + 1]
+            base = pair * 32
+            for j in range(32):
+                scale = first if j < 16 else second
+                partial[j] += np.float32(levels[i, base + j]) * (x[base + j] * scale)
+        total = np.float32(0.0)
+        for j in range(32):
+            total += partial[j]
+        if use_offsets:
+            for g in range(n_groups):
+                total += offsets[i, g] * xsum[g]
+        out[i] = total
+
+
+@kernel
+def _group_sums(x, group):
+    n_groups = x.size // group
+    sums = np.empty(n_groups, np.float32)
+    for g in range(n_groups):
+        total = np.float32(0.0)
+        for j in range(group):
+            total += x[g * group + j]
+        sums[g] = total
+    return sums
+
+
+@kernel
+def _matvec_chunk(x, xsum, weight, out, chunk):
+    levels, scales, offsets, use_offsets, group = weight
+    start = chunk * ROW_CHUNK
+    stop = min(levels.shape[0], start + ROW_CHUNK)
+    if group == 32:
+        _rows_g32(x, xsum, levels, scales, offsets, use_offsets, out, start, stop)
+    else:
+        _rows_g16(x, xsum, levels, scales, offsets, use_offsets, out, start, stop)
+
+
+@kernel
+def _offset_sums(x, weight):
+    """Sums of x per group, read only for weights with offsets (a 1-element stand-in else)."""
+    if weight[3]:
+        return _group_sums(x, weight[4])
+    return np.zeros(1, np.float32)
+
+
+@parallel_kernel
+def _matvec_parallel(x, weight, out):
+    xsum = _offset_sums(x, weight)
+    for chunk in prange((weight[0].shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
+        _matvec_chunk(x, xsum, weight, out, chunk)
+
+
+@kernel
+def _matvec_serial(x, weight, out):
+    xsum = _offset_sums(x, weight)
+    for chunk in range((weight[0].shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
+        _matvec_chunk(x, xsum, weight, out, chunk)
+
+
+@kernel
+def matvec(x, weight, out, parallel):
+    """out = W x for one activation vector x (f32[k]) and a weight tuple (see module doc),
+    split over numba's threads when `parallel`."""
+    if parallel:
+        _matvec_parallel(x, weight, out)
+    else:
+        _matvec_serial(x, weight, out)
+
+
+@kernel
+def rms_norm_vector(x, weight, eps, out):
+    squares = np.float32(0.0)
+    for j in range(x.size):
+        squares += x[j] * x[j]
+    inv_rms = np.float32(1.0) / np.float32(math.sqrt(squares / np.float32(x.size) + eps))
+    for j in range(x.size):
+        out[j] = x[j] * inv_rms * weight[j]
+
+
+@kernel
+def _rope_head(v, base, head_dim, cos, sin, pos, interleaved):
+    """Rotate one head (v[base : base + head_dim]) in place for position `pos`."""
+    half = head_dim // 2
+    for i in range(half):
+        c = cos[pos, i]
+        s = sin[pos, i]
+        if interleaved:
+            a = v[base + 2 * i]
+            b = v[base + 2 * i + 1]
+            v[base + 2 * i] = a * c - b * s
+            v[base + 2 * i + 1] = a * s + b * c
+        else:
+            a = v[base + i]
+            b = v[base + i + half]
+            v[base + i] = a * c - b * s
+            v[base + i + half] = b * c + a * s
+
+
+@kernel
+def _attend_head(qkv, keys, values, length, h, n_rep, head_dim, scale, out):
+    """out[h] = softmax(q_h . K^T * scale) V over the first `length` cached positions of the
+    key/value head serving query head h (heads grouped [n_kv, n_rep])."""
+    kh = h // n_rep
+    q_base = h * head_dim
+    scores = np.empty(length, np.float32)
+    peak = np.float32(-np.inf)
+    for j in range(length):
+        dot = np.float32(0.0)
+        for c in range(head_dim):
+            dot += qkv[q_base + c] * keys[kh, j, c]
+        s = dot * scale
+        scores[j] = s
+        if s > peak:
+            peak = s
+    total = np.float32(0.0)
+    for j in range(length):
+        e = np.float32(math.exp(scores[j] - peak))
+        scores[j] = e
+        total += e
+    acc = np.zeros(head_dim, np.float32)
+    for j in range(length):
+        p = scores[j] / total
+        for c in range(head_dim):
+            acc[c] += p * values[kh, j, c]
+    for c in range(head_dim):
+        out[q_base + c] = acc[c]
+
+
+@parallel_kernel
+def _attend_parallel(qkv, keys, values, length, n_heads, n_kv, head_dim, scale, out):
+    for h in prange(n_heads):
+        _attend_head(qkv, keys, values, length, h, n_heads // n_kv, head_dim, scale, out)
+
+
+@kernel
+def _attend_serial(qkv, keys, values, length, n_heads, n_kv, head_dim, scale, out):
+    for h in range(n_heads):
+        _attend_head(qkv, keys, values, length, h, n_heads // n_kv, head_dim, scale, out)
+
+
+@kernel
+def _silu_mul_halves(gate_up, hidden, out):
+    for j in range(hidden):
+        g = gate_up[j]
+        out[j] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gate_up[hidden + j]
+
+
+@kernel
+def llama_block_step(x, attn_norm, mlp_norm, eps, qkv_w, out_w, gate_up_w, down_w,
+                     keys, values, pos, cos, sin, n_heads, n_kv, head_dim, interleaved, scale,
+                     parallel):
+    """Run one block for one token in place on x (f32[d], the residual stream). keys/values:
+    f32[n_kv, capacity, head_dim] with capacity > pos; position `pos` is written here.
+    `parallel`: split the matrix products and heads over numba's threads."""
+    d = x.size
+    h = np.empty(d, np.float32)
+    rms_norm_vector(x, attn_norm, eps, h)
+    q_size = n_heads * head_dim
+    kv_size = n_kv * head_dim
+    qkv = np.empty(q_size + 2 * kv_size, np.float32)
+    matvec(h, qkv_w, qkv, parallel)
+    for head in range(n_heads + n_kv):  # q heads then k heads are contiguous in qkv
+        _rope_head(qkv, head * head_dim, head_dim, cos, sin, pos, interleaved)
+    for kh in range(n_kv):
+        for c in range(head_dim):
+            keys[kh, pos, c] = qkv[q_size + kh * head_dim + c]
+            values[kh, pos, c] = qkv[q_size + kv_size + kh * head_dim + c]
+    attended = np.empty(q_size, np.float32)
+    if parallel:
+        _attend_parallel(qkv, keys, values, pos + 1, n_heads, n_kv, head_dim, scale, attended)
+    else:
+        _attend_serial(qkv, keys, values, pos + 1, n_heads, n_kv, head_dim, scale, attended)
+    projected = np.empty(d, np.float32)
+    matvec(attended, out_w, projected, parallel)
+    for j in range(d):
+        x[j] += projected[j]
+
+    rms_norm_vector(x, mlp_norm, eps, h)
+    gate_up = np.empty(gate_up_w[0].shape[0], np.float32)
+    matvec(h, gate_up_w, gate_up, parallel)
+    hidden = gate_up.size // 2
+    act = np.empty(hidden, np.float32)
+    _silu_mul_halves(gate_up, hidden, act)
+    matvec(act, down_w, projected, parallel)
+    for j in range(d):
+        x[j] += projected[j]
+
+
+@kernel
+def final_logits(x, norm, eps, head_w, logits, parallel):
+    """logits = W_head rms_norm(x)."""
+    h = np.empty(x.size, np.float32)
+    rms_norm_vector(x, norm, eps, h)
+    matvec(h, head_w, logits, parallel)

@@ -1,0 +1,156 @@
+"""The numba kernels behind Whisper's speed: vectorised exp/erf, blocked long attention, and the
+fused decode step, each against an independent reference.
+
+Tolerances:
+- GELU against f64 math.erf: 5e-7 absolute on [-12, 12] (the polynomial fits are 2e-9 / 4e-8 in
+  f64; the rest is f32 evaluation, an ulp at |x| = 4 is 4.8e-7);
+- exp against f64 numpy: 5e-7 relative (Cody-Waite reduction and a degree-5 fit, ~2.5 ulp);
+- attention and logits against the numpy reference: 1e-5 of the largest magnitude (the same
+  f32 sums in another order, as in test_numba_fused.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from native_testing import assert_close
+
+REDUCTION = 1e-5
+GELU_ABS = 5e-7
+EXP_REL = 5e-7
+
+
+@pytest.fixture(scope="module")
+def vector_math(numba_backend):
+    from candle_native.numba_kernels import vector_math
+
+    return vector_math
+
+
+def test_gelu_matches_exact_erf(vector_math):
+    x = np.linspace(-12, 12, 400_001).astype(np.float32)
+    got = np.empty_like(x)
+    vector_math.gelu_erf_vector_serial(x, got)
+    want = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
+    assert float(np.abs(got - want).max()) <= GELU_ABS
+
+
+def test_gelu_through_the_backend_matches_the_reference(numba_backend, ref, rng):
+    x = (rng.standard_normal((3, 1001)) * 3).astype(np.float32)
+    assert_close(numba_backend.unary("gelu_erf", x), ref.unary("gelu_erf", x), 1e-6)
+
+
+def test_exp_shifted_rows(vector_math, rng):
+    scores = rng.uniform(-90, 0, (5, 777)).astype(np.float32)
+    scores[:, 0] = 0.0  # row max 0: the shift is exact, so only exp itself is measured
+    scores[2, 5:50] = -np.inf
+    want = np.exp(scores.astype(np.float64))
+    sums = np.empty(5, np.float32)
+    got = scores.copy()
+    vector_math.exp_shifted_rows(got, sums)
+    representable = want > 1e-37  # below -87 the kernel flushes to 0
+    rel = np.abs(got[representable] - want[representable]) / want[representable]
+    assert float(rel.max()) <= EXP_REL
+    assert np.all(got[~representable] < 1e-37)
+    assert np.allclose(sums, want.sum(axis=1), rtol=1e-5)
+
+
+def test_fully_masked_rows_are_nan_like_the_reference(numba_backend, ref, rng):
+    q = rng.standard_normal((1, 1, 20, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 6, 8)).astype(np.float32)
+    mask = np.zeros((20, 6), np.float32)
+    mask[3] = -np.inf
+    got = numba_backend.attention(q, k, k, mask, 0.5)
+    want = ref.attention(q, k, k, mask, 0.5)
+    assert np.isnan(got[0, 0, 3]).all() and np.isnan(want[0, 0, 3]).all()
+    assert_close(np.delete(got, 3, axis=2), np.delete(want, 3, axis=2), REDUCTION)
+
+
+@pytest.mark.parametrize("case", ["encoder-like", "causal-prompt", "shared-kv-batch"])
+def test_long_attention_matches_the_reference(numba_backend, ref, case, rng):
+    batch, heads, tq, tk, d, kv_batch, kv_heads = {
+        "encoder-like": (1, 3, 300, 300, 64, 1, 3),
+        "causal-prompt": (2, 2, 40, 40, 16, 2, 2),
+        "shared-kv-batch": (3, 2, 33, 50, 8, 1, 1),
+    }[case]
+    q = rng.standard_normal((batch, heads, tq, d)).astype(np.float32)
+    k = rng.standard_normal((kv_batch, kv_heads, tk, d)).astype(np.float32)
+    v = rng.standard_normal((kv_batch, kv_heads, tk, d)).astype(np.float32)
+    mask = None
+    if case == "causal-prompt":
+        mask = np.where(np.arange(tk)[None] > np.arange(tq)[:, None], -np.inf, 0).astype(np.float32)
+    scale = 1.0 / math.sqrt(d)
+    assert_close(numba_backend.attention(q, k, v, mask, scale), ref.attention(q, k, v, mask, scale),
+                 REDUCTION, case)
+
+
+def _random_text_decoder(device, rng, d=64, n_head=4, n_blocks=2, vocab=97, n_ctx=24, d_ff=256):
+    from candle_web import Tensor
+    from candle_web.models.whisper import Mlp, MultiHeadAttention, ResidualAttentionBlock, TextDecoder
+    from candle_web.nn.layers import LayerNorm, Linear
+
+    def t(*shape, scale=0.2, offset=0.0):
+        return Tensor.from_numpy((rng.standard_normal(shape) * scale + offset).astype(np.float32),
+                                 device=device)
+
+    def linear(n_out, n_in):
+        return Linear(t(n_out, n_in), t(n_out, scale=0.05))
+
+    def ln():
+        return LayerNorm(t(d, scale=0.1, offset=1.0), t(d, scale=0.1), 1e-5)
+
+    blocks = [ResidualAttentionBlock(
+        ln(), MultiHeadAttention(n_head, out=linear(d, d), qkv=linear(3 * d, d)),
+        ln(), Mlp(linear(d_ff, d), linear(d, d_ff)),
+        cross_ln=ln(), cross_attn=MultiHeadAttention(n_head, out=linear(d, d), q=linear(d, d),
+                                                     kv=linear(2 * d, d)))
+        for _ in range(n_blocks)]
+    return TextDecoder(t(vocab, d, scale=0.5), t(n_ctx, d), blocks, ln())
+
+
+def _decode_logits(decoder, audio, device, steps, reorder_at):
+    """Logits of a 3-token prompt for 2 rows, then one token per step (beam-like reorder once)."""
+    from candle_web import Tensor
+
+    state = decoder.start(Tensor.from_numpy(audio, device=device))
+    tokens = np.array([[1, 5, 7], [2, 5, 9]], dtype=np.int64)
+    out = [decoder(Tensor.from_numpy(tokens, device=device), state).to_numpy()[:, -1]]
+    for step in range(steps):
+        next_ids = np.argsort(out[-1], axis=-1)[:, -2 - step % 3][:, None].astype(np.int64)
+        if step == reorder_at:
+            state.reorder([1, 1])
+        out.append(decoder(Tensor.from_numpy(next_ids, device=device), state).to_numpy()[:, -1])
+    return np.stack(out), state
+
+
+def test_fused_decode_step_matches_the_generic_path(numba_backend):
+    from candle_web import Device
+
+    fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
+    fused_decoder = _random_text_decoder(fast, np.random.default_rng(7))
+    generic_decoder = _random_text_decoder(slow, np.random.default_rng(7))
+    audio = np.random.default_rng(8).standard_normal((2, 30, 64)).astype(np.float32)
+    got, state = _decode_logits(fused_decoder, audio, fast, steps=6, reorder_at=3)
+    assert state.fused_run is not None, "the numba device should have taken the fused path"
+    want, _ = _decode_logits(generic_decoder, audio, slow, steps=6, reorder_at=3)
+    assert_close(got, want, REDUCTION)
+
+
+def test_prompt_after_fused_steps_hands_the_caches_back(numba_backend):
+    from candle_web import Device, Tensor
+
+    fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
+    results = []
+    for device in (fast, slow):
+        decoder = _random_text_decoder(device, np.random.default_rng(3))
+        audio = np.random.default_rng(4).standard_normal((1, 30, 64)).astype(np.float32)
+        state = decoder.start(Tensor.from_numpy(audio, device=device))
+        decoder(Tensor.from_numpy(np.array([[4]]), device=device), state)  # one token: fused
+        decoder(Tensor.from_numpy(np.array([[6]]), device=device), state)
+        two = decoder(Tensor.from_numpy(np.array([[8, 9]]), device=device), state)  # generic
+        assert state.offset == 4
+        results.append(two.to_numpy())
+    assert_close(results[0], results[1], REDUCTION)
