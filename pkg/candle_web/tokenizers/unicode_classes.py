@@ -3,19 +3,21 @@
 HF `tokenizers` runs its patterns with Oniguruma (and a few with Rust's `regex`), where `\\p{L}`,
 `\\s` and `\\w` are Unicode properties. Python's `re` knows none of `\\p{..}` and its `\\s`/`\\w`
 differ (`str.isspace` includes U+001C..U+001F; `\\w` misses combining marks). So we build explicit
-character classes from the general categories of `unicodedata` and translate patterns.
+character classes from Unicode general categories and translate patterns.
 
-Scanning all 1.1 M code points with `unicodedata.category` costs ~0.4 s, too slow for start-up
-(in the browser too), so the category runs are shipped precomputed in `_category_table.py` for
-the Unicode version they were built from, and recomputed only when the running Python has
-another version (so the classes always agree with `unicodedata` used elsewhere).
+The categories are those HF's regex engine uses, not `unicodedata`'s: Oniguruma carries its own
+Unicode tables (16.0 in tokenizers 0.23), so its classes do not follow the Python version (3.11
+has Unicode 14, Pyodide's 3.12 Unicode 15). One table, probed from HF by
+`_category_table_generator.py` and shipped as `_category_table.py`, is used on every Python;
+decoding it costs a few milliseconds, against ~0.4 s for scanning `unicodedata`. Only the regex
+classes use it: `is_numeric`, `is_punctuation` and the normalizers stay on `unicodedata`, as the
+Rust code they mirror uses Rust's own tables, not Oniguruma's.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 import re
 import unicodedata
 
@@ -37,6 +39,10 @@ WHITE_SPACE = frozenset(chr(cp) for start, stop in WHITE_SPACE_RANGES
 OTHER_ALPHABETIC_SYMBOL_RANGES = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169),
                                   (0x1F170, 0x1F189))
 JOIN_CONTROL_RANGES = ((0x200C, 0x200D),)
+# Oniguruma's `\w` takes Latin-1 characters from its ISO-8859-1 ctype table, which also marks
+# the superscript digits and vulgar fractions (category No) as word characters; and it has no
+# Join_Control. Checked against HF on every code point (tests/tokenizers).
+ONIG_LATIN1_WORD_NUMBER_RANGES = ((0xB2, 0xB3), (0xB9, 0xB9), (0xBC, 0xBE))
 
 CATEGORY_GROUPS = {
     "L": ("Lu", "Ll", "Lt", "Lm", "Lo"), "M": ("Mn", "Mc", "Me"), "N": ("Nd", "Nl", "No"),
@@ -58,25 +64,11 @@ LONG_CATEGORY_NAMES = {
 }
 
 
-def compute_category_runs() -> list[tuple[int, str]]:
-    """(first code point, category) for each run of equal categories, from `unicodedata`."""
-    categories = map(unicodedata.category, map(chr, range(MAX_CODE_POINT + 1)))
-    runs = []
-    start = 0
-    for category, group in itertools.groupby(categories):
-        runs.append((start, category))
-        start += sum(1 for _ in group)
-    return runs
-
-
 @functools.lru_cache(maxsize=1)
 def category_runs() -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Run starts and their categories for the running Python's Unicode version."""
+    """Run starts and their categories, from the shipped table (the same on every Python)."""
     from . import _category_table
-    if _category_table.UNICODE_VERSION == unicodedata.unidata_version:
-        runs = _category_table.decode_runs()
-    else:
-        runs = compute_category_runs()
+    runs = _category_table.decode_runs()
     starts = tuple(start for start, _ in runs)
     categories = tuple(category for _, category in runs)
     return starts, categories
@@ -140,15 +132,19 @@ def expand_category_name(name: str) -> frozenset:
 
 @functools.lru_cache(maxsize=None)
 def property_ranges(name: str) -> tuple[tuple[int, int], ...]:
-    """Ranges of a named class: general categories, or 'space', 'word', 'digit', 'hex'."""
+    """Ranges of a named class: general categories, or 'space', 'word' (Rust regex crate's
+    \\w, for added tokens), 'onig_word' (Oniguruma's \\w, for patterns), 'digit', 'hex'."""
     if name == "space":
         return WHITE_SPACE_RANGES
-    if name == "word":
-        # Unicode \w (UTS #18): Alphabetic | Mark | Decimal_Number | Connector_Punctuation |
-        # Join_Control. Alphabetic = letters + letter numbers + Other_Alphabetic, whose only
-        # members outside marks are the circled/squared letters.
+    if name in ("word", "onig_word"):
+        # Unicode \w (UTS #18, Rust's regex crate): Alphabetic | Mark | Decimal_Number |
+        # Connector_Punctuation | Join_Control. Alphabetic = letters + letter numbers +
+        # Other_Alphabetic, whose only members outside marks are the circled/squared letters.
         parts = category_ranges(frozenset(CATEGORY_GROUPS["L"] + CATEGORY_GROUPS["M"]
                                           + ("Nd", "Pc", "Nl")))
+        if name == "onig_word":
+            return merge_ranges(parts + OTHER_ALPHABETIC_SYMBOL_RANGES
+                                + ONIG_LATIN1_WORD_NUMBER_RANGES)
         return merge_ranges(parts + OTHER_ALPHABETIC_SYMBOL_RANGES + JOIN_CONTROL_RANGES)
     if name == "digit":
         return category_ranges(frozenset(("Nd",)))
@@ -183,7 +179,8 @@ def class_body(name: str, negated: bool = False) -> str:
 
 # Escapes with a class meaning in Oniguruma: letter -> (property name, negated).
 CLASS_ESCAPES = {
-    "s": ("space", False), "S": ("space", True), "w": ("word", False), "W": ("word", True),
+    "s": ("space", False), "S": ("space", True),
+    "w": ("onig_word", False), "W": ("onig_word", True),
     "d": ("digit", False), "D": ("digit", True), "h": ("hex", False), "H": ("hex", True),
 }
 
@@ -294,34 +291,6 @@ ASCII_PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 def is_numeric(char: str) -> bool:
     """Rust `char::is_numeric`: general categories Nd, Nl, No."""
     return unicodedata.category(char)[0] == "N"
-
-
-def render_category_table_module() -> str:
-    """Source of `_category_table.py` for the running Python (see the module docstring)."""
-    runs = compute_category_runs()
-    # Compact: "<hex start><category>" entries separated by spaces, 12 per line.
-    entries = [f"{start:x}{category}" for start, category in runs]
-    lines = [" ".join(entries[i:i + 12]) for i in range(0, len(entries), 12)]
-    body = "\n".join(lines)
-    return (
-        '"""Generated by `python -m candle_web.tokenizers.unicode_classes`: do not edit.\n\n'
-        "Runs of equal Unicode general category: each entry is the hexadecimal first code point\n"
-        'followed by the two-letter category, in code point order."""\n\n'
-        f"UNICODE_VERSION = {unicodedata.unidata_version!r}\n\n"
-        f'RUNS = """\n{body}\n"""\n\n\n'
-        "def decode_runs():\n"
-        "    runs = []\n"
-        "    for entry in RUNS.split():\n"
-        "        runs.append((int(entry[:-2], 16), entry[-2:]))\n"
-        "    return runs\n"
-    )
-
-
-if __name__ == "__main__":
-    import pathlib
-    target = pathlib.Path(__file__).with_name("_category_table.py")
-    target.write_text(render_category_table_module(), encoding="utf-8")
-    print(f"wrote {target} for Unicode {unicodedata.unidata_version}")
 
 
 @functools.lru_cache(maxsize=None)
