@@ -160,3 +160,28 @@ def file_bytes_from_folder(folder, names) -> dict:
 
     return {name: np.frombuffer((Path(folder) / name).read_bytes(), dtype=np.uint8)
             for name in names}
+
+
+def numeric_options(options, option_fields: dict, integer_options, what: str) -> dict:
+    """The page's plain dict of sampling options as GenerationOptions field values: names
+    mapped through `option_fields`, unknown names refused, numbers checked (whole numbers
+    where listed in `integer_options`), None meaning "use the default"."""
+    from candle_web.errors import CandleError
+
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(option_fields))
+    if unknown:
+        raise CandleError(f"{what}: unknown option(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(option_fields)}")
+    fields = {}
+    for name, value in options.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise CandleError(f"{what}: option {name} must be a number, got {value!r}")
+        if name in integer_options:
+            if value != int(value):
+                raise CandleError(f"{what}: option {name} must be a whole number, got {value}")
+            value = int(value)
+        fields[option_fields[name]] = value
+    return fields

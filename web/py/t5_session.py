@@ -112,22 +112,7 @@ def generation_options(options: dict | None):
     from candle_web.errors import CandleError
     from candle_web.generation import GenerationOptions
 
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(OPTION_FIELDS))
-    if unknown:
-        raise CandleError(f"text2text: unknown option(s) {', '.join(unknown)}; known: "
-                          f"{', '.join(OPTION_FIELDS)}")
-    fields = {}
-    for name, value in options.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise CandleError(f"text2text: option {name} must be a number, got {value!r}")
-        if name in INTEGER_OPTIONS:
-            if value != int(value):
-                raise CandleError(f"text2text: option {name} must be a whole number, got {value}")
-            value = int(value)
-        fields[OPTION_FIELDS[name]] = value
+    fields = model_files.numeric_options(options, OPTION_FIELDS, INTEGER_OPTIONS, "text2text")
     max_new = fields.setdefault("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
     if not 1 <= max_new <= MAX_NEW_TOKENS_LIMIT:
         raise CandleError(f"text2text: maxTokens must be 1..{MAX_NEW_TOKENS_LIMIT}, got {max_new}")
