@@ -260,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("prompt", help='the input with its task prefix, e.g. "translate English to German: Hello"')
     x.add_argument("--model", default=None,
                    help="a folder (config.json, model.safetensors or .gguf, tokenizer.json), a registry "
-                        "name, or a Hub repo org/name@revision (default: google-t5/t5-small, pinned)")
+                        "name (t5-small, flan-t5-small: Hub commits, online), or a Hub repo org/name@revision "
+                        "(default: t5-small)")
     x.add_argument("--max-tokens", type=int, default=64, help="new tokens at most")
     x.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     x.add_argument("--top-k", type=int, default=None)

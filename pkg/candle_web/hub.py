@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .errors import FormatError, HashMismatch, ModelNotFound
+from .hub_content import AnnouncementError, ContentChecker, expectation_from_the_hub
 # Registry names are re-exported: hub is the public entry point for both.
 from .registry import (MODEL_KINDS, REGISTRY_PATH, _REPO_RE, _REVISION_RE,  # noqa: F401
                        FileEntry, ModelEntry, Registry, _check_hf_repo, _check_revision,
@@ -109,6 +110,14 @@ def _write_stamp(repo: str, revision: str, filename: str, sha256: str, verified:
     os.replace(temp, stamp_path)
 
 
+def _read_stamp_ignoring_mtime(repo: str, revision: str, filename: str) -> dict | None:
+    try:
+        stamp = json.loads(_stamp_path(repo, revision, filename).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
 def _read_valid_stamp(repo: str, revision: str, filename: str) -> dict | None:
     """The stamp if the file is unchanged since it was verified (same size and mtime)."""
     try:
@@ -123,9 +132,20 @@ def _read_valid_stamp(repo: str, revision: str, filename: str) -> dict | None:
     return stamp
 
 
+def _stamp_matches(stamp: dict | None, file: FileEntry) -> bool:
+    """Whether a stamp vouches for the file: the registry's sha256 and size where it records
+    them; for a file pinned by its Hub commit alone, a stamp written after the download was
+    checked against the Hub's announced hash."""
+    if stamp is None or not stamp.get("verified"):
+        return False
+    if file.sha256 is not None and stamp.get("sha256") != file.sha256:
+        return False
+    return file.size is None or stamp.get("size") == file.size
+
+
 def _cached_file(model: ModelEntry, file: FileEntry) -> Path | None:
     stamp = _read_valid_stamp(model.cache_repo, model.cache_revision, file.name)
-    if stamp is None or stamp.get("sha256") != file.sha256 or stamp.get("size") != file.size:
+    if not _stamp_matches(stamp, file):
         return None
     return _snapshot_path(model.cache_repo, model.cache_revision, file.name)
 
@@ -154,14 +174,19 @@ def verify_cached(model: str, registry: Registry | None = None) -> dict[str, str
         if not path.is_file():
             report[file.name] = "missing"
             continue
+        # A file pinned by its Hub commit alone is checked against the sha256 recorded when
+        # its download was verified against the Hub's announcement.
+        recorded = _read_stamp_ignoring_mtime(entry.cache_repo, entry.cache_revision, file.name)
+        want_sha = file.sha256 or (recorded or {}).get("sha256")
+        want_size = file.size if file.size is not None else (recorded or {}).get("size")
         size, digest = _hash_file(path)
-        if size == file.size and digest == file.sha256:
+        if size == want_size and digest == want_sha:
             _write_stamp(entry.cache_repo, entry.cache_revision, file.name, digest, True)
             report[file.name] = "ok"
         else:
             logger.warning("%s/%s is corrupt in the cache (sha256 %s, %d bytes; expected %s, "
-                           "%d bytes): removing it", model, file.name, digest, size,
-                           file.sha256, file.size)
+                           "%s bytes): removing it", model, file.name, digest, size,
+                           want_sha, want_size)
             path.unlink()
             _stamp_path(entry.cache_repo, entry.cache_revision, file.name).unlink(missing_ok=True)
             report[file.name] = "corrupt"
@@ -197,8 +222,10 @@ def _stream_into(
     total: int | None,
     origin: str,
     progress: ProgressCallback | None,
+    checker: ContentChecker | None = None,
 ) -> str:
-    """Write chunks to a temporary file beside destination, check size and sha256, rename.
+    """Write chunks to a temporary file beside destination, check size and sha256 (and the
+    Hub's announced hash, with a checker), rename.
 
     Returns the sha256. On any failure the temporary file is removed and destination is left
     as it was, so a partial or wrong file is never visible under the final name."""
@@ -211,6 +238,8 @@ def _stream_into(
         digest = hashlib.sha256()
         done = 0
         limit = expected.size if expected is not None else None
+        if limit is None and checker is not None:
+            limit = checker.size_limit
         if progress:
             progress(0, total, label)
         with os.fdopen(handle, "wb") as out:
@@ -218,9 +247,12 @@ def _stream_into(
                 done += len(chunk)
                 if limit is not None and done > limit:
                     raise HashMismatch(
-                        f"{expected.name} from {origin}: more than the expected {limit} bytes "
-                        f"(expected sha256 {expected.sha256}); the download was discarded")
+                        f"{label} from {origin}: more than the expected {limit} bytes "
+                        f"(expected sha256 {expected.sha256 if expected else None}); the "
+                        f"download was discarded")
                 digest.update(chunk)
+                if checker is not None:
+                    checker.update(chunk)
                 out.write(chunk)
                 if progress:
                     progress(done, total, label)
@@ -230,6 +262,8 @@ def _stream_into(
                 f"{expected.name} from {origin}: sha256 {actual} ({done} bytes) does not match "
                 f"the expected {expected.sha256} ({expected.size} bytes); the download was "
                 f"discarded")
+        if checker is not None:
+            checker.check(done)
         os.replace(temp, destination)
         return actual
     finally:
@@ -272,7 +306,8 @@ _unreachable_since: dict[str, float] = {}
 
 
 def _download_url(url: str, destination: Path, expected: FileEntry | None,
-                  progress: ProgressCallback | None) -> str:
+                  progress: ProgressCallback | None,
+                  checker: ContentChecker | None = None) -> str:
     """Stream url into destination (verified when expected is given); returns the sha256."""
     timeout = _hf_timeout()
     endpoint = hf_endpoint()
@@ -307,8 +342,10 @@ def _download_url(url: str, destination: Path, expected: FileEntry | None,
                     return
                 yield chunk
 
-        return _stream_into(chunks(), destination, expected=expected, total=total or
-                            (expected.size if expected else None), origin=url, progress=progress)
+        if total is None:
+            total = expected.size if expected else (checker.size_limit if checker else None)
+        return _stream_into(chunks(), destination, expected=expected, total=total, origin=url,
+                            progress=progress, checker=checker)
 
 
 def _fetch_from_hf(model: ModelEntry, spec: dict, wanted: list[FileEntry],
@@ -317,8 +354,15 @@ def _fetch_from_hf(model: ModelEntry, spec: dict, wanted: list[FileEntry],
     for file in wanted:
         url = hf_url(spec["repo"], spec["revision"], file.name)
         destination = _snapshot_path(model.cache_repo, model.cache_revision, file.name)
-        _download_url(url, destination, file, progress)
-        _write_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256, True)
+        expected, checker = file, None
+        if file.sha256 is None or file.size is None:
+            try:
+                expected, checker = expectation_from_the_hub(file, url, spec["revision"],
+                                                             _hf_timeout())
+            except AnnouncementError as exc:
+                raise _SourceFailed(str(exc)) from None
+        actual = _download_url(url, destination, expected, progress, checker)
+        _write_stamp(model.cache_repo, model.cache_revision, file.name, actual, True)
         fetched[file.name] = destination
     return fetched
 

@@ -57,12 +57,14 @@ def load_llama(name_or_path, progress=None, device=None, mode: str = "auto"):
 
 
 # -- T5 and BERT ---------------------------------------------------------------------------
-# No T5 weights exist in any package registry, so T5 comes from the Hub. t5-small at a pinned
-# commit (Apache-2.0; its tokenizer.json, config.json and model.safetensors) is the default;
-# any "org/name@revision" works the same way. These downloads are checked against no sha256
-# (none is recorded for them yet): hub.fetch_hf caches them with a warning saying so.
-DEFAULT_T5 = "google-t5/t5-small@df1b051c49625cf57a3d0d8d3863ed4d13564fe4"
+# No T5 weights exist in any package registry, so T5 comes from the Hub: the registry's
+# "t5-small" (the default) and "flan-t5-small" are pinned to Hub commits (their weights by
+# sha256, their config and tokenizer by the hash the Hub announces for that commit); any other
+# "org/name@revision" works the same way, cached with a warning that no hash was known.
+DEFAULT_T5 = "t5-small"
 T5_HUB_FILES = ("config.json", "tokenizer.json", "model.safetensors")
+T5_WITHOUT_THE_HUB = ("No offline mirror of T5 weights exists; pass a local folder with "
+                      "config.json, model.safetensors and tokenizer.json (--model DIR)")
 DEFAULT_BERT = "all-minilm-l6-v2"
 
 
@@ -79,8 +81,13 @@ def _hub_repo_spec(name: str):
 def _t5_folder(name_or_path, progress=None) -> Path:
     """A local folder, a registry name, or a Hub "org/name@revision" fetched into the cache."""
     text = str(name_or_path)
-    if Path(text).expanduser().exists() or text in hub.default_registry():
+    if Path(text).expanduser().exists():
         return model_folder(text, progress)
+    if text in hub.default_registry():
+        try:
+            return model_folder(text, progress)
+        except ModelNotFound as error:
+            raise ModelNotFound(f"T5 {error}. {T5_WITHOUT_THE_HUB}") from None
     spec = _hub_repo_spec(text)
     if spec is None:
         raise ModelNotFound(f"{text!r} is not a folder, a registry model or a Hub 'org/name@revision'")
@@ -88,9 +95,7 @@ def _t5_folder(name_or_path, progress=None) -> Path:
     try:
         paths = [hub.fetch_hf(repo, revision, name, progress=progress) for name in T5_HUB_FILES]
     except ModelNotFound as error:
-        raise ModelNotFound(f"T5 {repo}@{revision}: {error}. No offline mirror of T5 weights "
-                            f"exists; pass a local folder with config.json, model.safetensors "
-                            f"and tokenizer.json (--model DIR)") from None
+        raise ModelNotFound(f"T5 {repo}@{revision}: {error}. {T5_WITHOUT_THE_HUB}") from None
     return paths[0].parent
 
 

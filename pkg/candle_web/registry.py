@@ -2,6 +2,11 @@
 
 `registry.json` (next to this file, package data) is read by the CLI, `models/fetch.py` and the
 browser; this module parses and checks it. Fetching lives in `hub.py`.
+
+A file may leave out its sha256 and size only in a model pinned to a Hub commit (one `hf`
+source, a 40-hex revision) and nothing else: its bytes are then checked against the content
+hash the Hub announces for that commit (see hub_content.py). That is how models without any
+offline mirror (T5) are listed: we could not download them here to record every hash.
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ MODEL_KINDS = ("whisper", "llama", "bert", "t5", "test-input")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclasses.dataclass(frozen=True)
 class FileEntry:
-    """One file of a model, pinned by content."""
+    """One file of a model, pinned by content (sha256 and size), or by its model's Hub commit
+    alone (both None: checked against the hash the Hub announces at download)."""
 
     name: str
-    sha256: str
-    size: int
+    sha256: str | None
+    size: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +54,12 @@ class ModelEntry:
     browser: bool
     files: tuple[FileEntry, ...]
     sources: tuple[dict, ...]
+
+    @property
+    def pinned_by_sha256(self) -> bool:
+        """Whether registry.json records every file's sha256 and size (so the registry alone,
+        with no Hub, can verify the bytes: mirrors, the browser's cache keys, serving)."""
+        return all(f.sha256 is not None and f.size is not None for f in self.files)
 
     def file(self, filename: str) -> FileEntry:
         for entry in self.files:
@@ -132,33 +145,54 @@ def _parse_model(raw: object, origin: str) -> ModelEntry:
     kind = raw.get("kind")
     if kind not in MODEL_KINDS:
         raise FormatError(f"{where}: kind {kind!r} is not one of {MODEL_KINDS}")
-    files = []
-    for item in raw.get("files") or []:
-        if not isinstance(item, dict):
-            raise FormatError(f"{where}: file entry {item!r:.80} is not an object")
-        name = _checked_relative_name(item.get("name"), where)
-        sha = item.get("sha256")
-        size = item.get("size")
-        if not isinstance(sha, str) or not _SHA256_RE.match(sha):
-            raise FormatError(f"{where}: file {name!r} has sha256 {sha!r}, not 64 lowercase hex")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise FormatError(f"{where}: file {name!r} has size {size!r}, not an int >= 0")
-        files.append(FileEntry(name, sha, size))
+    sources = raw.get("sources") or []
+    hub_commit_only = _pinned_to_one_hub_commit(sources)
+    files = [_parse_file(item, where, hub_commit_only) for item in raw.get("files") or []]
     if not files:
         raise FormatError(f"{where}: no files")
-    sources = raw.get("sources") or []
     for source in sources:
         _check_source(source, where, {f.name for f in files})
+    size = sum(f.size or 0 for f in files)
+    if any(f.size is None for f in files):
+        # Some sizes are known only to the Hub: the model gives its approximate download size.
+        size = raw.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise FormatError(f"{where}: files without a size need the model's approximate "
+                              f"'size' in bytes, got {size!r}")
     return ModelEntry(
         name=raw["name"],
         description=str(raw.get("description", "")),
         kind=kind,
         license=str(raw.get("license", "")),
-        size=sum(f.size for f in files),
+        size=size,
         browser=bool(raw.get("browser", True)),
         files=tuple(files),
         sources=tuple(sources),
     )
+
+
+def _pinned_to_one_hub_commit(sources: list) -> bool:
+    return (len(sources) == 1 and isinstance(sources[0], dict) and "hf" in sources[0]
+            and isinstance(sources[0]["hf"], dict)
+            and isinstance(sources[0]["hf"].get("revision"), str)
+            and bool(_COMMIT_RE.match(sources[0]["hf"]["revision"])))
+
+
+def _parse_file(item: object, where: str, hub_commit_only: bool) -> FileEntry:
+    if not isinstance(item, dict):
+        raise FormatError(f"{where}: file entry {item!r:.80} is not an object")
+    name = _checked_relative_name(item.get("name"), where)
+    sha = item.get("sha256")
+    size = item.get("size")
+    if (sha is None or size is None) and not hub_commit_only:
+        missing = "sha256" if sha is None else "size"
+        raise FormatError(f"{where}: file {name!r} has no {missing}; only a model whose one "
+                          f"source is a Hub repo at a 40-hex commit may leave it to the Hub")
+    if sha is not None and (not isinstance(sha, str) or not _SHA256_RE.match(sha)):
+        raise FormatError(f"{where}: file {name!r} has sha256 {sha!r}, not 64 lowercase hex")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise FormatError(f"{where}: file {name!r} has size {size!r}, not an int >= 0")
+    return FileEntry(name, sha, size)
 
 
 def _check_source(source: object, where: str, file_names: set[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import threading
 import urllib.parse
@@ -18,10 +19,15 @@ class FakeHub:
     """Serves /<repo>/resolve/<revision>/<file> from a dict; records every request path.
 
     files maps the URL path to bytes; slow_paths never answer before the client gives up;
-    unsized_paths are sent without Content-Length (the body ends when the connection closes)."""
+    unsized_paths are sent without Content-Length (the body ends when the connection closes).
+    head_headers maps a path to the headers its HEAD answers with (and redirects, for the
+    Hub's answer on a file kept in LFS storage, to the path GET is redirected to), like the
+    Hub announcing a file's content hash (see add_announced)."""
 
     def __init__(self):
         self.files: dict[str, bytes] = {}
+        self.head_headers: dict[str, dict] = {}
+        self.redirects: dict[str, str] = {}
         self.slow_paths: set[str] = set()
         self.unsized_paths: set[str] = set()
         self.requests: list[str] = []
@@ -29,9 +35,29 @@ class FakeHub:
         hub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self):
+                path = urllib.parse.unquote(self.path)
+                hub.requests.append("HEAD " + path)
+                headers = hub.head_headers.get(path)
+                if headers is None:
+                    self.send_error(404, "Not Found")
+                    return
+                self.send_response(302 if path in hub.redirects else 200)
+                if path in hub.redirects:
+                    self.send_header("Location", hub.redirects[path])
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+
             def do_GET(self):
                 path = urllib.parse.unquote(self.path)
                 hub.requests.append(path)
+                if path in hub.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", hub.redirects[path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if path in hub.slow_paths:
                     hub.release.wait(SLOW_RESPONSE_MAX_S)
                     return
@@ -57,6 +83,29 @@ class FakeHub:
     def add(self, repo: str, revision: str, filename: str, body: bytes) -> str:
         path = f"/{repo}/resolve/{revision}/{filename}"
         self.files[path] = body
+        return path
+
+    def add_announced(self, repo: str, revision: str, filename: str, body: bytes, *,
+                      lfs: bool, announced: bytes | None = None) -> str:
+        """Serve a file the way the Hub does, announcing the content hash of `announced`
+        (default: body): a file in LFS storage answers HEAD with a redirect carrying
+        X-Linked-Etag (sha256) and X-Linked-Size, and GET with a redirect to the storage
+        path; a file kept in git answers HEAD with its git blob id as ETag."""
+        announced = body if announced is None else announced
+        path = f"/{repo}/resolve/{revision}/{filename}"
+        headers = {"X-Repo-Commit": revision}
+        if lfs:
+            sha256 = hashlib.sha256(announced).hexdigest()
+            storage = f"/storage/{sha256}"
+            self.files[storage] = body
+            self.redirects[path] = storage
+            headers.update({"X-Linked-Etag": f'"{sha256}"', "X-Linked-Size": str(len(announced)),
+                            "ETag": f'"{sha256}"'})
+        else:
+            self.files[path] = body
+            blob = hashlib.sha1(b"blob %d\0" % len(announced) + announced).hexdigest()
+            headers.update({"ETag": f'"{blob}"', "Content-Length": str(len(announced))})
+        self.head_headers[path] = headers
         return path
 
 
