@@ -160,12 +160,23 @@ class AudioEncoder:
 class DecoderState:
     """Everything that persists between decoding steps for one batch of sequences."""
 
-    def __init__(self, cross_kv: list, n_layers: int):
-        self.cross_kv = cross_kv  # per layer (k, v), [b, h, 1500, dh]
-        self.caches = [KvCache(dim=2) for _ in range(n_layers)]
+    def __init__(self, blocks: list, audio_features: Tensor):
+        self.audio_features = audio_features  # [b, 1500, d]
+        self._blocks = blocks
+        self._cross_kv = None
+        self.caches = [KvCache(dim=2) for _ in blocks]
         # The backend's fused decode step keeps its own caches once it has taken over (see
         # TextDecoder.__call__); `caches` are then stale until handed back.
         self.fused_run = None
+
+    @property
+    def cross_kv(self) -> list:
+        """Per layer (k, v) [b, h, 1500, dh], projected from the audio features on first use:
+        the numba fused step attends over the features directly, so a decoding that stays on it
+        never pays for this projection."""
+        if self._cross_kv is None:
+            self._cross_kv = [block.cross_attn.cross_kv(self.audio_features) for block in self._blocks]
+        return self._cross_kv
 
     @property
     def offset(self) -> int:
@@ -174,26 +185,24 @@ class DecoderState:
         return self.caches[0].current_seq_len()
 
     def reorder(self, indices) -> None:
-        """Keep batch rows `indices` (beam search): caches and cross K/V follow their beams."""
-        device = self.cross_kv[0][0].device
-        ids = Tensor.from_numpy(np.asarray(indices, dtype=np.int64), device=device)
+        """Keep batch rows `indices` (beam search): caches and cross K/V follow their beams.
+        Rows of one audio share its features, so those change only with the number of rows."""
+        ids = Tensor.from_numpy(np.asarray(indices, dtype=np.int64), device=self.audio_features.device)
+        same_rows = len(indices) == self.audio_features.dims()[0]
+        if not same_rows:
+            self.audio_features = self.audio_features.index_select(ids, 0).contiguous()
+            if self._cross_kv is not None:
+                self._cross_kv = [(k.index_select(ids, 0).contiguous(), v.index_select(ids, 0).contiguous())
+                                  for k, v in self._cross_kv]
         if self.fused_run is not None:
-            same_rows = len(indices) == self.cross_kv[0][0].dims()[0]
-            if not same_rows:
-                self.cross_kv = [(k.index_select(ids, 0).contiguous(), v.index_select(ids, 0).contiguous())
-                                 for k, v in self.cross_kv]
-            self.fused_run.reorder(indices, None if same_rows else
-                                   [(k.storage_numpy(), v.storage_numpy()) for k, v in self.cross_kv])
+            self.fused_run.reorder(indices, None if same_rows else self.audio_features)
             return
-        for i, cache in enumerate(self.caches):
+        for cache in self.caches:
             k, v = cache.k.current_data(), cache.v.current_data()
             if k is None:
                 continue
             cache.reset()
             cache.append(k.index_select(ids, 0).contiguous(), v.index_select(ids, 0).contiguous())
-        same_rows = len(indices) == self.cross_kv[0][0].dims()[0]
-        if not same_rows:
-            self.cross_kv = [(k.index_select(ids, 0), v.index_select(ids, 0)) for k, v in self.cross_kv]
 
 
 def fused_caches(state: DecoderState):
@@ -210,8 +219,7 @@ class TextDecoder:
         self.ln = ln
 
     def start(self, audio_features: Tensor) -> DecoderState:
-        cross = [block.cross_attn.cross_kv(audio_features) for block in self.blocks]
-        return DecoderState(cross, len(self.blocks))
+        return DecoderState(self.blocks, audio_features)
 
     def _fused_step(self):
         """The backend's fused one-token decode step for these weights (built once), or None:
@@ -238,7 +246,7 @@ class TextDecoder:
             if state.fused_run is None:
                 filled = [None if c.k.current_data() is None else (c.k.current_data(), c.v.current_data())
                           for c in state.caches]
-                state.fused_run = fused.begin(b, filled, state.cross_kv)
+                state.fused_run = fused.begin(b, filled, state.audio_features)
             logits = fused.step(state.fused_run, tokens.to_numpy().reshape(b))
             return Tensor.from_numpy(logits.reshape(b, 1, -1), device=tokens.device)
         if state.fused_run is not None:  # several new tokens after fused steps: hand the caches back
