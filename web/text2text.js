@@ -2,13 +2,25 @@
 // "translate English to German: ", into an output streamed token by token. The model comes
 // from the registry, a Hub repository at a revision (online), or a folder this server serves
 // (`candle-web serve --local-model DIR`): no T5 weights exist offline, so when none is at hand
-// the view says how to get one instead of failing. Started by app.js.
+// the view says how to get one instead of failing. When the server has the demo model that
+// `make demo` trains (examples/t5_spell_numbers.py: a tiny T5 that spells out numbers, served
+// from <cache>/demo/), it is the offline default, labelled as the demo it is. Started by app.js.
 
 import { JobStatus, describeLoad, fillModelSelect, formatSeconds, loadModel } from "./view_common.js";
 
 const KIND = "t5";
 const SOURCE_HUB = "hub";
 const SOURCE_FOLDER = "url";
+const SOURCE_DEMO = "demo";
+// The demo model: where `candle-web serve` serves it, how the view names it, its one task.
+const DEMO = {
+  folder: "models/local/t5-spell-numbers/",
+  label: "demo: spells out numbers (synthetic, trained by candle-web)",
+  task: "spell out: ",
+  taskLabel: "Spell out a number (the demo model's only task)",
+  example: "4821",
+  note: "A demo T5 trained in a few minutes by candle-web's own autograd on a synthetic task: it spells out whole numbers from 0 to 9999 and nothing else; it is not a language model.",
+};
 const MAX_TOKENS_LIMIT = 512; // web/py/t5_session.py refuses more
 // What a Hub download failure means here, besides the worker's own message.
 const OFFLINE_ERRORS = new Set(["NetworkError", "ModelNotFound"]);
@@ -66,6 +78,7 @@ export function setUpText2text(client, ready) {
     runs: 0,
     hint: null, // how to get a T5, from the worker
     registryModels: [],
+    demoServed: null, // whether this server has the demo model (null until asked)
   };
 
   function refreshButtons() {
@@ -93,6 +106,7 @@ export function setUpText2text(client, ready) {
       if (!folder.endsWith("/")) folder += "/";
       return { fields: { url: folder }, label: folder };
     }
+    if (ui.source.value === SOURCE_DEMO) return { fields: { url: DEMO.folder }, label: DEMO.label };
     return { fields: { model: ui.source.value }, label: ui.source.value };
   }
 
@@ -210,14 +224,45 @@ export function setUpText2text(client, ready) {
     await client.cancel(state.jobId);
   }
 
+  // Is the demo model served here? A HEAD request for its config (404 when it is not).
+  async function demoServed() {
+    try {
+      const response = await fetch(DEMO.folder + "config.json", { method: "HEAD", cache: "no-store" });
+      return response.ok;
+    } catch (error) {
+      return false;
+    }
+  }
+
+  // The demo model as a source option, selected with its task when nothing better is there.
+  function offerDemo(selectIt) {
+    const option = document.createElement("option");
+    option.value = SOURCE_DEMO;
+    option.textContent = DEMO.label;
+    ui.source.prepend(option);
+    const task = document.createElement("option");
+    task.value = DEMO.task;
+    task.textContent = DEMO.taskLabel;
+    ui.task.prepend(task);
+    if (!selectIt) return;
+    ui.source.value = SOURCE_DEMO;
+    ui.task.value = DEMO.task;
+    if (ui.input.value === ui.input.defaultValue) ui.input.value = DEMO.example;
+    ui.modelNote.textContent = DEMO.note;
+  }
+
   async function showModels() {
-    const reply = await fillModelSelect(client, KIND, ui.source);
+    // Both asked at once; the page changes only when both answered, in one go.
+    const [reply, demo] = await Promise.all([fillModelSelect(client, KIND, ui.source), demoServed()]);
     state.registryModels = reply.models.map((model) => model.name);
     state.hint = reply.hint || null;
-    // The registry's models come first; the default is the first one, else the folder.
+    state.demoServed = demo;
+    // The registry's models come first; the default is the first one, else the demo model
+    // when served, else the folder.
     for (const name of [...state.registryModels].reverse()) {
       ui.source.prepend(ui.source.querySelector(`option[value="${CSS.escape(name)}"]`));
     }
+    if (demo) offerDemo(state.registryModels.length === 0);
     if (state.registryModels.length > 0) {
       ui.source.value = state.registryModels[0];
     } else {

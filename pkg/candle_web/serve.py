@@ -7,7 +7,9 @@ Serves, on 127.0.0.1 by default:
   /models/M/F       file F of registry model M from the hub's cache, read-only, only once
                     verified, and only for models that may be shipped (never `test-input`)
   /models/local/N/F file F of a local model folder named N (`--local-model DIR`, N = the
-                    folder's name): for models outside the registry, e.g. a T5 you trained
+                    folder's name): for models outside the registry, e.g. a T5 you trained;
+                    the folders under <cache>/demo/ (models trained for `make demo`, such as
+                    examples/t5_spell_numbers.py's) are served this way too
 
 Every response carries the cross-origin isolation headers (COOP same-origin, COEP
 require-corp, CORP same-origin) so that `crossOriginIsolated` is true in the page: the worker
@@ -41,6 +43,8 @@ MODELS_URL_PREFIX = "/models/"
 # /models/local/<name>/<file>: the folders given with --local-model (no registry model may be
 # named "local", so the two never collide).
 LOCAL_MODELS_SEGMENT = "local"
+# <cache>/demo/<name>/: model folders trained on this machine for the demo page.
+DEMO_MODELS_FOLDER = "demo"
 VENDOR_PYODIDE_URL_PREFIX = "/vendor/pyodide/"
 INDEX_FILE = "index.html"
 COPY_CHUNK_BYTES = 1 << 20
@@ -409,6 +413,19 @@ def local_model_map(folders) -> dict:
     return mapping
 
 
+def demo_model_folders(given=()) -> list:
+    """Model folders (with a config.json) under <cache>/demo/, except those named like a
+    folder in `given` (an explicit --local-model wins)."""
+    from . import hub  # noqa: PLC0415  (stdlib-only; the cache location lives there)
+
+    taken = {Path(folder).expanduser().resolve().name for folder in given}
+    root = hub.cache_dir() / DEMO_MODELS_FOLDER
+    if not root.is_dir():
+        return []
+    return [folder for folder in sorted(root.iterdir())
+            if (folder / "config.json").is_file() and folder.name not in taken]
+
+
 def make_site_config(web_root: Optional[Path] = None, serve_models: bool = True,
                      verbose: bool = False, local_models=()) -> SiteConfig:
     web_root = Path(web_root) if web_root is not None else default_web_root()
@@ -511,13 +528,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.cache_dir is not None:
         # The hub reads the cache location from the environment on every lookup.
         os.environ[CACHE_ENV_VAR] = str(args.cache_dir)
+    local_models = args.local_model + demo_model_folders(args.local_model)
     try:
-        local_model_map(args.local_model)
+        local_model_map(local_models)
     except ValueError as error:
         parser.error(str(error))
     try:
         serve(args.port, open_browser=args.open, host=args.host, web_root=args.web_root,
-              verbose=not args.quiet, local_models=args.local_model)
+              verbose=not args.quiet, local_models=local_models)
     except OSError as error:
         print(f"candle-web serve: cannot listen on {args.host}:{args.port}: {error}",
               file=sys.stderr)

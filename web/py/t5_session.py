@@ -42,7 +42,9 @@ HOW_TO_GET_A_T5 = (
     "e.g. google-t5/t5-small at a pinned commit); or a folder this server serves: start it with "
     "`candle-web serve --local-model DIR` (DIR holds config.json, model.safetensors and "
     "tokenizer.json) and enter models/local/<DIR name>/ as the folder. Natively: "
-    "`candle-web text2text --model DIR \"translate English to German: ...\"`.")
+    "`candle-web text2text --model DIR \"translate English to German: ...\"`. `make demo` "
+    "also trains a tiny demo T5 that only spells out numbers (examples/t5_spell_numbers.py) "
+    "and serves it; the view then offers it as its default.")
 
 # The one model kept in memory: key -> T5TextGenerator.
 _loaded: dict = {}

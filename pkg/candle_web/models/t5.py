@@ -297,14 +297,17 @@ class DecoderState:
     """What persists between decoding steps: cross-attention K/V per layer (from the encoder
     output, computed once), the self-attention caches and the encoder padding mask."""
 
-    def __init__(self, cross_kv: list, cross_mask, n_layers: int):
+    def __init__(self, cross_kv: list, cross_mask, n_layers: int, use_cache: bool = True):
         self.cross_kv = cross_kv  # per layer (k, v), [b, h, s, d_kv]
         self.cross_mask = cross_mask  # [b, 1, 1, s] additive, or None without padding
-        self.caches = [KvCache(dim=2) for _ in range(n_layers)]
+        # Without caches (teacher forcing) the keys stay in the autograd graph, which the
+        # caches' preallocated buffers would cut; such a state decodes one whole sequence once.
+        self.caches = [KvCache(dim=2) if use_cache else None for _ in range(n_layers)]
+        self.decoded = False
 
     @property
     def offset(self) -> int:
-        return self.caches[0].current_seq_len()
+        return self.caches[0].current_seq_len() if self.caches[0] is not None else 0
 
 
 class T5ForConditionalGeneration:
@@ -336,15 +339,19 @@ class T5ForConditionalGeneration:
         return self.encoder_norm(x)
 
     # -- decoder ----------------------------------------------------------------------------
-    def start_decoding(self, encoder_states: Tensor, attention_mask=None) -> DecoderState:
+    def start_decoding(self, encoder_states: Tensor, attention_mask=None,
+                       use_cache: bool = True) -> DecoderState:
         b, s, _ = encoder_states.dims()
         cross = [block.cross.encoder_kv(encoder_states) for block in self.decoder_blocks]
         return DecoderState(cross, additive_padding_mask(attention_mask, b, s, self.device, "t5"),
-                            len(self.decoder_blocks))
+                            len(self.decoder_blocks), use_cache)
 
     def decode(self, decoder_ids, state: DecoderState) -> Tensor:
         """New decoder ids [b, t] -> logits [b, t, vocab]; the caches advance by t."""
         ids = token_ids(decoder_ids, self.device, "t5 decode")
+        if state.decoded and state.caches[0] is None:
+            raise UnsupportedError("t5 decode: a state without caches decodes one sequence once")
+        state.decoded = True
         t = ids.dims()[1]
         offset = state.offset
         x = self.shared.embedding(ids)
@@ -359,8 +366,10 @@ class T5ForConditionalGeneration:
         return self.lm_head(x)
 
     def forward(self, input_ids, decoder_ids, attention_mask=None) -> Tensor:
-        """Teacher-forced logits [b, t, vocab] for decoder ids that start with the start token."""
-        state = self.start_decoding(self.encode(input_ids, attention_mask), attention_mask)
+        """Teacher-forced logits [b, t, vocab] for decoder ids that start with the start token
+        (differentiable when the weights are Vars: see t5_training)."""
+        state = self.start_decoding(self.encode(input_ids, attention_mask), attention_mask,
+                                    use_cache=False)
         return self.decode(decoder_ids, state)
 
     __call__ = forward
@@ -487,7 +496,15 @@ class T5TextGenerator:
 
 
 # -- weight loading -------------------------------------------------------------------------
-class _SafetensorsWeights:
+class _Weights:
+    """What build_t5 reads by HF name: has(name), tensor(name, shape), matrix(name, rows,
+    cols) -> a callable layer, tied_head(shared) -> the head when it is the embedding."""
+
+    def tied_head(self, shared: Tensor):
+        return QMatMul.from_tensor(shared)
+
+
+class _SafetensorsWeights(_Weights):
     """HF names through a VarBuilder (shape-checked; float weights computed in f32)."""
 
     def __init__(self, vb):
@@ -503,7 +520,7 @@ class _SafetensorsWeights:
         return QMatMul.from_tensor(self.vb.get((rows, cols), name))
 
 
-class _GgufWeights:
+class _GgufWeights(_Weights):
     """GGUF tensors by HF name: matrices stay quantized (or are dequantized at load, by
     backend), vectors and tables are dequantized. `names` maps HF names to the file's."""
 
@@ -559,8 +576,9 @@ def llama_cpp_name(hf_name: str) -> str:
     return prefix + f"{attn}_{parts[6]}.weight"
 
 
-def _build(config: T5Config, weights, device) -> T5ForConditionalGeneration:
-    """Map HF names onto the modules; every tensor is checked against the config's shape."""
+def build_t5(config: T5Config, weights, device) -> T5ForConditionalGeneration:
+    """Map HF names onto the modules (`weights`: see _Weights); every tensor is checked
+    against the config's shape."""
     d, inner, d_ff, eps = config.d_model, config.inner_dim, config.d_ff, config.layer_norm_epsilon
 
     def norm(name):
@@ -604,7 +622,7 @@ def _build(config: T5Config, weights, device) -> T5ForConditionalGeneration:
     if weights.has("lm_head.weight"):
         lm_head = weights.matrix("lm_head.weight", config.vocab_size, d)
     else:
-        lm_head = QMatMul.from_tensor(shared)  # tied
+        lm_head = weights.tied_head(shared)
     return T5ForConditionalGeneration(
         config, shared, encoder_blocks, position_bias("encoder.block.0.layer.0.SelfAttention", True),
         norm("encoder.final_layer_norm"), decoder_blocks,
@@ -628,7 +646,7 @@ def load_t5_safetensors(weights, config, device=None) -> T5ForConditionalGenerat
     from ..nn.var_builder import VarBuilder
 
     vb = VarBuilder.from_safetensors(weights, dt.f32, device)
-    return _build(_read_config(config), _SafetensorsWeights(vb), Device.parse(device))
+    return build_t5(_read_config(config), _SafetensorsWeights(vb), Device.parse(device))
 
 
 def load_t5_gguf(source, config=None, device=None, mode: str = "auto") -> T5ForConditionalGeneration:
@@ -643,12 +661,12 @@ def load_t5_gguf(source, config=None, device=None, mode: str = "auto") -> T5ForC
         if arch not in (None, "t5"):
             raise UnsupportedError(f"GGUF {gguf.source}: architecture {arch!r} is not t5")
         cfg = _read_config(config) if config is not None else T5Config.from_gguf(gguf)
-        return _build(cfg, _GgufWeights(gguf, device, mode, llama_cpp_name), device)
+        return build_t5(cfg, _GgufWeights(gguf, device, mode, llama_cpp_name), device)
     if "shared.weight" in gguf.tensors or "encoder.embed_tokens.weight" in gguf.tensors:
         if config is None:
             raise FormatError(f"GGUF {gguf.source} uses HF tensor names and has no t5 metadata: "
                               f"pass its config.json")
-        return _build(_read_config(config), _GgufWeights(gguf, device, mode), device)
+        return build_t5(_read_config(config), _GgufWeights(gguf, device, mode), device)
     raise FormatError(f"GGUF {gguf.source}: no T5 embedding tensor (token_embd.weight or "
                       f"shared.weight); not a T5 model")
 
@@ -678,4 +696,4 @@ def load_t5(path, device=None, mode: str = "auto") -> T5ForConditionalGeneration
 # -- helpers --------------------------------------------------------------------------------
 __all__ = ["T5Config", "T5ForConditionalGeneration", "T5TextGenerator", "Text2TextResult",
            "GenerationOptions", "relative_position_bucket", "llama_cpp_name",
-           "load_t5", "load_t5_safetensors", "load_t5_gguf"]
+           "load_t5", "load_t5_safetensors", "load_t5_gguf", "build_t5"]
