@@ -9,11 +9,12 @@ Inputs that are views are copied to C order first (the kernels index contiguous 
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 
 from candle_web.backend.numpy_backend import NumpyBackend
-from candle_web.errors import ShapeMismatch
+from candle_web.errors import ShapeMismatch, UnsupportedError
 
 from . import numba_kernels as nk
 from .numba_kernels import vector_math
@@ -28,13 +29,22 @@ SOFTMAX_NUMBA_MAX_ELEMENTS = 4096
 # Query rows up to which the fused attention kernel beats scores-through-BLAS (decode steps and
 # short prompts); longer prompts and encoders keep the two BLAS matmuls of the reference.
 FUSED_ATTENTION_MAX_QUERIES = 16
-# From this many activation rows on, qmatmul decodes the weight a band at a time and lets BLAS do
-# the product (prompt processing); below it, the fused kernel reads the int8 levels directly.
+# From this many activation rows on (prompt processing), qmatmul lets BLAS multiply an f32 copy
+# of the weight (kept, see _DenseWeights, or decoded a band at a time beyond the budget); below
+# it, the fused kernel reads the int8 levels directly.
 QMATMUL_BLAS_MIN_ROWS = 8
 # Set to 0 to keep Whisper decoding on the generic tensor path (tests compare the two).
 FUSED_WHISPER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER"
+# Set to 0 to keep the Whisper encoder on the generic tensor path (tests compare the two).
+FUSED_WHISPER_ENCODER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER_ENCODER"
 # Weight rows decoded per band on the BLAS path (bounds the f32 scratch to band x k).
 QMATMUL_BAND_ROWS = 1024
+# The prompt path keeps f32 copies of the weights it multiplies, up to this many MiB in all
+# (CANDLE_WEB_PROMPT_WEIGHTS_MB overrides; 0 turns it off); beyond, weights are decoded a band
+# at a time on every call. Decoding per call cost SmolLM2-135M ~0.2 s of CPU per prompt (its
+# block weights are 90 M values) and put a numba thread-pool region before every BLAS call.
+PROMPT_WEIGHTS_MB_VARIABLE = "CANDLE_WEB_PROMPT_WEIGHTS_MB"
+DEFAULT_PROMPT_WEIGHTS_MB = 1024
 
 
 class _KernelWeight:
@@ -68,6 +78,47 @@ _KERNEL_WEIGHTS = PerWeightCache()
 def kernel_weight(qtensor) -> _KernelWeight:
     """The unpacked weight for `qtensor`, built at its first use and cached with it."""
     return _KERNEL_WEIGHTS.get(qtensor, _KernelWeight)
+
+
+class _DenseWeights:
+    """f32 copies of quantized weights for multi-row products (the numpy backend's layout, so
+    prompts cost the same BLAS work on both backends), kept while they fit the byte budget.
+    Decode steps never read them: the fused kernels read the int8 levels."""
+
+    def __init__(self):
+        self._cache = PerWeightCache()
+        self.used_bytes = 0
+
+    @staticmethod
+    def budget_bytes() -> int:
+        raw = os.environ.get(PROMPT_WEIGHTS_MB_VARIABLE, "").strip() or DEFAULT_PROMPT_WEIGHTS_MB
+        try:
+            megabytes = float(raw)
+        except ValueError:
+            raise UnsupportedError(f"{PROMPT_WEIGHTS_MB_VARIABLE}={raw!r}: expected a number "
+                                   "of MiB") from None
+        return int(megabytes * (1 << 20))
+
+    def get(self, qtensor, weight):
+        """The f32 [n, k] matrix of `qtensor`; None when it did not fit the budget at its first
+        use (it then stays on the band path)."""
+        return self._cache.get(qtensor, lambda q: self._decode_within_budget(weight, *q.shape))
+
+    def _decode_within_budget(self, weight, n, k):
+        if self.used_bytes + 4 * n * k > self.budget_bytes():
+            return None
+        dense = np.empty((n, k), np.float32)
+        nk.dequantize_rows_into(weight.levels, weight.scales, weight.offsets, weight.use_offsets,
+                                weight.group, 0, dense)
+        self.used_bytes += dense.nbytes
+        weakref.finalize(dense, self._release, dense.nbytes)
+        return dense
+
+    def _release(self, nbytes):
+        self.used_bytes -= nbytes
+
+
+_DENSE_WEIGHTS = _DenseWeights()
 
 
 def _f32_rows(x):
@@ -213,6 +264,15 @@ class NumbaBackend(NumpyBackend):
 
         return FusedWhisperDecoder.build(decoder)
 
+    def fused_whisper_encoder(self, encoder):
+        """A FusedWhisperEncoder for a Whisper AudioEncoder (whisper_encoder.py), or None when
+        its weights do not fit or CANDLE_WEB_FUSED_WHISPER_ENCODER=0 asks for the tensor path."""
+        if os.environ.get(FUSED_WHISPER_ENCODER_VARIABLE, "1") == "0":
+            return None
+        from .whisper_encoder import FusedWhisperEncoder
+
+        return FusedWhisperEncoder.build(encoder)
+
     def fused_llama_decoder(self, model):
         """A callable running a whole LLaMA decode step (batch 1, one token) in numba, or None
         when the model's weights do not fit the fused kernels (see llama_decoder.py)."""
@@ -234,7 +294,8 @@ class NumbaBackend(NumpyBackend):
         rows = _f32_rows(x)
         weight = kernel_weight(qweight)
         if rows.shape[0] >= QMATMUL_BLAS_MIN_ROWS:
-            out = _qmatmul_through_blas(rows, weight, n)
+            dense = _DENSE_WEIGHTS.get(qweight, weight)
+            out = rows @ dense.T if dense is not None else _qmatmul_through_blas(rows, weight, n)
         else:
             out = np.empty((rows.shape[0], n), np.float32)
             if weight.use_offsets:

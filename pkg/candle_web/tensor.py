@@ -242,7 +242,12 @@ class Tensor(ShapeOps, MathOps):
     def to_device(self, device) -> "Tensor":
         device = Device.parse(device)
         if device == self.device:
-            return self
+            if device is Device.cpu() or device.backend is self.device.backend:
+                return self
+            # A backend pinned on the same device (Device.cpu(backend=...)): the array is
+            # shared, only the kernels later ops run through change. Returning self here kept
+            # safetensors weights on the default backend under a pinned-numpy model.
+            return Tensor._wrap(self._data, self.dtype, device)
         host = self.device.backend.to_numpy(self._data)
         return Tensor._wrap(device.backend.from_numpy(host), self.dtype, device)
 

@@ -6,7 +6,7 @@ pairs sharing activation loads, lanes in registers), so logits agree to ~1e-6 of
 the tolerance is 1e-4 relative to the largest logit. Greedy ids must be identical. Covered:
 32-element groups with and without offsets (Q4_0, Q4_1, Q5_1, Q8_0), 16-element groups
 (Q6_K) and 32 with per-group offsets from K-quants (Q4_K), threaded and single-thread steps, a
-KV cache that must grow during decoding, and the fallbacks (f32 weights, numpy backend).
+KV cache that must grow during decoding, f32 weights, and the numpy backend (no fused step).
 """
 
 from __future__ import annotations
@@ -92,9 +92,17 @@ def test_fused_step_matches_a_full_pass(numba_device, tmp_path):
                                rtol=0)
 
 
-def test_no_fused_step_for_float_weights_or_numpy(numba_device, tmp_path):
+def test_fused_step_with_float_weights(numba_device, tmp_path):
+    """f32 matrices (a GGUF dequantized at load here; float safetensors checkpoints alike) run
+    the same fused step through its f32 matrix-vector kernels."""
+    path = to_gguf(random_state(TINY_CONFIG, seed=6), TINY_CONFIG, tmp_path / "f32.gguf")
+    model = Llama.from_gguf(path, numba_device, mode="dequantize")
+    assert not model.lm_head.is_quantized
+    assert model._fused_decoder_for_backend() is not None
+    assert_same_decode(model, [3, 11, 40, 2])
+
+
+def test_no_fused_step_on_numpy(tmp_path):
     path = to_gguf(random_state(TINY_CONFIG, seed=6), TINY_CONFIG, tmp_path / "q8.gguf",
                    quantize_to=GgmlDType.Q8_0)
-    assert Llama.from_gguf(path, numba_device, mode="dequantize") \
-        ._fused_decoder_for_backend() is None
     assert Llama.from_gguf(path, Device.cpu(backend="numpy"))._fused_decoder_for_backend() is None

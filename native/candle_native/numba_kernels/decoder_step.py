@@ -14,7 +14,10 @@ per-lane accumulation as `qmatmul_g32`/`qmatmul_g16`, rms norm as `_rms_norm_row
 rope kernels, softmax-weighted values as `attention_rows`; only some sums are re-associated.
 
 A weight is passed as a tuple ``(levels i8[n, k], scales f32[n, k/g], offsets f32[n, k/g] or a
-1x1 stand-in, use_offsets, group)`` with group 32 or 16 (see quant_unpack / numba_backend).
+1x1 stand-in, use_offsets, group)`` with group 32 or 16 (see quant_unpack / numba_backend), or
+as a plain C-ordered f32 matrix ``[n, k]`` (float checkpoints); `project` picks the matching
+matrix-vector kernel when the block step is compiled for those argument types, so quantized,
+float and mixed models share one block step.
 With `parallel`, matrix-vector products are split over numba's threads in chunks of rows and
 attention over heads; without, everything runs on the calling thread. Each parallel region
 ends in a join, five per block: on an oversubscribed machine a join can wait a whole
@@ -24,9 +27,10 @@ scheduler time slice for a descheduled worker, so the caller picks (see llama_de
 import math
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
-from ._jit import kernel, parallel_kernel
+from ._jit import FAST_REDUCTIONS, kernel, parallel_kernel
 from .stack_scratch import stack_f32_32, stack_f32_64
 
 # Weight rows per parallel work item: enough to amortise scheduling, few enough to balance
@@ -168,6 +172,63 @@ def matvec(x, weight, out, parallel):
 
 
 @kernel
+def _rows_f32(x, weight, out, start, stop):
+    """out[i] = W[i] . x for rows start..stop-1 of an f32 matrix (re-association lets LLVM
+    vectorise the dot product; the loop is bound by reading W)."""
+    for i in range(start, stop):
+        total = np.float32(0.0)
+        for j in range(x.size):
+            total += weight[i, j] * x[j]
+        out[i] = total
+
+
+@parallel_kernel
+def _matvec_f32_parallel(x, weight, out):
+    rows = weight.shape[0]
+    for chunk in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        start = chunk * ROW_CHUNK
+        _rows_f32(x, weight, out, start, min(rows, start + ROW_CHUNK))
+
+
+@kernel
+def _matvec_f32_serial(x, weight, out):
+    _rows_f32(x, weight, out, 0, weight.shape[0])
+
+
+def project(x, weight, out, parallel):
+    """out = W x for a quantized weight tuple or an f32 matrix W; callable from kernels only
+    (the overload below chooses the implementation from W's numba type)."""
+    raise NotImplementedError("decoder_step.project runs inside numba kernels only")
+
+
+@overload(project, jit_options={"fastmath": FAST_REDUCTIONS, "nogil": True})
+def _project_for_type(x, weight, out, parallel):
+    if isinstance(weight, types.Array):
+        def float_matvec(x, weight, out, parallel):
+            if parallel:
+                _matvec_f32_parallel(x, weight, out)
+            else:
+                _matvec_f32_serial(x, weight, out)
+        return float_matvec
+
+    def quantized_matvec(x, weight, out, parallel):
+        matvec(x, weight, out, parallel)
+    return quantized_matvec
+
+
+def weight_rows(weight):
+    """Output rows of a weight in either form (kernels only, like `project`)."""
+    raise NotImplementedError("decoder_step.weight_rows runs inside numba kernels only")
+
+
+@overload(weight_rows)
+def _weight_rows_for_type(weight):
+    if isinstance(weight, types.Array):
+        return lambda weight: weight.shape[0]
+    return lambda weight: weight[0].shape[0]
+
+
+@kernel
 def rms_norm_vector(x, weight, eps, out):
     squares = np.float32(0.0)
     for j in range(x.size):
@@ -258,7 +319,7 @@ def llama_block_step(x, attn_norm, mlp_norm, eps, qkv_w, out_w, gate_up_w, down_
     q_size = n_heads * head_dim
     kv_size = n_kv * head_dim
     qkv = np.empty(q_size + 2 * kv_size, np.float32)
-    matvec(h, qkv_w, qkv, parallel)
+    project(h, qkv_w, qkv, parallel)
     for head in range(n_heads + n_kv):  # q heads then k heads are contiguous in qkv
         _rope_head(qkv, head * head_dim, head_dim, cos, sin, pos, interleaved)
     for kh in range(n_kv):
@@ -271,17 +332,17 @@ def llama_block_step(x, attn_norm, mlp_norm, eps, qkv_w, out_w, gate_up_w, down_
     else:
         _attend_serial(qkv, keys, values, pos + 1, n_heads, n_kv, head_dim, scale, attended)
     projected = np.empty(d, np.float32)
-    matvec(attended, out_w, projected, parallel)
+    project(attended, out_w, projected, parallel)
     for j in range(d):
         x[j] += projected[j]
 
     rms_norm_vector(x, mlp_norm, eps, h)
-    gate_up = np.empty(gate_up_w[0].shape[0], np.float32)
-    matvec(h, gate_up_w, gate_up, parallel)
+    gate_up = np.empty(weight_rows(gate_up_w), np.float32)
+    project(h, gate_up_w, gate_up, parallel)
     hidden = gate_up.size // 2
     act = np.empty(hidden, np.float32)
     _silu_mul_halves(gate_up, hidden, act)
-    matvec(act, down_w, projected, parallel)
+    project(act, down_w, projected, parallel)
     for j in range(d):
         x[j] += projected[j]
 
@@ -291,4 +352,4 @@ def final_logits(x, norm, eps, head_w, logits, parallel):
     """logits = W_head rms_norm(x)."""
     h = np.empty(x.size, np.float32)
     rms_norm_vector(x, norm, eps, h)
-    matvec(h, head_w, logits, parallel)
+    project(h, head_w, logits, parallel)
