@@ -144,17 +144,39 @@ class AudioEncoder:
         self.blocks = blocks
         self.ln_post = ln_post
 
+    def _fused(self, mel: Tensor):
+        """The backend's fused encoder for these weights (built once), or None: only the numba
+        backend offers one (time-major activations, row blocks on a thread pool), and never
+        while gradients are tracked, for another dtype than f32 or for an empty mel (the tensor
+        path raises the error)."""
+        if not hasattr(self, "_fused_encoder"):
+            make = getattr(self.conv1_w.device.backend, "fused_whisper_encoder", None)
+            self._fused_encoder = make(self) if make is not None else None
+        if (self._fused_encoder is None or mel.dtype is not dt.f32 or 0 in mel.dims()
+                or mel.device.backend is not self.conv1_w.device.backend
+                or is_tracking(mel, self.conv1_w)):
+            return None
+        return self._fused_encoder
+
     def __call__(self, mel: Tensor) -> Tensor:
+        fused = self._fused(mel)
+        if fused is not None:
+            frames = (mel.dims()[2] - 1) // 2 + 1  # after conv2 (kernel 3, padding 1, stride 2)
+            self._check_frames(frames)
+            return Tensor.from_numpy(fused(mel.to_numpy()), device=mel.device)
         x = mel.conv1d(self.conv1_w, padding=1).broadcast_add(self.conv1_b).gelu_erf()
         x = x.conv1d(self.conv2_w, padding=1, stride=2).broadcast_add(self.conv2_b).gelu_erf()
         x = x.transpose(1, 2)  # [b, 1500, d]
-        if x.dims()[1] > self.positions.dims()[0]:
-            raise ShapeMismatch(f"whisper encoder: {x.dims()[1]} frames exceed the "
-                                f"{self.positions.dims()[0]} positions of the model")
+        self._check_frames(x.dims()[1])
         x = x.broadcast_add(self.positions.narrow(0, 0, x.dims()[1]))
         for block in self.blocks:
             x = block.encode(x)
         return self.ln_post(x)
+
+    def _check_frames(self, frames: int) -> None:
+        if frames > self.positions.dims()[0]:
+            raise ShapeMismatch(f"whisper encoder: {frames} frames exceed the "
+                                f"{self.positions.dims()[0]} positions of the model")
 
 
 class DecoderState:

@@ -1,0 +1,247 @@
+"""The numba backend's fused Whisper encoder: the same f32 arithmetic as the tensor path, laid
+out so that little time is lost outside sgemm.
+
+What the tensor path spends outside its matrix products (one 30 s window of tiny.en, profiled):
+conv1d's im2col (a padded copy, a [3000, 240] / [1500, 1152] column matrix and a transposed
+copy of the result), a bias add and a GELU pass over [384, 3000] per conv, the transpose to
+[1500, 384], and per block eight full-size elementwise passes (bias adds, residual adds) over
+DRAM-sized intermediates (the MLP's [1500, 1536] is 9 MB); attention runs one head at a time
+with a serial softmax pass while the second core waits.
+
+Here the activations are kept time-major ([frames, channels]) from the start and the work is
+done in blocks of ROW_BLOCK rows on a small thread pool (row_pool.py) with one-threaded BLAS:
+- conv (kernel 3, padding 1) as three accumulated products of shifted (and, for stride 2,
+  strided) row views with the taps [c_in, c_out]: no column matrix, and the output is already
+  time-major; bias, GELU and the positions are applied to the block while it is in cache;
+- per block, everything that is row-local runs block by block: layer norm and the fused QKV
+  product; then attention per (head, block of query rows): scores by BLAS, one numba pass for
+  exp and row sums, BLAS for the weighted sum, written straight into the merged-heads layout;
+  then out projection + bias + residual, layer norm, fc1 + bias, GELU, fc2 + bias + residual,
+  with the [ROW_BLOCK, 4d] hidden block staying in L2.
+
+Sums are the reference's in another order (BLAS blocking, the conv's three taps), so results
+agree with the tensor path to f32 rounding (tests/native/test_numba_whisper_encoder.py).
+`FusedWhisperEncoder.build` returns None when the weights do not fit (not f32, a missing bias,
+not the kernel-3 convs) or BLAS threads cannot be controlled; the model then keeps its tensor
+path.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import row_pool
+from .numba_kernels.norms import layer_norm_serial
+from .numba_kernels.vector_math import exp_shifted_rows, gelu_erf_vector_serial
+
+# Rows per work item of the row-local phases (convs, QKV, MLP): one-threaded sgemm loses
+# efficiency on short products, and 1500 rows in blocks of 384 still give each of two threads
+# two items (whole encoder, load 5-6: 1.27-1.32 s of CPU at 384 rows, 1.57-1.65 s at 128).
+ROW_BLOCK = 384
+# Query rows per attention work item: 128 x 1500 f32 scores (768 KB) stay in a core's 2 MB L2
+# between the two products; 6 heads x 12 blocks balance well over two threads.
+ATTENTION_ROW_BLOCK = 128
+CONV_KERNEL = 3  # Whisper's two convolutions: kernel 3, padding 1, strides 1 and 2
+CONV_STRIDES = (1, 2)
+
+
+class _Unfit(Exception):
+    """A weight the fused path does not take."""
+
+
+def _f32(tensor, shape=None) -> np.ndarray:
+    if tensor is None:
+        raise _Unfit
+    array = tensor.storage_numpy()
+    if array.dtype != np.float32:
+        raise _Unfit
+    if shape is not None:
+        if array.size != int(np.prod(shape)):
+            raise _Unfit
+        array = array.reshape(shape)
+    return array
+
+
+class _Linear:
+    """y = x w^T + b, w kept [out, in] as loaded: BLAS reads w.T through its transpose flag."""
+
+    def __init__(self, linear, n_in):
+        self.weight_t = _f32(linear.weight).T
+        if self.weight_t.shape[0] != n_in:
+            raise _Unfit
+        self.bias = _f32(linear.bias, (self.weight_t.shape[1],))
+
+    def into(self, x, out):
+        np.matmul(x, self.weight_t, out=out)
+        out += self.bias
+        return out
+
+
+class _LayerNorm:
+    def __init__(self, norm, width):
+        self.weight = _f32(norm.weight, (width,))
+        self.bias = _f32(norm.bias, (width,))
+        self.eps = np.float32(norm.eps)
+
+    def __call__(self, x):
+        out = np.empty_like(x)
+        layer_norm_serial(x, self.weight, self.bias, self.eps, out)
+        return out
+
+
+class _Block:
+    def __init__(self, block, d):
+        attn = block.attn
+        if attn.qkv is None or d % attn.n_head:
+            raise _Unfit
+        self.n_head = attn.n_head
+        self.attn_ln = _LayerNorm(block.attn_ln, d)
+        self.qkv = _Linear(attn.qkv, d)
+        self.out = _Linear(attn.out, d)
+        self.mlp_ln = _LayerNorm(block.mlp_ln, d)
+        self.fc1 = _Linear(block.mlp.fc1, d)
+        self.fc2 = _Linear(block.mlp.fc2, self.fc1.weight_t.shape[1])
+        if self.qkv.weight_t.shape[1] != 3 * d or self.out.weight_t.shape[1] != d \
+                or self.fc2.weight_t.shape[1] != d:
+            raise _Unfit
+
+
+def _gelu(x, out):
+    """out = gelu(x); never in place: when x and out may alias, LLVM does not vectorise the
+    loop (measured 21 ns per element in place against 3 ns out of place)."""
+    gelu_erf_vector_serial(x.reshape(-1), out.reshape(-1))
+    return out
+
+
+class FusedWhisperEncoder:
+    def __init__(self, encoder):
+        d = encoder.positions.dims()[1]
+        self.d = d
+        self.conv_taps, self.conv_bias = [], []
+        for weight, bias in ((encoder.conv1_w, encoder.conv1_b), (encoder.conv2_w, encoder.conv2_b)):
+            w = _f32(weight)
+            if w.ndim != 3 or w.shape[0] != d or w.shape[2] != CONV_KERNEL:
+                raise _Unfit
+            self.conv_taps.append(np.ascontiguousarray(w.transpose(2, 1, 0)))  # [k, c_in, d]
+            self.conv_bias.append(_f32(bias, (d,)))
+        if self.conv_taps[1].shape[1] != d:
+            raise _Unfit
+        self.n_mels = self.conv_taps[0].shape[1]
+        self.positions = _f32(encoder.positions)
+        self.blocks = [_Block(block, d) for block in encoder.blocks]
+        self.ln_post = _LayerNorm(encoder.ln_post, d)
+        self._scratch = threading.local()
+
+    @staticmethod
+    def build(encoder):
+        """A FusedWhisperEncoder for a Whisper AudioEncoder, or None when its weights do not
+        fit or BLAS's thread count cannot be set (see row_pool.py)."""
+        if not row_pool.available():
+            return None
+        try:
+            return FusedWhisperEncoder(encoder)
+        except _Unfit:
+            return None
+
+    # -- forward ----------------------------------------------------------------------------
+    def __call__(self, mel: np.ndarray) -> np.ndarray:
+        """mel f32 [b, n_mels, frames] -> audio features f32 [b, ceil(frames / 2), d].
+        The caller has checked the mel bins and that the frames fit the positions."""
+        with row_pool.single_threaded_blas():
+            return np.stack([self._encode_one(np.asarray(m, np.float32)) for m in mel])
+
+    def _encode_one(self, mel):
+        frames = mel.shape[1]
+        # Time-major input with one zero row either side (the convolutions' padding 1).
+        padded_mel = np.zeros((frames + 2, self.n_mels), np.float32)
+        padded_mel[1:-1] = mel.T
+        hidden = np.zeros((frames + 2, self.d), np.float32)
+        self._conv(padded_mel, 0, hidden[1:-1], None)
+        n_ctx = (frames - 1) // CONV_STRIDES[1] + 1
+        x = np.empty((n_ctx, self.d), np.float32)
+        self._conv(hidden, 1, x, self.positions[:n_ctx])
+        for block in self.blocks:
+            self._block(block, x)
+        out = np.empty_like(x)
+
+        def final_norm(rows):
+            out[rows[0]:rows[1]] = self.ln_post(x[rows[0]:rows[1]])
+
+        row_pool.run_items(final_norm, row_pool.row_blocks(n_ctx, ROW_BLOCK))
+        return out
+
+    def _conv(self, padded, which, out, positions):
+        """out[t] = gelu(sum_k padded[stride t + k] @ taps[k] + bias) (+ positions[t])."""
+        taps, bias, stride = self.conv_taps[which], self.conv_bias[which], CONV_STRIDES[which]
+
+        def rows(span):
+            start, stop = span
+            summed = np.empty((stop - start, out.shape[1]), np.float32)
+            tap = np.empty_like(summed)
+            for k in range(CONV_KERNEL):
+                first = stride * start + k
+                shifted = padded[first:first + stride * (stop - start):stride]
+                np.matmul(shifted, taps[k], out=tap if k else summed)
+                if k:
+                    summed += tap
+            summed += bias
+            block = _gelu(summed, out[start:stop])
+            if positions is not None:
+                block += positions[start:stop]
+
+        row_pool.run_items(rows, row_pool.row_blocks(out.shape[0], ROW_BLOCK))
+
+    def _block(self, block, x):
+        n, d = x.shape
+        qkv = np.empty((n, 3 * d), np.float32)
+        spans = row_pool.row_blocks(n, ROW_BLOCK)
+
+        def project_qkv(span):
+            start, stop = span
+            block.qkv.into(block.attn_ln(x[start:stop]), qkv[start:stop])
+
+        row_pool.run_items(project_qkv, spans)
+        merged = np.empty((n, d), np.float32)
+        head_dim = d // block.n_head
+        scale = np.float32(head_dim ** -0.5)
+
+        def attend(item):
+            head, (start, stop) = item
+            cols = slice(head * head_dim, (head + 1) * head_dim)
+            keys = qkv[:, d + cols.start:d + cols.stop]
+            values = qkv[:, 2 * d + cols.start:2 * d + cols.stop]
+            scores, sums, weighted = self._attention_scratch(ATTENTION_ROW_BLOCK, n, head_dim)
+            rows = stop - start
+            scores, sums, weighted = scores[:rows], sums[:rows], weighted[:rows]
+            # The reference scales the scores; scaling q is the same for power-of-two scales
+            # (1/8 at head size 64), f32 rounding otherwise.
+            np.matmul(qkv[start:stop, cols] * scale, keys.T, out=scores)
+            exp_shifted_rows(scores, sums)
+            np.matmul(scores, values, out=weighted)
+            np.divide(weighted, sums[:, None], out=merged[start:stop, cols])
+
+        query_spans = row_pool.row_blocks(n, ATTENTION_ROW_BLOCK)
+        row_pool.run_items(attend, [(h, span) for h in range(block.n_head) for span in query_spans])
+
+        def mlp(span):
+            start, stop = span
+            rows = x[start:stop]
+            projected = np.empty((stop - start, d), np.float32)
+            rows += block.out.into(merged[start:stop], projected)
+            hidden = np.empty((stop - start, block.fc1.weight_t.shape[1]), np.float32)
+            block.fc1.into(block.mlp_ln(rows), hidden)
+            rows += block.fc2.into(_gelu(hidden, np.empty_like(hidden)), projected)
+
+        row_pool.run_items(mlp, spans)
+
+    def _attention_scratch(self, rows, width, head_dim):
+        """Per-thread buffers, reused across items: fresh 768 KB arrays would be new pages
+        (page faults) on every item."""
+        held = getattr(self._scratch, "buffers", None)
+        if held is None or held[0].shape != (rows, width) or held[2].shape[1] != head_dim:
+            held = (np.empty((rows, width), np.float32), np.empty(rows, np.float32),
+                    np.empty((rows, head_dim), np.float32))
+            self._scratch.buffers = held
+        return held
