@@ -76,9 +76,8 @@ def _rows_g32(x, xsum, levels, scales, offsets, use_offsets, out, start, stop):
             t0 += partial[j]
             t1 += partial[8 + j]
         if use_offsets:
-            for g in range(n_groups):
-                t0 += offsets[i, g] * xsum[g]
-                t1 += offsets[i + 1, g] * xsum[g]
+            t0 = _add_offset_terms(t0, offsets, xsum, i)
+            t1 = _add_offset_terms(t1, offsets, xsum, i + 1)
         out[i] = t0
         out[i + 1] = t1
     if (stop - start) % 2:
@@ -101,9 +100,17 @@ def _row_g32(x, xsum, levels, scales, offsets, use_offsets, out, i):
     for j in range(8):
         total += partial[j]
     if use_offsets:
-        for g in range(n_groups):
-            total += offsets[i, g] * xsum[g]
+        total = _add_offset_terms(total, offsets, xsum, i)
     out[i] = total
+
+
+@kernel
+def _add_offset_terms(total, offsets, xsum, i):
+    """total + sum over groups of offset[i, g] * sum(x in g), added in group order (the Q4_1 /
+    K-quant minimum terms of row i)."""
+    for g in range(offsets.shape[1]):
+        total += offsets[i, g] * xsum[g]
+    return total
 
 
 @kernel
@@ -126,8 +133,7 @@ def _rows_g16(x, xsum, levels, scales, offsets, use_offsets, out, start, stop):
         for j in range(32):
             total += partial[j]
         if use_offsets:
-            for g in range(n_groups):
-                total += offsets[i, g] * xsum[g]
+            total = _add_offset_terms(total, offsets, xsum, i)
         out[i] = total
 
 

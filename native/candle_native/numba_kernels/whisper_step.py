@@ -46,22 +46,9 @@ def layer_norm_row(x, weight, bias, eps, out):
 
 
 @vector_kernel
-def affine_rows(weight, bias, xs, out):
-    """out[r] = weight @ xs[r] + bias for every row r; weight [n, k] (f32, or f16 bits: see
-    half.py) is read once."""
-    n, k = weight.shape
-    rows = xs.shape[0]
-    for i in range(n):
-        for r in range(rows):
-            acc = F(0.0)
-            for j in range(k):
-                acc += widen(weight[i, j]) * xs[r, j]
-            out[r, i] = acc + bias[i]
-
-
-@vector_kernel
 def project_rows(weight, xs, out):
-    """out[r] = weight @ xs[r] (no bias): the tied vocabulary projection."""
+    """out[r] = weight @ xs[r] for every row r; weight [n, k] (f32, or f16 bits: see half.py)
+    is read once. Alone it is the tied vocabulary projection (no bias)."""
     n, k = weight.shape
     rows = xs.shape[0]
     for i in range(n):
@@ -70,6 +57,15 @@ def project_rows(weight, xs, out):
             for j in range(k):
                 acc += widen(weight[i, j]) * xs[r, j]
             out[r, i] = acc
+
+
+@vector_kernel
+def affine_rows(weight, bias, xs, out):
+    """out[r] = weight @ xs[r] + bias for every row r."""
+    project_rows(weight, xs, out)
+    for r in range(xs.shape[0]):
+        for i in range(weight.shape[0]):
+            out[r, i] += bias[i]
 
 
 @vector_kernel
