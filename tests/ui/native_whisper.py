@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO_ROOT / "pkg")]
+sys.path[:0] = [str(REPO_ROOT / "pkg"), str(REPO_ROOT / "web" / "py")]  # model_files
 
 
 def load_session_module():

@@ -19,13 +19,14 @@ import time
 
 import numpy as np
 
+import model_files
+
 WHISPER_KIND = "whisper"
 MODEL_FILE = "model.bin"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 REQUIRED_FILES = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE)
 # Files fetched for a Hub repo the registry does not know (a faster-whisper CT2 export).
-HUB_FILE_LIMIT_BYTES = 1 << 31  # one wasm32 array must stay under 2 GiB
 SAMPLE_RATE = 16_000
 MAX_AUDIO_SECONDS = 4 * 60 * 60  # 4 h of f32 samples is 920 MB: beyond that, refuse early
 TRANSCRIBE_OPTION_NAMES = (
@@ -35,8 +36,6 @@ TRANSCRIBE_OPTION_NAMES = (
 )
 EXPORT_FORMATS = ("txt", "srt", "vtt", "json")
 
-# Buffers the worker is filling: (model key, file name) -> uint8 array.
-_incoming: dict = {}
 # The one model kept in memory (a second one would double the heap; switching rebuilds).
 _loaded: dict = {}
 
@@ -127,22 +126,10 @@ def manifest_json(model=None, hf_repo=None, revision=None) -> str:
 
 # --- bytes in -------------------------------------------------------------------------------
 
-def allocate_file(key: str, file_name: str, size: int) -> np.ndarray:
-    """A uint8 buffer of exactly `size` bytes for the worker to fill (validated first)."""
-    from candle_web.errors import FormatError
-
-    if isinstance(size, bool) or not isinstance(size, (int, float)) or size != int(size) \
-            or not 0 < int(size) < HUB_FILE_LIMIT_BYTES:
-        raise FormatError(f"load: {key}/{file_name}: size {size!r} is not a positive byte "
-                          f"count below {HUB_FILE_LIMIT_BYTES}")
-    buffer = np.empty(int(size), dtype=np.uint8)
-    _incoming[(key, file_name)] = buffer
-    return buffer
-
-
-def discard_incoming(key: str) -> None:
-    for staged in [k for k in _incoming if k[0] == key]:
-        del _incoming[staged]
+# The staging of incoming bytes is the text models' (model_files): the same size checks and
+# the same buffers for every model kind.
+allocate_file = model_files.allocate_file
+discard_incoming = model_files.discard_incoming
 
 
 def build_model(key: str) -> str:
@@ -151,10 +138,7 @@ def build_model(key: str) -> str:
     from candle_web.models.whisper import Whisper
     from candle_web.tokenizers import Tokenizer
 
-    staged = {name: buffer for (k, name), buffer in _incoming.items() if k == key}
-    missing = [name for name in REQUIRED_FILES if name not in staged]
-    if missing:
-        raise FormatError(f"load: {key}: files never received: {', '.join(missing)}")
+    staged = model_files.take_staged(key, REQUIRED_FILES)
     try:
         _loaded.clear()  # free the previous model before building the next one
         started = time.perf_counter()
@@ -168,7 +152,7 @@ def build_model(key: str) -> str:
         tokenizer = Tokenizer.from_bytes(memoryview(staged[TOKENIZER_FILE]))
         build_ms = (time.perf_counter() - started) * 1000.0
     finally:
-        discard_incoming(key)  # the f32 weights are copies: the raw bytes can go
+        staged.clear()  # the f32 weights are copies: the raw bytes can go
     _loaded.clear()
     _loaded[key] = (model, tokenizer)
     cfg = model.config
