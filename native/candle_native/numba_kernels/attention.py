@@ -13,6 +13,7 @@ import numpy as np
 from numba import prange
 
 from ._jit import parallel_kernel
+from .vector_math import SOFTMAX_NEGLIGIBLE
 
 
 @parallel_kernel
@@ -38,7 +39,8 @@ def attention_rows(q, k, v, mask, scale, out):
                 peak = s
         total = np.float32(0.0)
         for j in range(tk):
-            e = np.float32(math.exp(scores[j] - peak))
+            shifted = scores[j] - peak  # negligible weights as 0: see vector_math.SOFTMAX_NEGLIGIBLE
+            e = np.float32(math.exp(shifted)) if shifted >= SOFTMAX_NEGLIGIBLE else np.float32(0.0)
             scores[j] = e
             total += e
         acc = np.zeros(dv, np.float32)

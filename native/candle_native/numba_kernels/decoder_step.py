@@ -34,6 +34,7 @@ from numba.extending import overload
 
 from ._jit import FAST_REDUCTIONS, kernel, parallel_kernel
 from .stack_scratch import stack_f32_32
+from .vector_math import SOFTMAX_NEGLIGIBLE
 
 # Weight rows per parallel work item: enough to amortise scheduling, few enough to balance
 # two threads on the smallest matrix (576 rows -> 9 items).
@@ -301,7 +302,8 @@ def _attend_head(qkv, keys, values, length, h, n_rep, head_dim, scale, out):
             peak = s
     total = np.float32(0.0)
     for j in range(length):
-        e = np.float32(math.exp(scores[j] - peak))
+        shifted = scores[j] - peak  # negligible weights as 0: see vector_math.SOFTMAX_NEGLIGIBLE
+        e = np.float32(math.exp(shifted)) if shifted >= SOFTMAX_NEGLIGIBLE else np.float32(0.0)
         scores[j] = e
         total += e
     for j in range(length):
