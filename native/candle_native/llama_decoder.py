@@ -15,15 +15,11 @@ decode steps append here).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from .decode_threads import decode_in_parallel
 from .numba_kernels import decoder_step as nk
 from .quant_unpack import UNPACKABLE
-
-DECODE_THREADS_VARIABLE = "CANDLE_WEB_DECODE_THREADS"
-
 
 def _kernel_tuple(qmatmul):
     """The weight in the form the kernels take: the quantized tuple, or the f32 matrix itself
@@ -48,25 +44,13 @@ def _f32(tensor) -> np.ndarray:
     return np.ascontiguousarray(tensor.to_numpy(), dtype=np.float32).reshape(-1)
 
 
-def _default_parallel() -> bool:
-    """Threads for the decode step: CANDLE_WEB_DECODE_THREADS=1 forces one (better on an
-    oversubscribed machine, where every join of a parallel region can wait a time slice for a
-    descheduled worker); otherwise parallel whenever numba has more than one thread."""
-    import numba
-
-    requested = os.environ.get(DECODE_THREADS_VARIABLE, "").strip()
-    if requested:
-        return int(requested) > 1 and numba.get_num_threads() > 1
-    return numba.get_num_threads() > 1
-
-
 class FusedLlamaDecoder:
     """Callable: (x f32[d] embedding of the new token, pos, caches, cos, sin) -> logits.
     `parallel` (settable) splits each step's matrix products over numba's threads."""
 
     def __init__(self, cfg, layers, final_norm, head):
         self.cfg = cfg
-        self.parallel = _default_parallel()
+        self.parallel = decode_in_parallel()
         self.layers = layers  # per block: (attn_norm, mlp_norm, eps, qkv, out, gate_up, down)
         self.final_norm = final_norm  # (weight, eps)
         self.head = head

@@ -9,7 +9,7 @@ CTranslate2 files store f16): a step reads every weight once and is bound by DRA
 half the bytes is nearly half the time; widening is exact (numba_kernels/half.py). Otherwise
 they stay f32, taken from the model's tensors without copies. Cross-attention reads the audio
 features and the K/V projection weights instead of projected keys and values, so a decoding
-that stays on this path never projects them (see whisper_step._cross_attend_features).
+that stays on this path never projects them (see whisper_step._cross_attend).
 
 Prompts (several new tokens) always go through the generic path; `begin` then copies its KV
 caches into this path's own fixed buffers, and decode steps of one token per sequence run here.
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import os
 
+import numba
 import numpy as np
 
+from .decode_threads import decode_in_parallel
 from .numba_kernels import whisper_step as nk
 from .numba_kernels.half import exact_half_bits
 
@@ -116,6 +118,9 @@ class FusedWhisperDecoder:
         self.projection = matrix(decoder.token_embedding)  # tied: [vocab, d]
         self.blocks = [_Block(block, matrix) for block in decoder.blocks]
         self.n_text_ctx = self.positions.shape[0]
+        # numba threads for each step's products and cross-attention heads (1: the calling
+        # thread only); settable.
+        self.threads = numba.get_num_threads() if decode_in_parallel() else 1
 
     @staticmethod
     def build(decoder):
@@ -152,7 +157,7 @@ class FusedWhisperDecoder:
         for block, (k_cache, v_cache) in zip(self.blocks, run.caches):
             nk.whisper_block_step(x, pos, block.n_head, block.eps, *block.weights, k_cache, v_cache,
                                   *block.cross_weights, *block.cross_kv, run.features,
-                                  *block.cross_out, *block.mlp_weights)
+                                  *block.cross_out, *block.mlp_weights, self.threads)
         run.length = pos + 1
         logits = np.empty((x.shape[0], self.embedding.shape[0]), np.float32)
         ln_w, ln_b, eps = self.ln
