@@ -39,7 +39,7 @@ def attention_rows(q, k, v, mask, scale, out):
                 peak = s
         total = np.float32(0.0)
         for j in range(tk):
-            shifted = scores[j] - peak  # negligible weights as 0: see vector_math.SOFTMAX_NEGLIGIBLE
+            shifted = scores[j] - peak  # negligible weights as 0 (vector_math.SOFTMAX_NEGLIGIBLE)
             e = np.float32(math.exp(shifted)) if shifted >= SOFTMAX_NEGLIGIBLE else np.float32(0.0)
             scores[j] = e
             total += e
