@@ -11,8 +11,9 @@ they stay f32, taken from the model's tensors without copies. Cross-attention re
 features and the K/V projection weights instead of projected keys and values, so a decoding
 that stays on this path never projects them (see whisper_step._cross_attend).
 
-Prompts (several new tokens) always go through the generic path; `begin` then copies its KV
-caches into this path's own fixed buffers, and decode steps of one token per sequence run here.
+Short prompts run here a token at a time (models/whisper.py, FUSED_PROMPT_TOKENS); longer ones
+go through the generic path, and `begin` then copies its KV caches into this path's own fixed
+buffers, and decode steps of one token per sequence run here.
 The per-sequence state is a `FusedRun` (see models/whisper.py, DecoderState).
 """
 
@@ -149,8 +150,9 @@ class FusedWhisperDecoder:
             caches.append((k_buf, v_buf))
         return FusedRun(caches, length, _f32(audio_features))
 
-    def step(self, run: FusedRun, token_ids) -> np.ndarray:
-        """One token per row: token_ids [R] -> logits [R, vocab]; appends to the caches."""
+    def step(self, run: FusedRun, token_ids, with_logits: bool = True):
+        """One token per row: token_ids [R] -> logits [R, vocab] (None without `with_logits`:
+        a prompt position nobody reads); appends to the caches."""
         pos = run.length
         ids = np.asarray(token_ids, dtype=np.intp)
         x = self.embedding[ids] + self.positions[pos]
@@ -159,6 +161,8 @@ class FusedWhisperDecoder:
                                   *block.cross_weights, *block.cross_kv, run.features,
                                   *block.cross_out, *block.mlp_weights, self.threads)
         run.length = pos + 1
+        if not with_logits:
+            return None
         logits = np.empty((x.shape[0], self.embedding.shape[0]), np.float32)
         ln_w, ln_b, eps = self.ln
         nk.whisper_logits_step_parallel(x, ln_w, ln_b, eps, self.projection, logits)

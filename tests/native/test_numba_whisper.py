@@ -166,8 +166,10 @@ def test_fused_decode_step_matches_the_generic_path(numba_backend, threads, n_he
 
 def test_prompt_after_fused_steps_hands_the_caches_back(numba_backend):
     from candle_web import Device, Tensor
+    from candle_web.models.whisper import FUSED_PROMPT_TOKENS
 
     fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
+    long_prompt = np.arange(FUSED_PROMPT_TOKENS + 1)[None] % 90 + 3  # beyond the fused path
     results = []
     for device in (fast, slow):
         decoder = _random_text_decoder(device, np.random.default_rng(3))
@@ -175,7 +177,27 @@ def test_prompt_after_fused_steps_hands_the_caches_back(numba_backend):
         state = decoder.start(Tensor.from_numpy(audio, device=device))
         decoder(Tensor.from_numpy(np.array([[4]]), device=device), state)  # one token: fused
         decoder(Tensor.from_numpy(np.array([[6]]), device=device), state)
-        two = decoder(Tensor.from_numpy(np.array([[8, 9]]), device=device), state)  # generic
-        assert state.offset == 4
-        results.append(two.to_numpy())
+        logits = decoder(Tensor.from_numpy(long_prompt, device=device), state)  # generic
+        assert state.offset == 2 + long_prompt.shape[1]
+        assert state.fused_run is None  # the fused caches were handed back (numba)
+        results.append(logits.to_numpy())
+    assert_close(results[0], results[1], REDUCTION)
+
+
+def test_short_prompt_runs_fused_and_returns_the_positions_asked_for(numba_backend):
+    from candle_web import Device, Tensor
+
+    fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
+    prompt = np.array([[1, 5, 7, 11], [2, 5, 9, 13]])
+    results = []
+    for device in (fast, slow):
+        decoder = _random_text_decoder(device, np.random.default_rng(5))
+        audio = np.random.default_rng(6).standard_normal((2, 30, 64)).astype(np.float32)
+        state = decoder.start(Tensor.from_numpy(audio, device=device))
+        rows = decoder(Tensor.from_numpy(prompt, device=device), state, positions=[0, 3])
+        assert rows.dims() == (2, 2, 97)
+        assert (state.fused_run is not None) == (device is fast)
+        assert state._cross_kv is None or device is slow, "the fused prompt projected cross K/V"
+        after = decoder(Tensor.from_numpy(np.array([[17], [19]]), device=device), state)
+        results.append(np.concatenate([rows.to_numpy(), after.to_numpy()], axis=1))
     assert_close(results[0], results[1], REDUCTION)
