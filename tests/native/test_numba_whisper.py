@@ -60,6 +60,17 @@ def test_exp_shifted_rows(vector_math, rng):
     assert np.allclose(sums, want.sum(axis=1), rtol=1e-5)
 
 
+@pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 1500])
+def test_row_max_equals_numpy(vector_math, rng, length):
+    values = rng.standard_normal(length).astype(np.float32)
+    want = np.float32(-np.inf) if length == 0 else values.max()
+    assert vector_math.row_max(values) == want
+    if length:
+        values[length // 2] = 1e30  # the largest anywhere: in a lane or in the tail
+        assert vector_math.row_max(values) == np.float32(1e30)
+        assert vector_math.row_max(np.full(length, -np.inf, np.float32)) == -np.inf
+
+
 def test_exp_f32_down_to_its_flush_point(vector_math):
     """exp_f32 itself (also GELU's erfc tail) stays accurate down to -87."""
     import numba

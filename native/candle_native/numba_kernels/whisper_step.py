@@ -24,7 +24,8 @@ from numba import njit, prange
 
 from ._jit import FAST_REDUCTIONS
 from .half import widen
-from .vector_math import gelu_erf_f32, softmax_weight, vector_kernel, vector_parallel_kernel
+from .vector_math import (gelu_erf_f32, row_max, softmax_weight, vector_kernel,
+                          vector_parallel_kernel)
 
 F = np.float32
 
@@ -185,9 +186,7 @@ def _attend_frames(folded, offsets, features, scale, start, stop, scores, peaks,
                 dot += folded[h, i] * features[j, i]
             scores[h, j] = (dot + offsets[h]) * scale
     for h in range(n_head):
-        peak = F(-np.inf)
-        for j in range(start, stop):
-            peak = max(peak, scores[h, j])
+        peak = row_max(scores[h, start:stop])
         total = F(0.0)
         for j in range(start, stop):
             e = softmax_weight(scores[h, j] - peak)
