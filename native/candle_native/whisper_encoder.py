@@ -29,6 +29,7 @@ path.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -115,6 +116,16 @@ def _gelu(x, out):
     return out
 
 
+@dataclass
+class _BlockBuffers:
+    """A window's block intermediates: qkv [n, 3d]; keys transposed [d, n] and values
+    head-major (flat, viewed [h, n, dh]) for attention; the heads merged back [n, d]."""
+    qkv: np.ndarray
+    keys_t: np.ndarray
+    values: np.ndarray
+    merged: np.ndarray
+
+
 class FusedWhisperEncoder:
     def __init__(self, encoder):
         d = encoder.positions.dims()[1]
@@ -162,8 +173,14 @@ class FusedWhisperEncoder:
         n_ctx = (frames - 1) // CONV_STRIDES[1] + 1
         x = np.empty((n_ctx, self.d), np.float32)
         self._conv(hidden, 1, x, self.positions[:n_ctx])
+        # One set of intermediates for all blocks: fresh multi-MB arrays per block would fault
+        # their pages in again every time.
+        buffers = _BlockBuffers(qkv=np.empty((n_ctx, 3 * self.d), np.float32),
+                                keys_t=np.empty((self.d, n_ctx), np.float32),
+                                values=np.empty(n_ctx * self.d, np.float32),
+                                merged=np.empty((n_ctx, self.d), np.float32))
         for block in self.blocks:
-            self._block(block, x)
+            self._block(block, x, buffers)
         out = np.empty_like(x)
 
         def final_norm(rows):
@@ -193,9 +210,9 @@ class FusedWhisperEncoder:
 
         row_pool.run_items(rows, row_pool.row_blocks(out.shape[0], ROW_BLOCK))
 
-    def _block(self, block, x):
+    def _block(self, block, x, buffers):
         n, d = x.shape
-        qkv = np.empty((n, 3 * d), np.float32)
+        qkv, keys_t, merged = buffers.qkv, buffers.keys_t, buffers.merged
         spans = row_pool.row_blocks(n, ROW_BLOCK)
 
         head_dim = d // block.n_head
@@ -203,8 +220,7 @@ class FusedWhisperEncoder:
         # written by each row block as it is projected: attention's products then read
         # contiguous operands (single-thread sgemm on these shapes: q K^T 29 -> 35 GFLOP/s,
         # P V 36 -> 39, against column slices of qkv).
-        keys_t = np.empty((d, n), np.float32)
-        values = np.empty((block.n_head, n, head_dim), np.float32)
+        values = buffers.values.reshape(block.n_head, n, head_dim)
 
         def project_qkv(span):
             start, stop = span
@@ -215,7 +231,6 @@ class FusedWhisperEncoder:
             values[:, start:stop] = heads.transpose(1, 0, 2)
 
         row_pool.run_items(project_qkv, spans)
-        merged = np.empty((n, d), np.float32)
         scale = np.float32(head_dim ** -0.5)
 
         def attend(item):
