@@ -7,7 +7,7 @@
 
 Already cached files are trusted by size and stamp (no re-hash), so a second run is instant.
 Sources are tried in the registry's order (Hub, then PyPI mirror); CANDLE_WEB_OFFLINE=1 or
---offline uses the cache only. Exit status: 0 when every requested model is complete (and,
+--offline skips the Hub (the pinned PyPI mirrors are still fetched); --cache-only fetches nothing. Exit status: 0 when every requested model is complete (and,
 with --verify, nothing cached was found corrupt).
 """
 
@@ -70,6 +70,20 @@ class ProgressBar:
         self.stream.flush()
 
 
+def describe_origins(registry: hub.Registry, name: str) -> str:
+    """Where the cached files came from: the mirror wheels (`candle-web models` lists the
+    members), Hub URLs or local paths, each named once."""
+    wheels, others = [], []
+    for file in registry[name].files:
+        origin = hub.cached_origin(name, file.name, registry=registry) or "unrecorded"
+        if origin.startswith("pypi "):  # "pypi WHEEL:MEMBER + WHEEL:MEMBER"
+            found = [part.split(":")[0] for part in origin[len("pypi "):].split(" + ")]
+            wheels += [wheel for wheel in found if wheel not in wheels]
+        elif origin not in others:
+            others.append(origin)
+    return "; ".join((["pypi " + ", ".join(wheels)] if wheels else []) + others)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", help="registry model names")
@@ -78,7 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the models tests and demo need: " + ", ".join(DEFAULT_MODELS))
     parser.add_argument("--verify", action="store_true",
                         help="re-hash cached files; corrupt ones are removed and fetched again")
-    parser.add_argument("--offline", action="store_true", help="use the cache only")
+    parser.add_argument("--offline", action="store_true",
+                        help="skip the Hub; the pinned PyPI mirrors are still fetched")
+    parser.add_argument("--cache-only", action="store_true", help="fetch nothing, check the cache")
     parser.add_argument("--list", action="store_true", help="list registry models and exit")
     parser.add_argument("--registry", type=Path, help="use another registry.json")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -119,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                     # must not go unnoticed.
                     failed.append(f"{name}: corrupt files were found and fetched again")
             was_cached = hub.is_cached(name, registry=registry)
-            paths = hub.fetch_model(name, progress, offline=offline, registry=registry)
+            paths = hub.fetch_model(name, progress, offline=offline, cache_only=args.cache_only,
+                                    registry=registry)
         except CandleError as exc:
             print(f"{name}: FAILED: {exc}", file=sys.stderr)
             failed.append(name)
@@ -127,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(path.stat().st_size for path in paths.values())
         folder = next(iter(paths.values())).parent
         state = "cached" if was_cached else "fetched"
-        print(f"{name}: {state}, {len(paths)} files, {total / MB:.1f} MB in {folder}",
-              file=sys.stderr)
+        print(f"{name}: {state}, {len(paths)} files, {total / MB:.1f} MB in {folder}; from "
+              f"{describe_origins(registry, name)}", file=sys.stderr)
     if failed:
         print("problems: " + "; ".join(failed), file=sys.stderr)
         return 1

@@ -20,7 +20,7 @@ FETCH_HINT = "run `make test` (or python models/fetch.py --default)"
 def model_file():
     """model_file(model_name, filename) -> Path of a verified file from the model cache.
 
-    Never downloads (offline mode): a missing file fails the test with the command to run."""
+    Never downloads (cache only): a missing file fails the test with the command to run."""
     # Imported here, not at the top, so that a broken package fails only the tests using it.
     from candle_web import hub
     from candle_web.errors import CandleError
@@ -32,7 +32,7 @@ def model_file():
         if key in found:
             return found[key]
         try:
-            found[key] = hub.fetch(model_name, filename, offline=True)
+            found[key] = hub.fetch(model_name, filename, cache_only=True)
             return found[key]
         except CandleError as exc:
             problem = str(exc)

@@ -213,6 +213,11 @@ def cmd_models(args) -> int:
         cached = all(hub.is_cached(model.name, f.name) for f in model.files)
         print(f"{model.name:28} {model.kind:10} {model.size / 1e6:8.1f}M  {'yes' if cached else 'no ':6}  "
               f"{model.description}")
+        # Where each cached file came from: the Hub URL, the mirror wheel and member, or a path.
+        for file in model.files:
+            if hub.is_cached(model.name, file.name):
+                origin = hub.cached_origin(model.name, file.name) or "origin not recorded"
+                print(f"    {file.name:24} from {origin}")
     return 0
 
 

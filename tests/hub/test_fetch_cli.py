@@ -39,6 +39,7 @@ def test_fetch_then_cached_then_verify(fetch_cli, registry_file, cache, fake_hub
     assert fetch_cli.main(["--registry", str(registry_file), "cli-model"]) == 0
     err = capsys.readouterr().err
     assert "100.0%" in err and "cli-model: fetched, 1 files" in err
+    assert f"from {fake_hub.url}/{REPO}/resolve/{REVISION}/w.bin" in err
     cached = cache / "models--test-org--cli-model" / "snapshots" / REVISION / "w.bin"
     assert cached.read_bytes() == BODY
 
@@ -62,6 +63,8 @@ def test_fetch_then_cached_then_verify(fetch_cli, registry_file, cache, fake_hub
 def test_offline_missing_and_usage(fetch_cli, registry_file, cache, capsys):
     assert fetch_cli.main(["--registry", str(registry_file), "--offline", "cli-model"]) == 1
     assert "skipped (CANDLE_WEB_OFFLINE=1)" in capsys.readouterr().err
+    assert fetch_cli.main(["--registry", str(registry_file), "--cache-only", "cli-model"]) == 1
+    assert "skipped (cache only)" in capsys.readouterr().err
     assert fetch_cli.main(["--registry", str(registry_file)]) == 2
     assert fetch_cli.main(["--registry", str(registry_file), "no-such-model"]) == 1
     assert fetch_cli.main(["--registry", str(registry_file), "--list"]) == 0

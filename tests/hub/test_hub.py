@@ -121,7 +121,7 @@ def test_timeout_without_other_source_is_a_clear_error(cache, fake_hub, monkeypa
     assert len(fake_hub.requests) == 1
 
 
-def test_offline_switch_skips_online_sources(cache, fake_hub, monkeypatch):
+def test_offline_switch_skips_the_hub(cache, fake_hub, monkeypatch):
     serve_all(fake_hub)
     registry = hf_registry()
     monkeypatch.setenv("CANDLE_WEB_OFFLINE", "1")
@@ -130,11 +130,18 @@ def test_offline_switch_skips_online_sources(cache, fake_hub, monkeypatch):
     assert fake_hub.requests == []
     # The explicit argument wins over the environment, both ways.
     path = hub.fetch("tiny", "config.json", offline=False, registry=registry)
+    assert hub.cached_origin("tiny", "config.json", registry=registry) == (
+        f"{fake_hub.url}/{REPO}/resolve/{REVISION}/config.json")
     monkeypatch.delenv("CANDLE_WEB_OFFLINE")
     fake_hub.files.clear()
     assert hub.fetch("tiny", "config.json", offline=True, registry=registry) == path
     with pytest.raises(ModelNotFound, match="skipped"):
         hub.fetch("tiny", "weights.bin", offline=True, registry=registry)
+    # cache_only asks no source at all, the Hub included, whatever the offline switch says.
+    requests = len(fake_hub.requests)
+    with pytest.raises(ModelNotFound, match=r"skipped \(cache only\)"):
+        hub.fetch("tiny", "weights.bin", offline=False, cache_only=True, registry=registry)
+    assert len(fake_hub.requests) == requests
 
 
 def test_changed_file_is_not_trusted_and_verify_catches_silent_corruption(cache, fake_hub):

