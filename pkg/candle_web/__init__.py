@@ -5,6 +5,7 @@ standard library and numpy.
 """
 
 from . import dtype
+from ._lazy import lazy_submodules
 from .autograd import GradStore, no_grad
 from .device import Device
 from .dtype import DType, bf16, f16, f32, f64, i64, u8, u32
@@ -16,8 +17,11 @@ from .tensor import Tensor, Var, manual_seed
 
 __version__ = "0.1.0"
 
-cat = Tensor.cat
-stack = Tensor.stack
+# Subpackages reachable as attributes (`cw.nn`, `cw.io.safetensors`), imported on first use so
+# that `import candle_web` still loads only the standard library and numpy.
+__getattr__, __dir__ = lazy_submodules(__name__, (
+    "nn", "io", "quantized", "tokenizers", "generation", "models", "hub", "pipelines", "audio",
+    "backend", "cli", "serve"), globals())
 
 __all__ = [
     "Tensor", "Var", "Device", "DType", "Shape", "GradStore", "no_grad", "manual_seed", "cat",
