@@ -99,10 +99,8 @@ def _topological_order(root):
 def backward(root) -> GradStore:
     if not root._track:
         raise CandleError("backward: the tensor does not depend on any Var (nothing tracks gradients)")
-    from .tensor import Tensor
-
     store = GradStore()
-    grads = {id(root): Tensor.ones_like(root)}
+    grads = {id(root): root.ones_like()}
     with no_grad():
         for node in reversed(_topological_order(root)):
             grad = grads.pop(id(node), None)

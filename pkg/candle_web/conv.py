@@ -38,8 +38,6 @@ def _per_group(tensor, groups, dim):
 
 
 def conv1d(x, w, padding=0, stride=1, dilation=1, groups=1):
-    from .tensor import Tensor
-
     _check(x, w, 3, "conv1d", groups)
     length = x.dims()[2]
     kernel = w.dims()[2]
@@ -56,14 +54,12 @@ def conv1d(x, w, padding=0, stride=1, dilation=1, groups=1):
             # dw[o, c, k] = sum_b,j g[b, o, j] x[b, c, k*dilation + j*stride]
             dw = xg.transpose(0, 1).conv1d(gg.transpose(0, 1), 0, dilation, stride)
             dws.append(dw.narrow(2, 0, kernel).transpose(0, 1))
-        return dx, Tensor.cat(dws, 0)
+        return dx, x.cat(dws, 0)
 
     return record(out, (x, w), backward)
 
 
 def conv_transpose1d(x, w, padding=0, output_padding=0, stride=1, dilation=1, groups=1):
-    from .tensor import Tensor
-
     _check(x, w, 3, "conv_transpose1d", groups, transposed=True)
     if output_padding >= max(stride, dilation) and output_padding:
         raise ShapeError(f"conv_transpose1d: output_padding {output_padding} must be smaller than "
@@ -87,14 +83,12 @@ def conv_transpose1d(x, w, padding=0, output_padding=0, stride=1, dilation=1, gr
             # dw[c, o, k] = sum_b,i x[b, c, i] g_full[b, o, k*dilation + i*stride]
             dw = gg.transpose(0, 1).conv1d(xg.transpose(0, 1), 0, dilation, stride)
             dws.append(dw.narrow(2, 0, kernel).transpose(0, 1))
-        return dx, Tensor.cat(dws, 0)
+        return dx, x.cat(dws, 0)
 
     return record(out, (x, w), backward)
 
 
 def conv2d(x, w, padding=0, stride=1, dilation=1, groups=1):
-    from .tensor import Tensor
-
     _check(x, w, 4, "conv2d", groups)
     height, width = x.dims()[2:]
     k_h, k_w = w.dims()[2:]
@@ -113,7 +107,7 @@ def conv2d(x, w, padding=0, stride=1, dilation=1, groups=1):
         for xg, gg in zip(_per_group(x_padded, groups, 1), _per_group(g, groups, 1)):
             dw = xg.transpose(0, 1).conv2d(gg.transpose(0, 1), 0, dilation, stride)
             dws.append(dw.narrow(2, 0, k_h).narrow(3, 0, k_w).transpose(0, 1))
-        return dx, Tensor.cat(dws, 0)
+        return dx, x.cat(dws, 0)
 
     return record(out, (x, w), backward)
 

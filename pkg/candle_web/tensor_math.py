@@ -120,10 +120,8 @@ class MathOps:
         self._check_same(other, name, same_shape=not broadcast)
         if broadcast:
             broadcast_shape(self._data.shape, other._data.shape, name)  # the backend broadcasts
-        from .tensor import Tensor
-
         data = self.device.backend.compare(op, self._compute(), other._compute())
-        return Tensor._wrap(data, dt.u8, self.device)
+        return self._wrap(data, dt.u8, self.device)
 
     def eq(self, other): return self._compare("eq", other)
     def ne(self, other): return self._compare("ne", other)
@@ -175,15 +173,13 @@ class MathOps:
     # -- where / cast helpers ----------------------------------------------------------------
     def where_cond(self, on_true, on_false):
         """Select `on_true` where self (a mask) is non-zero, else `on_false`; same shapes."""
-        from .tensor import Tensor
-
         if self.dtype not in INDEX_DTYPES:
             raise DTypeMismatch(f"where_cond: the mask must be u8/u32/i64, got {self.dtype.name}")
         on_true._check_same(on_false, "where_cond")
         if self.shape != on_true.shape:
             raise ShapeMismatch(f"where_cond: mask shape {list(self.shape)} vs values {list(on_true.shape)}")
         data = self.device.backend.where(self._data, on_true._data, on_false._data)
-        out = Tensor._wrap(data, on_true.dtype, on_true.device)
+        out = self._wrap(data, on_true.dtype, on_true.device)
 
         def backward(g):
             zeros = g.zeros_like()
@@ -267,12 +263,10 @@ class MathOps:
                                  f"(shape {list(self.shape)})")
 
     def _arg_reduce(self, op, dim, keepdim):
-        from .tensor import Tensor
-
         d = resolve_dim(dim, self.rank, op)
         self._check_not_empty((d,), op)
         data = self.device.backend.arg_reduce(op, self._compute(), d, keepdim)
-        return Tensor._wrap(data, dt.u32, self.device)
+        return self._wrap(data, dt.u32, self.device)
 
     def argmax_keepdim(self, dim): return self._arg_reduce("argmax", dim, True)
     def argmax(self, dim): return self._arg_reduce("argmax", dim, False)
@@ -280,8 +274,6 @@ class MathOps:
     def argmin(self, dim): return self._arg_reduce("argmin", dim, False)
 
     def cumsum(self, dim: int):
-        from .tensor import Tensor
-
         d = resolve_dim(dim, self.rank, "cumsum")
         out = self._from_compute(self.device.backend.cumsum(self._compute(), d))
 
@@ -290,7 +282,7 @@ class MathOps:
             flipped = xp.flip(g._compute(), axis=d)
             return (g._from_compute(xp.ascontiguousarray(xp.flip(xp.cumsum(flipped, axis=d), axis=d))),)
 
-        return record(out, (self,), backward) if self.dtype.is_float else Tensor._wrap(
+        return record(out, (self,), backward) if self.dtype.is_float else self._wrap(
             out._data, out.dtype, out.device)
 
     # -- matmul --------------------------------------------------------------------------------
@@ -352,14 +344,12 @@ class MathOps:
                                       f"for dim {dim} of size {size}")
 
     def index_select(self, ids, dim: int):
-        from .tensor import Tensor
-
         d = resolve_dim(dim, self.rank, "index_select")
         if ids.rank != 1:
             raise ShapeError(f"index_select: ids must be rank 1, got shape {list(ids.shape)}")
         self._check_ids(ids, d, "index_select", self.dims()[d])
         data = self.device.backend.index_select(self._data, ids._data, d)
-        out = Tensor._wrap(data, self.dtype, self.device)
+        out = self._wrap(data, self.dtype, self.device)
         return record(out, (self,), lambda g: (self.zeros_like().index_add(ids, g, d),))
 
     def embedding(self, ids):
@@ -369,20 +359,16 @@ class MathOps:
         return rows.reshape(ids.dims() + (hidden,))
 
     def gather(self, ids, dim: int):
-        from .tensor import Tensor
-
         d = resolve_dim(dim, self.rank, "gather")
         if ids.rank != self.rank or any(a != b for i, (a, b) in enumerate(zip(ids.dims(), self.dims()))
                                         if i != d):
             raise ShapeMismatch(f"gather: ids shape {list(ids.shape)} incompatible with "
                                 f"{list(self.shape)} along dim {dim}")
         self._check_ids(ids, d, "gather", self.dims()[d])
-        out = Tensor._wrap(self.device.backend.gather(self._data, ids._data, d), self.dtype, self.device)
+        out = self._wrap(self.device.backend.gather(self._data, ids._data, d), self.dtype, self.device)
         return record(out, (self,), lambda g: (self.zeros_like().scatter_add(ids, g, d),))
 
     def scatter_add(self, ids, src, dim: int):
-        from .tensor import Tensor
-
         d = resolve_dim(dim, self.rank, "scatter_add")
         self._check_same(src, "scatter_add", same_shape=False)
         # Like Candle: ids and src share a shape, which equals self's except along dim.

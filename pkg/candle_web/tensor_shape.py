@@ -17,9 +17,7 @@ class ShapeOps:
     __slots__ = ()
 
     def _view(self, data):
-        from .tensor import Tensor
-
-        return Tensor._wrap(data, self.dtype, self.device)
+        return self._wrap(data, self.dtype, self.device)
 
     def reshape(self, *shape) -> "Tensor":
         if len(shape) == 1 and not isinstance(shape[0], int):
@@ -155,8 +153,6 @@ class ShapeOps:
         return self._pad(dim, left, right, mode="same")
 
     def _pad(self, dim, left, right, mode):
-        from .tensor import Tensor
-
         d = resolve_dim(dim, self.rank, "pad")
         if left < 0 or right < 0:
             raise ShapeError(f"pad: negative padding ({left}, {right})")
@@ -164,15 +160,15 @@ class ShapeOps:
         if left:
             shape = list(self.dims())
             shape[d] = left
-            pieces.append(Tensor.zeros(shape, self.dtype, self.device) if mode == "zeros"
+            pieces.append(self.zeros(shape, self.dtype, self.device) if mode == "zeros"
                           else self.narrow(d, 0, 1).broadcast_as(shape))
         pieces.append(self)
         if right:
             shape = list(self.dims())
             shape[d] = right
-            pieces.append(Tensor.zeros(shape, self.dtype, self.device) if mode == "zeros"
+            pieces.append(self.zeros(shape, self.dtype, self.device) if mode == "zeros"
                           else self.narrow(d, self.dims()[d] - 1, 1).broadcast_as(shape))
-        return Tensor.cat(pieces, d) if len(pieces) > 1 else self
+        return self.cat(pieces, d) if len(pieces) > 1 else self
 
     # -- indexing -----------------------------------------------------------------------
     def i(self, *index) -> "Tensor":
@@ -188,8 +184,6 @@ class ShapeOps:
         return self._index(index)
 
     def _index(self, index):
-        from .tensor import Tensor
-
         n_real = sum(1 for k in index if k is not Ellipsis and k is not None)
         if n_real > self.rank:
             raise IndexOutOfRange(f"i: {n_real} indices for a tensor of rank {self.rank}")
@@ -216,7 +210,7 @@ class ShapeOps:
                     raise ShapeError(f"i: slice step must be positive, got {k.step}")
                 basic.append(k)
                 out_dim += 1
-            elif isinstance(k, (list, Tensor)):
+            elif isinstance(k, (list, ShapeOps)):  # ShapeOps: any Tensor
                 basic.append(slice(None))
                 selections.append((out_dim, k))
                 out_dim += 1
@@ -232,14 +226,12 @@ class ShapeOps:
         out = self._basic_index(tuple(basic))
         for dim, ids in selections:
             if isinstance(ids, list):
-                ids = Tensor.from_numpy(np.asarray(ids, dtype=np.int64), device=self.device)
+                ids = self.from_numpy(np.asarray(ids, dtype=np.int64), device=self.device)
             out = out.index_select(ids, dim)
         return out
 
     def _basic_index(self, key):
         """A strided view (ints, slices, None): backward scatters into zeros."""
-        from .tensor import Tensor
-
         out = self._view(self._data[key])
         if not is_tracking(self):
             return out
@@ -249,15 +241,13 @@ class ShapeOps:
             xp = source.device.backend.xp
             full = xp.zeros(source._data.shape, dtype=g._data.dtype)
             full[key] = g._data
-            return (Tensor._wrap(full, g.dtype, g.device),)
+            return (g._wrap(full, g.dtype, g.device),)
 
         return record(out, (self,), backward)
 
     # -- joining ------------------------------------------------------------------------
     @staticmethod
     def cat(tensors, dim: int) -> "Tensor":
-        from .tensor import Tensor
-
         tensors = list(tensors)
         if not tensors:
             raise ShapeError("cat: empty list of tensors")
@@ -272,7 +262,7 @@ class ShapeOps:
         if len(tensors) == 1:
             return first
         xp = first.device.backend.xp
-        out = Tensor._wrap(xp.concatenate([t._data for t in tensors], axis=d), first.dtype, first.device)
+        out = first._wrap(xp.concatenate([t._data for t in tensors], axis=d), first.dtype, first.device)
         sizes = [t.dims()[d] for t in tensors]
 
         def backward(g):
