@@ -19,13 +19,12 @@ import numpy as np
 
 from .decode_threads import decode_in_parallel
 from .numba_kernels import decoder_step as nk
-from .quant_unpack import UNPACKABLE
+from .quant_unpack import UNPACKABLE, kernel_weight
+
 
 def _kernel_tuple(qmatmul):
     """The weight in the form the kernels take: the quantized tuple, or the f32 matrix itself
     (C-ordered, never copied when it already is); None when the layer is neither."""
-    from .numba_backend import kernel_weight
-
     if not qmatmul.is_quantized:
         matrix = qmatmul.weight.to_numpy()
         if matrix.dtype != np.float32 or matrix.ndim != 2:

@@ -18,7 +18,7 @@ from candle_web.errors import ShapeMismatch, UnsupportedError
 
 from . import numba_kernels as nk
 from .numba_kernels import vector_math
-from .quant_unpack import UNPACKABLE, LEGACY_GROUP_SHIFT, PerWeightCache, unpack
+from .quant_unpack import UNPACKABLE, PerWeightCache, kernel_weight, unpack
 
 # Below this many elements a fused op runs its serial kernel: waking the thread pool costs more
 # than the whole op on a decode step's small tensors.
@@ -45,39 +45,6 @@ QMATMUL_BAND_ROWS = 1024
 # block weights are 90 M values) and put a numba thread-pool region before every BLAS call.
 PROMPT_WEIGHTS_MB_VARIABLE = "CANDLE_WEB_PROMPT_WEIGHTS_MB"
 DEFAULT_PROMPT_WEIGHTS_MB = 1024
-
-
-class _KernelWeight:
-    """The unpacked weight in the form the kernels want (scales per 32 or 16 elements)."""
-
-    __slots__ = ("levels", "scales", "offsets", "use_offsets", "group", "kernel")
-
-    def __init__(self, qtensor):
-        unpacked = unpack(qtensor)
-        scales, shift = unpacked.scales, unpacked.group_shift
-        offsets = unpacked.offsets
-        if shift > LEGACY_GROUP_SHIFT:
-            # Wider groups (Q8_K) repeat their scale per 32 elements: same products, one kernel.
-            repeat = 1 << (shift - LEGACY_GROUP_SHIFT)
-            scales = np.repeat(scales, repeat, axis=1)
-            offsets = None if offsets is None else np.repeat(offsets, repeat, axis=1)
-            shift = LEGACY_GROUP_SHIFT
-        self.levels = unpacked.levels
-        self.scales = np.ascontiguousarray(scales)
-        self.use_offsets = offsets is not None
-        # A 1x1 stand-in keeps one compiled signature for both cases.
-        self.offsets = (np.ascontiguousarray(offsets) if self.use_offsets
-                        else np.zeros((1, 1), np.float32))
-        self.group = 1 << shift
-        self.kernel = nk.qmatmul_g32 if self.group == 32 else nk.qmatmul_g16
-
-
-_KERNEL_WEIGHTS = PerWeightCache()
-
-
-def kernel_weight(qtensor) -> _KernelWeight:
-    """The unpacked weight for `qtensor`, built at its first use and cached with it."""
-    return _KERNEL_WEIGHTS.get(qtensor, _KernelWeight)
 
 
 class _DenseWeights:
@@ -302,8 +269,9 @@ class NumbaBackend(NumpyBackend):
                 xsum = rows.reshape(rows.shape[0], -1, weight.group).sum(axis=2, dtype=np.float32)
             else:
                 xsum = np.zeros((1, 1), np.float32)
-            weight.kernel(rows, weight.levels, weight.scales, weight.offsets, xsum,
-                          weight.use_offsets, out)
+            kernel = nk.qmatmul_g32 if weight.group == 32 else nk.qmatmul_g16
+            kernel(rows, weight.levels, weight.scales, weight.offsets, xsum, weight.use_offsets,
+                   out)
         return out.reshape(*x.shape[:-1], n)
 
 

@@ -270,3 +270,36 @@ _UNPACKED = PerWeightCache()
 def unpacked(qtensor) -> UnpackedWeight:
     """The cached unpacked form of `qtensor` (unpacked at the first call only)."""
     return _UNPACKED.get(qtensor, unpack)
+
+
+class _KernelWeight:
+    """The unpacked weight in the form the numba kernels want (scales per 32 or 16 elements):
+    the fused decode steps and the backend's quantized matmul share it."""
+
+    __slots__ = ("levels", "scales", "offsets", "use_offsets", "group")
+
+    def __init__(self, qtensor):
+        unpacked = unpack(qtensor)
+        scales, shift = unpacked.scales, unpacked.group_shift
+        offsets = unpacked.offsets
+        if shift > LEGACY_GROUP_SHIFT:
+            # Wider groups (Q8_K) repeat their scale per 32 elements: same products, one kernel.
+            repeat = 1 << (shift - LEGACY_GROUP_SHIFT)
+            scales = np.repeat(scales, repeat, axis=1)
+            offsets = None if offsets is None else np.repeat(offsets, repeat, axis=1)
+            shift = LEGACY_GROUP_SHIFT
+        self.levels = unpacked.levels
+        self.scales = np.ascontiguousarray(scales)
+        self.use_offsets = offsets is not None
+        # A 1x1 stand-in keeps one compiled signature for both cases.
+        self.offsets = (np.ascontiguousarray(offsets) if self.use_offsets
+                        else np.zeros((1, 1), np.float32))
+        self.group = 1 << shift
+
+
+_KERNEL_WEIGHTS = PerWeightCache()
+
+
+def kernel_weight(qtensor) -> _KernelWeight:
+    """The unpacked weight for `qtensor`, built at its first use and cached with it."""
+    return _KERNEL_WEIGHTS.get(qtensor, _KernelWeight)

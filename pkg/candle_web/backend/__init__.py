@@ -1,6 +1,7 @@
 """Kernel backends: one interface (`base.Backend`), the numpy reference, and a registry.
 
-`Device.cpu()` uses the numba backend when `candle_native` and numba import, else numpy;
+`Device.cpu()` uses the numba backend when the native twin (found through the
+`candle_web.backends` entry points) and numba import, else numpy;
 `CANDLE_WEB_BACKEND=numpy|numba` overrides. `Device.cuda(i)` uses the cupy backend. Backends
 load lazily, on the first op of a device, and fail with a message naming the missing package.
 """
@@ -18,15 +19,16 @@ _INSTANCES = {}
 
 
 def register_backend(name: str, factory) -> None:
-    """Make a backend available by name (`candle_native` registers 'numba' and 'cupy')."""
+    """Make a backend available by name (the native twin registers 'numba' and
+    'cupy' when its entry point is loaded)."""
     _FACTORIES[name] = factory
     _INSTANCES.pop(name, None)
 
 
 def get_backend(name: str) -> Backend:
     if name not in _INSTANCES:
-        if name not in _FACTORIES and name in ("numba", "cupy"):
-            _import_native(name)
+        if name not in _FACTORIES and name in _EXTRA_FOR:
+            _register_optional_backend(name)
         if name not in _FACTORIES:
             raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(_FACTORIES)}")
         try:
@@ -36,15 +38,39 @@ def get_backend(name: str) -> Backend:
     return _INSTANCES[name]
 
 
-def _import_native(name: str) -> None:
-    extra = "native" if name == "numba" else "gpu"
-    package = "numba" if name == "numba" else "cupy"
-    try:
-        import candle_native  # noqa: F401  (registers its backends on import)
-    except ImportError as e:
-        raise BackendUnavailable(
-            f"the {name} backend needs the candle_native package and {package}: "
-            f"pip install 'candle-web[{extra}]' ({e})") from None
+# Packages that provide more backends declare an entry point in this group (candle-web's own
+# native twin does, in pyproject.toml); loading one imports it, and it registers its backends.
+# The registry never names them, so the pure package works where none is installed (Pyodide).
+ENTRY_POINT_GROUP = "candle_web.backends"
+# Where each known optional backend comes from, for the message when it is missing.
+_EXTRA_FOR = {"numba": ("native", "numba"), "cupy": ("gpu", "cupy")}
+_discovery_problems: list[str] | None = None  # None until the entry points were loaded
+
+
+def _discover_backends() -> list[str]:
+    """Load every entry point of ENTRY_POINT_GROUP (once); what failed to import, if anything."""
+    global _discovery_problems
+    if _discovery_problems is None:
+        from importlib.metadata import entry_points
+
+        _discovery_problems = []
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                entry.load()
+            except ImportError as e:
+                _discovery_problems.append(f"{entry.value}: {e}")
+    return _discovery_problems
+
+
+def _register_optional_backend(name: str) -> None:
+    problems = _discover_backends()
+    if name in _FACTORIES:
+        return
+    extra, package = _EXTRA_FOR[name]
+    detail = f" ({'; '.join(problems)})" if problems else ""
+    raise BackendUnavailable(
+        f"the {name} backend needs candle-web's native twin and {package}: "
+        f"pip install 'candle-web[{extra}]'{detail}")
 
 
 def _default_cpu_backend_name() -> str:
