@@ -13,7 +13,7 @@ from .errors import (BackendUnavailable, Cancelled, CandleError, DeviceMismatch,
                      FormatError, HashMismatch, IndexOutOfRange, ModelNotFound, ShapeError,
                      ShapeMismatch, UnsupportedError)
 from .shape import Shape
-from .tensor import Tensor, Var, manual_seed
+from .tensor import Tensor, Var, custom_op, manual_seed
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,7 @@ __getattr__, __dir__ = lazy_submodules(__name__, (
     "backend", "cli", "serve"), globals())
 
 __all__ = [
-    "Tensor", "Var", "Device", "DType", "Shape", "GradStore", "no_grad", "manual_seed", "cat",
+    "Tensor", "Var", "custom_op", "Device", "DType", "Shape", "GradStore", "no_grad", "manual_seed", "cat",
     "stack", "dtype", "u8", "u32", "i64", "f16", "bf16", "f32", "f64", "CandleError",
     "ShapeMismatch", "ShapeError", "DTypeMismatch", "DeviceMismatch", "IndexOutOfRange",
     "FormatError", "HashMismatch", "ModelNotFound", "UnsupportedError", "BackendUnavailable",

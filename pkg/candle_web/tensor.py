@@ -300,6 +300,22 @@ class Tensor(ShapeOps, MathOps):
 
     __str__ = __repr__
 
+    # -- raw storage, for kernels and caches outside the core -----------------------------
+    def storage(self):
+        """The backend array as stored, without a copy: numpy or cupy, f16 as float16, bf16 as
+        uint16 bits. Writing into it changes the tensor (for in-place buffers like KV caches)."""
+        return self._data
+
+    @staticmethod
+    def from_storage(array, dtype, device) -> "Tensor":
+        """A tensor over a backend array already in `dtype`'s storage format (no copy, no
+        check beyond the dtype's storage type): the inverse of `storage()`."""
+        dtype = DType.parse(dtype)
+        if array.dtype != dtype.np_storage:
+            raise DTypeMismatch(f"Tensor.from_storage: a {dtype.name} tensor is stored as "
+                                f"{np.dtype(dtype.np_storage).name}, got {array.dtype}")
+        return Tensor._wrap(array, dtype, Device.parse(device))
+
     # -- internals shared by the op mixins ------------------------------------------------
     def _compute(self):
         """The backend array in a compute dtype: f16/bf16 widened to f32, others as stored."""
@@ -319,6 +335,12 @@ class Tensor(ShapeOps, MathOps):
             backend = self.device.backend
             data = backend.from_numpy(dt.f32_to_bf16_bits(backend.to_numpy(data)))
         return Tensor._wrap(data, dtype, self.device)
+
+    def _check_device(self, other: "Tensor", op: str) -> None:
+        if not isinstance(other, Tensor):
+            raise CandleError(f"{op}: expected a Tensor, got {type(other).__name__}")
+        if self.device is not other.device and not self.device.same_device(other.device):
+            raise DeviceMismatch(f"{op}: device mismatch, lhs {self.device} rhs {other.device}")
 
     def _check_same(self, other: "Tensor", op: str, same_shape: bool = True) -> None:
         if not isinstance(other, Tensor):
@@ -350,6 +372,35 @@ def _storage_for(arr: np.ndarray, target: DType) -> np.ndarray:
 
 def compute_dtype(dtype: DType) -> DType:
     return dt.f32 if dtype in (dt.f16, dt.bf16) else dtype
+
+
+def custom_op(forward, *inputs, backward=None, dtype=None) -> "Tensor":
+    """Candle's CustomOp: apply a backend kernel to tensors and get a tensor back.
+
+    forward(backend, *arrays) gets the inputs' arrays in their compute dtype (f16/bf16
+    widened to f32; a None input passes as None) and returns one backend array; the result is
+    a tensor of `dtype` (default: the first input's) on the first input's device. With
+    backward(grad, out) -> one gradient tensor (or None) per input, where `out` is the result
+    without graph links, the result joins the autograd graph when an input tracks gradients;
+    without it, such an input is an error."""
+    from .autograd import is_tracking, record
+
+    tensors = [t for t in inputs if t is not None]
+    if not tensors:
+        raise CandleError("custom_op: needs at least one tensor input")
+    first = tensors[0]
+    for other in tensors[1:]:  # dtypes and shapes are the kernel's to check
+        first._check_device(other, "custom_op")
+    arrays = [None if t is None else t._compute() for t in inputs]
+    out = first._from_compute(forward(first.device.backend, *arrays), dtype)
+    if not is_tracking(*tensors):
+        return out
+    if backward is None:
+        raise CandleError("custom_op: an input tracks gradients but the op has no backward")
+    # The closure holds an untracked alias: holding `out` itself would make a reference cycle
+    # out -> node -> closure -> out.
+    alias = out.detach()
+    return record(out, tuple(inputs), lambda grad: backward(grad, alias))
 
 
 class Var(Tensor):

@@ -30,7 +30,7 @@ class Cache:
             return None
         index = [slice(None)] * self._buffer.ndim
         index[self.dim] = slice(0, self.current_seq_len)
-        return Tensor._wrap(self._buffer[tuple(index)], self._dtype, self._device)
+        return Tensor.from_storage(self._buffer[tuple(index)], self._dtype, self._device)
 
     def check(self, src: Tensor) -> int:
         """Validate `src` for `append` without changing anything; returns the normalised dim."""
@@ -55,7 +55,7 @@ class Cache:
             xp = src.device.backend.xp
             shape = list(src.dims())
             shape[dim] = max(self.capacity, added)
-            self._buffer = xp.empty(tuple(shape), dtype=src._data.dtype)
+            self._buffer = xp.empty(tuple(shape), dtype=src.storage().dtype)
             self._dtype, self._device = src.dtype, src.device
             self.dim = dim
         needed = self.current_seq_len + added
@@ -63,7 +63,7 @@ class Cache:
             self._grow(needed)
         index = [slice(None)] * self._buffer.ndim
         index[dim] = slice(self.current_seq_len, needed)
-        self._buffer[tuple(index)] = src._data
+        self._buffer[tuple(index)] = src.storage()
         self.current_seq_len = needed
 
     def _grow(self, needed: int) -> None:

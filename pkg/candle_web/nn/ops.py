@@ -11,19 +11,9 @@ from __future__ import annotations
 
 import math
 
-from ..autograd import is_tracking, record
+from ..autograd import is_tracking
 from ..errors import CandleError, ShapeMismatch
-from ..tensor import Tensor
-
-
-def _fused(x: Tensor, data) -> Tensor:
-    return x._from_compute(data)
-
-
-def _untracked_alias(t: Tensor) -> Tensor:
-    """The same data without graph links, for use inside a backward closure (capturing the
-    output itself would make output -> node -> closure -> output a reference cycle)."""
-    return Tensor._wrap(t._data, t.dtype, t.device)
+from ..tensor import Tensor, custom_op
 
 
 def _is_last_dim(x: Tensor, dim: int) -> bool:
@@ -31,17 +21,12 @@ def _is_last_dim(x: Tensor, dim: int) -> bool:
 
 
 def softmax_last_dim(x: Tensor) -> Tensor:
-    out = _fused(x, x.device.backend.softmax_last_dim(x._compute()))
-    if not is_tracking(x):
-        return out
-    probs = _untracked_alias(out)
-
-    def backward(grad):
+    def backward(grad, probs):
         # d softmax: s * (g - sum(g * s)) along the softmax dim.
         weighted = grad.mul(probs).sum_keepdim(-1)
         return (probs.mul(grad.broadcast_sub(weighted)),)
 
-    return record(out, (x,), backward)
+    return custom_op(lambda backend, a: backend.softmax_last_dim(a), x, backward=backward)
 
 
 def softmax(x: Tensor, dim: int) -> Tensor:
@@ -54,16 +39,12 @@ def softmax(x: Tensor, dim: int) -> Tensor:
 
 def log_softmax(x: Tensor, dim: int) -> Tensor:
     if _is_last_dim(x, dim):
-        out = _fused(x, x.device.backend.log_softmax_last_dim(x._compute()))
-        if not is_tracking(x):
-            return out
-        log_probs = _untracked_alias(out)
-
-        def backward(grad):
+        def backward(grad, log_probs):
             # d log_softmax: g - softmax * sum(g), with softmax = exp(log_softmax).
             return (grad.broadcast_sub(log_probs.exp().broadcast_mul(grad.sum_keepdim(-1))),)
 
-        return record(out, (x,), backward)
+        return custom_op(lambda backend, a: backend.log_softmax_last_dim(a), x,
+                         backward=backward)
     shifted = x.broadcast_sub(x.max_keepdim(dim).detach())
     return shifted.broadcast_sub(shifted.exp().sum_keepdim(dim).log())
 
@@ -81,7 +62,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     if is_tracking(gate, up):
         return gate.silu().mul(up)
     gate._check_same(up, "swiglu")
-    return _fused(gate, gate.device.backend.silu_mul(gate._compute(), up._compute()))
+    return custom_op(lambda backend, g, u: backend.silu_mul(g, u), gate, up)
 
 
 def dropout(x: Tensor, drop_p: float, train: bool = True, generator=None) -> Tensor:
@@ -104,10 +85,7 @@ def layer_norm(x: Tensor, weight, bias, eps: float) -> Tensor:
             normed = normed.broadcast_add(bias)
         return normed
     _check_last_dim(x, weight, "layer_norm")
-    data = x.device.backend.layer_norm(
-        x._compute(), None if weight is None else weight._compute(),
-        None if bias is None else bias._compute(), eps)
-    return _fused(x, data)
+    return custom_op(lambda backend, a, w, b: backend.layer_norm(a, w, b, eps), x, weight, bias)
 
 
 def rms_norm(x: Tensor, weight, eps: float) -> Tensor:
@@ -115,8 +93,7 @@ def rms_norm(x: Tensor, weight, eps: float) -> Tensor:
         normed = x.broadcast_div(x.sqr().mean_keepdim(-1).affine(1.0, eps).sqrt())
         return normed if weight is None else normed.broadcast_mul(weight)
     _check_last_dim(x, weight, "rms_norm")
-    data = x.device.backend.rms_norm(x._compute(), None if weight is None else weight._compute(), eps)
-    return _fused(x, data)
+    return custom_op(lambda backend, a, w: backend.rms_norm(a, w, eps), x, weight)
 
 
 def _check_last_dim(x, weight, op):
@@ -137,9 +114,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask=None, sca
         return softmax_last_dim(scores).matmul(v)
     if q.dims()[-1] != k.dims()[-1] or k.dims()[:-1] != v.dims()[:-1]:
         raise ShapeMismatch(f"attention: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} disagree")
-    mask_data = None if mask is None else mask._compute()
-    data = q.device.backend.attention(q._compute(), k._compute(), v._compute(), mask_data, scale)
-    return _fused(q, data)
+    return custom_op(lambda backend, qa, ka, va, m: backend.attention(qa, ka, va, m, scale),
+                     q, k, v, mask)
 
 
 def causal_mask(seq_len: int, offset: int = 0, dtype=None, device=None) -> Tensor:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
+
+from ..autograd import no_grad
+from ..tensor import custom_op
 
 
 class Optimizer:
@@ -24,8 +28,9 @@ class SGD(Optimizer):
         for var in self.vars:
             grad = grads.get(var)
             if grad is not None:
-                updated = var._compute() - grad._compute() * self.learning_rate
-                var.set(var._from_compute(updated))
+                with no_grad():  # the update itself is not part of any graph
+                    var.set(custom_op(lambda backend, value, g: value - g * self.learning_rate,
+                                      var, grad))
 
 
 @dataclass(frozen=True)
@@ -71,19 +76,24 @@ class AdamW(Optimizer):
             grad = grads.get(var)
             if grad is None:
                 continue
-            xp = var.device.backend.xp
-            g = grad._compute()
-            if self._m[i] is None:
-                self._m[i] = xp.zeros_like(g)
-                self._v[i] = xp.zeros_like(g)
-            m, v = self._m[i], self._v[i]
-            m *= p.beta1
-            m += g * (1.0 - p.beta1)
-            v *= p.beta2
-            v += (g * g) * (1.0 - p.beta2)
-            denom = xp.sqrt(v * scale_v)
-            denom += p.eps
-            adjusted = (m * scale_m) / denom
-            updated = var._compute() * (1.0 - p.lr * p.weight_decay)
-            updated -= adjusted * p.lr
-            var.set(var._from_compute(updated))
+            with no_grad():  # the update itself is not part of any graph
+                var.set(custom_op(partial(self._update, i, scale_m, scale_v), var, grad))
+
+    def _update(self, i, scale_m, scale_v, backend, value, g):
+        """The new value of var i from its compute array and gradient; keeps the moments."""
+        p = self.params
+        xp = backend.xp
+        if self._m[i] is None:
+            self._m[i] = xp.zeros_like(g)
+            self._v[i] = xp.zeros_like(g)
+        m, v = self._m[i], self._v[i]
+        m *= p.beta1
+        m += g * (1.0 - p.beta1)
+        v *= p.beta2
+        v += (g * g) * (1.0 - p.beta2)
+        denom = xp.sqrt(v * scale_v)
+        denom += p.eps
+        adjusted = (m * scale_m) / denom
+        updated = value * (1.0 - p.lr * p.weight_decay)
+        updated -= adjusted * p.lr
+        return updated

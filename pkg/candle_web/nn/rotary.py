@@ -11,7 +11,7 @@ import numpy as np
 
 from ..autograd import is_tracking
 from ..errors import ShapeMismatch
-from ..tensor import Tensor
+from ..tensor import Tensor, custom_op
 
 
 def rope_frequencies(head_dim: int, max_positions: int, theta: float = 10000.0,
@@ -43,8 +43,7 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         x2 = x.narrow(-1, half, half)
         return Tensor.cat([x1.broadcast_mul(cos).sub(x2.broadcast_mul(sin)),
                            x2.broadcast_mul(cos).add(x1.broadcast_mul(sin))], -1)
-    data = x.device.backend.rope(x._compute(), cos._compute(), sin._compute())
-    return x._from_compute(data)
+    return custom_op(lambda backend, a, c, s: backend.rope(a, c, s), x, cos, sin)
 
 
 def rope_i(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -57,5 +56,4 @@ def rope_i(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         even = x_even.broadcast_mul(cos).sub(x_odd.broadcast_mul(sin))
         odd = x_even.broadcast_mul(sin).add(x_odd.broadcast_mul(cos))
         return Tensor.stack([even, odd], -1).reshape(b, h, t, d)
-    data = x.device.backend.rope_i(x._compute(), cos._compute(), sin._compute())
-    return x._from_compute(data)
+    return custom_op(lambda backend, a, c, s: backend.rope_i(a, c, s), x, cos, sin)

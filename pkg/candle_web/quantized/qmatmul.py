@@ -122,7 +122,7 @@ class QMatMul:
                                 f"[{self.out_features}, {self.in_features}]")
         backend = self.device.backend
         lead = x.dims()[:-1]
-        flat = x.to_dtype(dt.f32)._data.reshape(-1, self.in_features)
+        flat = x.to_dtype(dt.f32).storage().reshape(-1, self.in_features)
         if self.weight is None:
             outputs = [backend.qmatmul(flat, q) for q in self.qweights]
             out = outputs[0] if len(outputs) == 1 else backend.xp.concatenate(outputs, axis=-1)
@@ -130,10 +130,10 @@ class QMatMul:
             # One row (a decode step): W @ x^T is a BLAS matrix-vector product over the
             # C-ordered weight. x @ W^T computes the same numbers but goes through gemm,
             # which under multithreaded OpenBLAS measured 10-100x slower for one row.
-            out = backend.matmul(self.weight._data, flat.T).T
+            out = backend.matmul(self.weight.storage(), flat.T).T
         else:
-            out = backend.matmul(flat, self.weight._data.T)
-        return Tensor._wrap(out.reshape(lead + (self.out_features,)), dt.f32, self.device)
+            out = backend.matmul(flat, self.weight.storage().T)
+        return Tensor.from_storage(out.reshape(lead + (self.out_features,)), dt.f32, self.device)
 
     __call__ = forward
 
