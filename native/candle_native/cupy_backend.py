@@ -87,8 +87,10 @@ class _Elementwise:
 
 class CupyBackend(Backend):
     name = "cupy"
-    # Quantized weights stay packed on the GPU (1 byte per value) and go through RawKernels.
-    fast_qmatmul_types = UNPACKABLE
+
+    def supports_qmatmul(self, ggml_dtype) -> bool:
+        # Quantized weights stay packed on the GPU (1 byte per value) and go through RawKernels.
+        return ggml_dtype in UNPACKABLE
 
     def __init__(self, cupy, device_index: int):
         self.cp = cupy

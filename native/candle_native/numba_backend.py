@@ -104,9 +104,11 @@ def _is_f32(*arrays):
 
 class NumbaBackend(NumpyBackend):
     name = "numba"
-    # QMatMul keeps these GGML types packed and multiplies from the blocks (measured on
-    # SmolLM2 Q4_1 decode: 9.6 tok/s packed vs 6.9 tok/s dequantized to f32, same ids).
-    fast_qmatmul_types = UNPACKABLE
+
+    def supports_qmatmul(self, ggml_dtype) -> bool:
+        # QMatMul keeps these GGML types packed and multiplies from the blocks (measured on
+        # SmolLM2 Q4_1 decode: 9.6 tok/s packed vs 6.9 tok/s dequantized to f32, same ids).
+        return ggml_dtype in UNPACKABLE
 
     # -- elementwise activations ------------------------------------------------------------
     # (serial kernel, threaded kernel) per op; tanh-GELU stays on numpy (see numba_kernels).

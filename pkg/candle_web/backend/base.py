@@ -126,6 +126,11 @@ class Backend:
         """x [.., k] f32 times a quantized [n, k] weight (candle_web.quantized.QTensor)."""
         raise NotImplementedError
 
+    def supports_qmatmul(self, ggml_dtype) -> bool:
+        """Whether `qmatmul` multiplies straight from `ggml_dtype` blocks fast enough that
+        QMatMul should keep such weights packed instead of dequantizing them at load."""
+        return False
+
     # -- creation / memory ------------------------------------------------------------------
     def zeros(self, shape, np_dtype):
         raise NotImplementedError

@@ -6,7 +6,7 @@ Two ways to multiply, chosen per backend when the layer is built:
   once into an f32 ``[n, k]`` matrix and every forward is one BLAS matmul. numpy has no fast
   way to multiply from packed 4-bit blocks -- decoding them on every token costs more than
   the matmul itself -- so this is the fast path there, at 4 bytes per weight of memory.
-* **keep the blocks** (a backend that lists the type in ``fast_qmatmul_types``, e.g. the
+* **keep the blocks** (a backend whose ``supports_qmatmul`` says yes for the type, e.g. the
   native twin's numba/cupy kernels): the QTensor stays packed and each forward calls
   ``backend.qmatmul(x, qtensor)``, reading a fraction of the bytes per token.
 
@@ -36,11 +36,11 @@ MODES = ("auto", "dequantize", "quantized")
 
 def backend_multiplies_quantized(backend, ggml_dtype) -> bool:
     """True when `backend` has a kernel that multiplies straight from `ggml_dtype` blocks
-    (it lists the type in its ``fast_qmatmul_types``); plain float types never need one."""
+    (its declared `supports_qmatmul`); plain float types never need one."""
     ggml_dtype = GgmlDType.parse(ggml_dtype)
     if not ggml_dtype.is_quantized:
         return False
-    return ggml_dtype in getattr(backend, "fast_qmatmul_types", ())
+    return backend.supports_qmatmul(ggml_dtype)
 
 
 def _check_2d(qtensor: QTensor, what: str) -> None:
