@@ -13,13 +13,16 @@ from __future__ import annotations
 import io
 import math
 import os
+import threading
+from collections import OrderedDict
 from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
 
 from .errors import DTypeMismatch, FormatError, ShapeError, UnsupportedError
-from .io.wav import downmix, read_raw_int16, read_wav, source_bytes
+from .io.wav import (MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, check_sample_rate, downmix,
+                     read_raw_int16, read_wav, source_bytes)
 
 # Whisper's fixed audio hyper-parameters.
 SAMPLE_RATE = 16000
@@ -53,12 +56,20 @@ RESAMPLER_STOPBAND_EDGE = 1.00
 RESAMPLER_ATTENUATION_DB = 80.0
 # The blocked-matmul path builds a [window, block] matrix of taps; when that would exceed this
 # many elements (rates whose reduced ratio has large terms, e.g. 44056 Hz) a gather-based path
-# that walks the polyphase table is used instead: slower, same numbers.
+# that walks the polyphase table is used instead: slower, same numbers. It also bounds the band
+# of polyphase rows the gather path evaluates at once (8 MB of float32).
 RESAMPLER_MAX_KERNEL_ELEMENTS = 1 << 21
 # A filter longer than this (both reduced ratio terms large and the rate very high, e.g.
-# 176401 Hz) is refused rather than allocating hundreds of MB of taps.
+# 176401 Hz) is refused: its memory is bounded, but its gain is a sum over every tap.
 RESAMPLER_MAX_FILTER_TAPS = 1 << 24
 RESAMPLER_CHUNK_ELEMENTS = 1 << 22  # input window elements per matmul chunk
+# Gathered input elements per step of the gather path: its int64 index arrays take 8 MB.
+RESAMPLER_GATHER_ELEMENTS = 1 << 20
+# Taps evaluated per step (float64, with a handful of temporaries: a few MB).
+RESAMPLER_TAP_CHUNK = 1 << 18
+# Total bytes of tap tables kept between calls: four of the largest (8 MB) or dozens of the
+# common rates' (44.1 kHz: 0.5 MB).
+RESAMPLER_CACHE_BYTES = 32 << 20
 
 # Signatures of compressed/other containers, for a precise message when no decoder exists.
 KNOWN_SIGNATURES = (
@@ -72,10 +83,10 @@ KNOWN_SIGNATURES = (
     (0, b"caff", "CAF"),
 )
 RAW_INT16_SUFFIXES = (".raw", ".pcm")
-# Source rates load_audio accepts: outside this range a header is corrupt (and a 1 Hz "rate"
-# would make resampling to 16 kHz allocate 16000 outputs per input sample).
-MIN_SOURCE_RATE = 1000
-MAX_SOURCE_RATE = 1_000_000
+# Source rates load_audio accepts: read_wav's limits, so that external decoders are held to the
+# same range as WAV files (the names predate the shared constant).
+MIN_SOURCE_RATE = MIN_SAMPLE_RATE
+MAX_SOURCE_RATE = MAX_SAMPLE_RATE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,9 +131,7 @@ def load_audio(source, sr: int = SAMPLE_RATE, *, format: str | None = None,
     name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "audio bytes"
     if samples.size == 0:
         raise FormatError(f"{name}: contains no audio samples (0 frames at {rate} Hz)")
-    if not MIN_SOURCE_RATE <= rate <= MAX_SOURCE_RATE:
-        raise FormatError(f"{name}: sample rate {rate} Hz is outside the plausible range "
-                          f"{MIN_SOURCE_RATE}..{MAX_SOURCE_RATE} Hz (corrupt header?)")
+    check_sample_rate(rate, name)  # WAV checked it already; soundfile and ffmpeg did not
     return resample(samples, rate, sr)
 
 
@@ -234,6 +243,10 @@ def resample(samples, orig_sr: int, target_sr: int = SAMPLE_RATE) -> np.ndarray:
 
     Output length is ceil(n * target_sr / orig_sr); output sample j sits at input time
     j * orig_sr / target_sr, and the signal is taken as zero outside [0, n).
+
+    Memory is bounded whatever the ratio: no table of the whole filter is built (for a rate
+    like 167001 Hz it would be 16.8 M taps, 134 MB); the taps are evaluated in chunks, and only
+    for the filter phases the outputs use, so a short input at an odd rate costs little.
     """
     for label, rate in (("orig_sr", orig_sr), ("target_sr", target_sr)):
         if not isinstance(rate, (int, np.integer)) or rate <= 0:
@@ -250,10 +263,10 @@ def resample(samples, orig_sr: int, target_sr: int = SAMPLE_RATE) -> np.ndarray:
     if orig_sr == target_sr or signal.size == 0:
         return signal
     up, down = resampling_ratio(int(orig_sr), int(target_sr))
-    taps, half = design_resampling_filter(up, down)
+    half = _checked_half_length(up, down)
     if uses_blocked_matmul(up, down):
         return _resample_blocked(signal, up, down, _block_plan(up, down, half))
-    return _resample_gathered(signal, up, down, taps, half)
+    return _resample_gathered(signal, up, down, half)
 
 
 def uses_blocked_matmul(up: int, down: int) -> bool:
@@ -268,28 +281,88 @@ def resampling_ratio(orig_sr: int, target_sr: int) -> tuple[int, int]:
     return ratio.numerator, ratio.denominator
 
 
-@lru_cache(maxsize=16)
 def design_resampling_filter(up: int, down: int) -> tuple[np.ndarray, int]:
     """Kaiser-windowed sinc low-pass for the upsampled-by-``up`` rate: (taps float64, half).
 
     The taps are centred on index ``half`` (length 2*half+1) and sum to ``up``, which restores
-    the gain lost by zero-stuffing, so each output has unit DC gain.
+    the gain lost by zero-stuffing, so each output has unit DC gain. :func:`resample` never
+    builds this array (it evaluates the same taps in chunks); it is here for inspection and
+    for checking against other implementations.
     """
+    half = _checked_half_length(up, down)
+    taps = np.empty(2 * half + 1)
+    for start in range(0, taps.size, RESAMPLER_TAP_CHUNK):
+        index = np.arange(start, min(taps.size, start + RESAMPLER_TAP_CHUNK), dtype=np.int64)
+        taps[start:start + index.size] = _scaled_taps(index, up, down)
+    taps.flags.writeable = False
+    return taps, half
+
+
+def _checked_half_length(up: int, down: int) -> int:
+    # The filter's gain is a sum over all its taps, so the work of a ratio grows with the
+    # filter's length even when its memory does not: refuse absurd lengths.
+    half = filter_half_length(up, down)
+    if 2 * half + 1 > RESAMPLER_MAX_FILTER_TAPS:
+        raise UnsupportedError(
+            f"resample: the ratio {up}/{down} needs a {2 * half + 1}-tap filter (more than "
+            f"{RESAMPLER_MAX_FILTER_TAPS}, RESAMPLER_MAX_FILTER_TAPS); resample to a common "
+            f"rate with another tool first")
+    return half
+
+
+def _filter_shape(up: int, down: int) -> tuple[float, float, int]:
+    """(cutoff in cycles per upsampled sample, Kaiser beta, half length) of the design."""
     # In cycles per sample of the upsampled signal, the lower Nyquist is 0.5 / max(up, down).
     lower_nyquist = 0.5 / max(up, down)
     cutoff = 0.5 * (RESAMPLER_PASSBAND_EDGE + RESAMPLER_STOPBAND_EDGE) * lower_nyquist
     # Kaiser's design formulas: beta from the attenuation, length from attenuation and width.
     beta = 0.1102 * (RESAMPLER_ATTENUATION_DB - 8.7)
+    return cutoff, beta, filter_half_length(up, down)
+
+
+def _unscaled_taps(offsets: np.ndarray, up: int, down: int) -> np.ndarray:
+    """The windowed sinc at integer ``offsets`` from the centre (|offset| <= half), float64."""
+    cutoff, beta, half = _filter_shape(up, down)
+    t = offsets.astype(np.float64)
+    position = t / half if half else np.zeros_like(t)
+    window = _kaiser_at(position, beta)
+    return 2.0 * cutoff * np.sinc(2.0 * cutoff * t) * window
+
+
+@lru_cache(maxsize=64)  # floats: a few bytes per ratio
+def _filter_gain(up: int, down: int) -> float:
+    """The factor that makes the taps sum to ``up``: up / (sum of the unscaled taps).
+
+    Summed in chunks over one half of the symmetric filter, so its memory stays bounded."""
     half = filter_half_length(up, down)
-    if 2 * half + 1 > RESAMPLER_MAX_FILTER_TAPS:
-        raise UnsupportedError(
-            f"resample: the ratio {up}/{down} needs a {2 * half + 1}-tap filter (more than "
-            f"{RESAMPLER_MAX_FILTER_TAPS}); resample to a common rate with another tool first")
-    offsets = np.arange(-half, half + 1, dtype=np.float64)
-    taps = 2.0 * cutoff * np.sinc(2.0 * cutoff * offsets) * kaiser_window(2 * half + 1, beta)
-    taps *= up / taps.sum()
-    taps.flags.writeable = False
-    return taps, half
+    total = float(_unscaled_taps(np.zeros(1, np.int64), up, down)[0])
+    for start in range(1, half + 1, RESAMPLER_TAP_CHUNK):
+        offsets = np.arange(start, min(half + 1, start + RESAMPLER_TAP_CHUNK), dtype=np.int64)
+        total += 2.0 * float(_unscaled_taps(offsets, up, down).sum())
+    return up / total
+
+
+def _scaled_taps(index: np.ndarray, up: int, down: int) -> np.ndarray:
+    """taps[index] of :func:`design_resampling_filter` (zero outside 0..2*half), float64."""
+    half = filter_half_length(up, down)
+    inside = (index >= 0) & (index <= 2 * half)
+    taps = _unscaled_taps(np.where(inside, index - half, 0), up, down)
+    taps *= _filter_gain(up, down)
+    taps[~inside] = 0.0
+    return taps
+
+
+def _taps_table(index_rows, n_rows: int, n_columns: int, up: int, down: int) -> np.ndarray:
+    """A float32 [n_rows, n_columns] table of taps, ``index_rows(start, stop)`` giving the tap
+    indices of rows start..stop; filled a few rows at a time so the float64 work arrays stay
+    within RESAMPLER_TAP_CHUNK elements."""
+    table = np.empty((n_rows, n_columns), dtype=np.float32)
+    rows_per_chunk = max(1, RESAMPLER_TAP_CHUNK // max(1, n_columns))
+    for start in range(0, n_rows, rows_per_chunk):
+        stop = min(n_rows, start + rows_per_chunk)
+        table[start:stop] = _scaled_taps(index_rows(start, stop), up, down)
+    table.flags.writeable = False
+    return table
 
 
 def kaiser_window(length: int, beta: float) -> np.ndarray:
@@ -303,11 +376,16 @@ def kaiser_window(length: int, beta: float) -> np.ndarray:
         return np.ones(1)
     first_half = (length + 1) // 2
     position = 2.0 * np.arange(first_half) / (length - 1) - 1.0
-    argument = beta * np.sqrt(np.clip(1.0 - position * position, 0.0, 1.0))
     window = np.empty(length)
-    window[:first_half] = _bessel_i0(argument, beta) / _bessel_i0(np.array([beta]), beta)[0]
+    window[:first_half] = _kaiser_at(position, beta)
     window[first_half:] = window[:length - first_half][::-1]
     return window
+
+
+def _kaiser_at(position: np.ndarray, beta: float) -> np.ndarray:
+    """The Kaiser window at positions in [-1, 1] (its ends), float64."""
+    argument = beta * np.sqrt(np.clip(1.0 - position * position, 0.0, 1.0))
+    return _bessel_i0(argument, beta) / _bessel_i0(np.array([beta]), beta)[0]
 
 
 def _bessel_i0(x: np.ndarray, x_max: float) -> np.ndarray:
@@ -336,6 +414,49 @@ def filter_half_length(up: int, down: int) -> int:
     return (length + 1) // 2
 
 
+class _ByteBoundedCache:
+    """A least-recently-used map of read-only arrays whose total size stays within a budget
+    (an lru_cache bounds the count, not the bytes: 16 odd rates once held 2 GB of taps)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._items: OrderedDict = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # the server resamples from worker threads
+
+    def get(self, key, build):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = build()
+        if value.nbytes <= self.max_bytes:
+            with self._lock:
+                self._store(key, value)
+        return value
+
+    def _store(self, key, value) -> None:
+        if key in self._items:
+            return
+        self._items[key] = value
+        self._bytes += value.nbytes
+        while self._bytes > self.max_bytes:
+            _, evicted = self._items.popitem(last=False)
+            self._bytes -= evicted.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+_TAP_TABLES = _ByteBoundedCache(RESAMPLER_CACHE_BYTES)
+
+
 def _block_plan(up: int, down: int, half: int) -> dict:
     """Geometry of the blocked matmul (see :func:`_resample_blocked`)."""
     taps_per_output = max(1, (2 * half + 1) // up)
@@ -348,18 +469,21 @@ def _block_plan(up: int, down: int, half: int) -> dict:
             "first_input": first_input, "window": window}
 
 
-@lru_cache(maxsize=16)
 def _block_kernel(up: int, down: int) -> np.ndarray:
     """kernel[w, b]: weight of input (row start + w) in output b of a row; float32."""
-    taps, half = design_resampling_filter(up, down)
+    return _TAP_TABLES.get(("block", up, down), lambda: _build_block_kernel(up, down))
+
+
+def _build_block_kernel(up: int, down: int) -> np.ndarray:
+    half = filter_half_length(up, down)
     plan = _block_plan(up, down, half)
-    w_index = np.arange(plan["window"])[:, None]
-    b_index = np.arange(plan["block"])[None, :]
-    tap_index = half + b_index * down - (plan["first_input"] + w_index) * up
-    inside = (tap_index >= 0) & (tap_index <= 2 * half)
-    kernel = np.where(inside, taps[np.clip(tap_index, 0, 2 * half)], 0.0).astype(np.float32)
-    kernel.flags.writeable = False
-    return kernel
+    b_index = np.arange(plan["block"], dtype=np.int64)[None, :]
+
+    def index_rows(start: int, stop: int) -> np.ndarray:
+        w_index = np.arange(start, stop, dtype=np.int64)[:, None]
+        return half + b_index * down - (plan["first_input"] + w_index) * up
+
+    return _taps_table(index_rows, plan["window"], plan["block"], up, down)
 
 
 def _resample_blocked(signal: np.ndarray, up: int, down: int, plan: dict) -> np.ndarray:
@@ -388,34 +512,69 @@ def _resample_blocked(signal: np.ndarray, up: int, down: int, plan: dict) -> np.
     return out.reshape(-1)[:n_out].copy()
 
 
-def _resample_gathered(signal: np.ndarray, up: int, down: int, taps: np.ndarray,
-                       half: int) -> np.ndarray:
+def _resample_gathered(signal: np.ndarray, up: int, down: int, half: int) -> np.ndarray:
     """The same sum as :func:`_resample_blocked`, gathering each output's inputs and phase.
 
-    Output j starts at input i0 = ceil((j*down - half) / up); with q = 2*half - (half + j*down -
-    i0*up) in [0, up), its weights for inputs i0, i0+1, ... are phases[q] = taps[2*half - q -
-    m*up] for m = 0, 1, ... (zero past the filter's start).
+    Output j starts at input i0 = ceil((j*down - half) / up); with q = (half - j*down) mod up,
+    its weights for inputs i0, i0+1, ... are taps[2*half - q - m*up] for m = 0, 1, ... (zero
+    past the filter's start). q depends only on the residue r = j mod up, so the outputs are
+    taken residue by residue: a band of residues' phase rows is evaluated (at most
+    RESAMPLER_MAX_KERNEL_ELEMENTS taps), applied to every output with those residues, and
+    dropped. Only the residues that occur (< n_out) are evaluated.
     """
     n_in = signal.size
     n_out = -(-n_in * up // down)
-    span = 2 * half + 1
-    taps_per_output = -(-span // up)
-    m_index = np.arange(taps_per_output)
-    tap_index = 2 * half - np.arange(up)[:, None] - m_index[None, :] * up
-    phases = np.where(tap_index >= 0, taps[np.maximum(tap_index, 0)], 0.0).astype(np.float32)
-
+    taps_per_output = -(-(2 * half + 1) // up)
     front = half // up + 1
     padded = np.zeros(front + n_in + taps_per_output + 1, dtype=np.float32)
     padded[front:front + n_in] = signal
     out = np.empty(n_out, dtype=np.float32)
-    chunk = max(1, RESAMPLER_CHUNK_ELEMENTS // taps_per_output)
-    for start in range(0, n_out, chunk):
-        j = np.arange(start, min(n_out, start + chunk), dtype=np.int64)
-        first = -((half - j * down) // up)  # ceil((j*down - half) / up)
-        q = 2 * half - (half + j * down - first * up)
-        inputs = padded[(first + front)[:, None] + m_index[None, :]]
-        out[start:start + j.size] = np.einsum("jm,jm->j", inputs, phases[q])
+    n_residues = min(up, n_out)
+    band = max(1, RESAMPLER_MAX_KERNEL_ELEMENTS // taps_per_output)
+    for first_residue in range(0, n_residues, band):
+        residues = np.arange(first_residue, min(n_residues, first_residue + band), dtype=np.int64)
+        phases = _phase_rows(residues, up, down, half, taps_per_output)
+        _apply_phases(out, padded, front, residues, phases, up, down, half)
     return out
+
+
+def _phase_rows(residues: np.ndarray, up: int, down: int, half: int,
+                taps_per_output: int) -> np.ndarray:
+    """phases[r, m] = taps[2*half - q_r - m*up] for the given residues, float32."""
+    m_index = np.arange(taps_per_output, dtype=np.int64)[None, :]
+
+    def index_rows(start: int, stop: int) -> np.ndarray:
+        q = (half - residues[start:stop] * down) % up
+        return 2 * half - q[:, None] - m_index * up
+
+    def build() -> np.ndarray:
+        return _taps_table(index_rows, residues.size, taps_per_output, up, down)
+
+    if residues.size == up:  # the whole table: worth keeping for the next call
+        return _TAP_TABLES.get(("phases", up, down), build)
+    return build()
+
+
+def _apply_phases(out: np.ndarray, padded: np.ndarray, front: int, residues: np.ndarray,
+                  phases: np.ndarray, up: int, down: int, half: int) -> None:
+    """out[j] for every j = residue + k*up < out.size, in chunks of bounded size."""
+    n_out = out.size
+    taps_per_output = phases.shape[1]
+    m_index = np.arange(taps_per_output, dtype=np.int64)
+    n_periods = -(-(n_out - int(residues[0])) // up)
+    periods_per_chunk = max(1, RESAMPLER_GATHER_ELEMENTS // (residues.size * taps_per_output))
+    last_input = padded.size - taps_per_output  # where a window that starts in bounds ends
+    for start in range(0, n_periods, periods_per_chunk):
+        periods = np.arange(start, min(n_periods, start + periods_per_chunk), dtype=np.int64)
+        j = periods[:, None] * up + residues[None, :]  # [periods, residues]
+        first = -((half - j * down) // up)  # ceil((j*down - half) / up)
+        # Outputs past the end (j >= n_out) fill out the grid; their windows are clamped into
+        # the buffer and their results dropped.
+        begin = np.minimum(first + front, last_input)
+        inputs = padded[begin[..., None] + m_index]  # [periods, residues, taps]
+        values = np.einsum("prm,rm->pr", inputs, phases)
+        keep = j < n_out
+        out[j[keep]] = values[keep]
 
 
 # ----------------------------------------------------------------------------------------------

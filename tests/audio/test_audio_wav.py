@@ -264,7 +264,7 @@ def test_header_cut_before_the_data_chunk():
 
 @pytest.mark.parametrize("fmt_body,error,message", [
     (struct.pack("<HHIIHH", 1, 0, 16000, 0, 0, 16), FormatError, "channel count 0"),
-    (struct.pack("<HHIIHH", 1, 1, 0, 0, 2, 16), FormatError, "sample rate is 0"),
+    (struct.pack("<HHIIHH", 1, 1, 0, 0, 2, 16), FormatError, "sample rate 0 Hz is outside"),
     (struct.pack("<HHIIHH", 1, 2, 16000, 0, 3, 16), FormatError, "block align 3"),
     (struct.pack("<HHIIHH", 1, 1, 16000, 0, 2, 24), FormatError, "24 bits"),
     (struct.pack("<HHIIHH", 1, 1, 16000, 0, 5, 40), UnsupportedError, "5-byte"),

@@ -17,7 +17,9 @@ dtype ids follow CTranslate2's DataType enum: 0 float32, 1 int8, 2 int16, 3 int3
 so opening a model costs no copy; float16 stays float16 and bfloat16 stays as uint16 bits
 (see ``Ct2Model.dtypes``). Every count and size is checked against the bytes left before
 anything is built, so a lying or truncated file raises FormatError naming the field, the
-variable and the byte offset instead of allocating or reading out of bounds.
+variable and the byte offset instead of allocating or reading out of bounds: the rank is at most
+MAX_RANK, dims times the item size equal the byte count and fit in the file (the other dims of
+an empty variable too), names and aliases lie inside the file, aliases resolve without cycles.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ MIN_VARIABLE_BYTES = 2 + 1 + 1 + 1 + 4
 MIN_ALIAS_BYTES = 2 * (2 + 1)
 # Alias chains longer than this are treated as a cycle.
 MAX_ALIAS_DEPTH = 32
+# The rank byte allows 255, numpy at most 64. CTranslate2's specs write rank <= 3 (scalars,
+# vectors, matrices, conv weights [out, in, kernel]); 8 leaves room for any future layout and
+# refuses a corrupt rank byte before numpy does (with a bare ValueError).
+MAX_RANK = 8
 
 
 @dataclasses.dataclass
@@ -131,11 +137,15 @@ class Ct2Model:
 class _Reader:
     """Bounds-checked little-endian reads over a buffer; errors name the field and offset."""
 
-    def __init__(self, buffer):
+    def __init__(self, buffer, source: str = "<bytes>"):
         self.buffer = buffer
+        self.source = source  # the path, or "<bytes>": every message names the file
         self.view = memoryview(buffer)
         self.length = len(self.view)
         self.offset = 0
+
+    def fail(self, message: str) -> FormatError:
+        return FormatError(f"CTranslate2 {self.source}: {message}")
 
     @property
     def remaining(self) -> int:
@@ -143,7 +153,7 @@ class _Reader:
 
     def need(self, count: int, what: str) -> None:
         if count > self.remaining:
-            raise FormatError(f"CTranslate2 {what} at offset {self.offset}: needs {count} bytes, "
+            raise self.fail(f"{what} at offset {self.offset}: needs {count} bytes, "
                               f"only {self.remaining} left (truncated or lying header)")
 
     def unpack(self, fmt: str, what: str):
@@ -164,18 +174,20 @@ class _Reader:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise FormatError(f"CTranslate2 {what} at offset {start} is not UTF-8: "
+            raise self.fail(f"{what} at offset {start} is not UTF-8: "
                               f"{raw[:40]!r}") from None
         if not text or "\0" in text:
-            raise FormatError(f"CTranslate2 {what} at offset {start} is empty or holds NUL: "
+            raise self.fail(f"{what} at offset {start} is empty or holds NUL: "
                               f"{raw[:40]!r}")
         return text
 
 
 def read_ct2(source) -> Ct2Model:
     """Read a CTranslate2 model.bin from bytes-like data or a path (memory-mapped)."""
+    name = "<bytes>"
     if isinstance(source, (str, os.PathLike)):
         buffer = _map_file(source)
+        name = os.fspath(source)
     elif isinstance(source, (bytes, bytearray)):
         buffer = source
     elif isinstance(source, memoryview):
@@ -184,7 +196,7 @@ def read_ct2(source) -> Ct2Model:
         buffer = source.cast("B")
     else:
         raise FormatError(f"read_ct2: expected bytes or a path, got {type(source).__name__}")
-    return _parse(_Reader(buffer))
+    return _parse(_Reader(buffer, name))
 
 
 def _map_file(path):
@@ -201,79 +213,118 @@ def _map_file(path):
 def _parse(reader: _Reader) -> Ct2Model:
     version = reader.unpack("<I", "binary version")
     if not 1 <= version <= NEWEST_BINARY_VERSION:
-        raise UnsupportedError(f"CTranslate2 binary version {version} is not supported "
-                               f"(1..{NEWEST_BINARY_VERSION})")
+        raise UnsupportedError(f"CTranslate2 {reader.source}: binary version {version} is not "
+                               f"supported (1..{NEWEST_BINARY_VERSION})")
     spec_name, revision = "", 1
     if version >= 2:
         spec_name = reader.string("spec name")
         revision = reader.unpack("<I", "spec revision")
+    variables, dtypes = _read_variables(reader, version)
+    aliases = _read_aliases(reader, variables) if version >= 3 else {}
+    if reader.remaining:
+        raise reader.fail(f"file has {reader.remaining} unexpected bytes after the "
+                          f"last record (offset {reader.offset})")
+    model = Ct2Model(spec_name, revision, version, variables, dtypes, aliases)
+    _check_aliases_resolve(reader, model)
+    return model
+
+
+def _read_variables(reader: _Reader, version: int) -> tuple[dict, dict]:
     count = reader.unpack("<I", "variable count")
     if count * MIN_VARIABLE_BYTES > reader.remaining:
-        raise FormatError(f"CTranslate2 variable count {count} at offset {reader.offset - 4} "
+        raise reader.fail(f"variable count {count} at offset {reader.offset - 4} "
                           f"cannot fit in the {reader.remaining} bytes left")
     variables: dict[str, np.ndarray] = {}
     dtypes: dict[str, str] = {}
     for index in range(count):
         name, array, type_name = _read_variable(reader, version, index)
         if name in variables:
-            raise FormatError(f"CTranslate2 variable {name!r} appears twice")
+            raise reader.fail(f"variable {name!r} appears twice")
         variables[name] = array
         dtypes[name] = type_name
+    return variables, dtypes
+
+
+def _read_aliases(reader: _Reader, variables: dict) -> dict[str, str]:
+    alias_count = reader.unpack("<I", "alias count")
+    if alias_count * MIN_ALIAS_BYTES > reader.remaining:
+        raise reader.fail(f"alias count {alias_count} at offset {reader.offset - 4} cannot "
+                          f"fit in the {reader.remaining} bytes left")
     aliases: dict[str, str] = {}
-    if version >= 3:
-        alias_count = reader.unpack("<I", "alias count")
-        if alias_count * MIN_ALIAS_BYTES > reader.remaining:
-            raise FormatError(f"CTranslate2 alias count {alias_count} at offset "
-                              f"{reader.offset - 4} cannot fit in the {reader.remaining} "
-                              f"bytes left")
-        for index in range(alias_count):
-            alias = reader.string(f"alias #{index} name")
-            target = reader.string(f"alias {alias!r} target")
-            if alias in variables or alias in aliases:
-                raise FormatError(f"CTranslate2 alias {alias!r} duplicates an existing name")
-            aliases[alias] = target
-    if reader.remaining:
-        raise FormatError(f"CTranslate2 file has {reader.remaining} unexpected bytes after the "
-                          f"last record (offset {reader.offset})")
-    model = Ct2Model(spec_name, revision, version, variables, dtypes, aliases)
-    for alias in aliases:
+    for index in range(alias_count):
+        alias = reader.string(f"alias #{index} name")
+        target = reader.string(f"alias {alias!r} target")
+        if alias in variables or alias in aliases:
+            raise reader.fail(f"alias {alias!r} duplicates an existing name")
+        aliases[alias] = target
+    return aliases
+
+
+def _check_aliases_resolve(reader: _Reader, model: Ct2Model) -> None:
+    """Every alias must lead to a variable within MAX_ALIAS_DEPTH steps (no cycle, no dangling
+    target), so that lookups later cannot fail on a file that loaded."""
+    for alias, target in model.aliases.items():
         try:
             model.resolve(alias)
         except ModelNotFound:
-            raise FormatError(f"CTranslate2 alias {alias!r} points to the missing variable "
-                              f"{aliases[alias]!r}") from None
-    return model
+            raise reader.fail(f"alias {alias!r} points to the missing variable "
+                              f"{target!r}") from None
+        except FormatError:
+            raise reader.fail(f"alias {alias!r}: chain longer than {MAX_ALIAS_DEPTH} "
+                              "(MAX_ALIAS_DEPTH), a cycle") from None
+
+
+def _read_dims(reader: _Reader, where: str) -> tuple:
+    rank = reader.unpack("<B", f"{where} rank")
+    if rank > MAX_RANK:
+        raise reader.fail(f"{where} at offset {reader.offset - 1}: rank {rank} "
+                          f"exceeds the limit of {MAX_RANK} (MAX_RANK)")
+    reader.need(4 * rank, f"{where} dims")
+    dims = struct.unpack_from(f"<{rank}I", reader.view, reader.offset)
+    reader.offset += 4 * rank
+    return dims
+
+
+def _check_empty_dims(reader: _Reader, where: str, dims: tuple, itemsize: int) -> None:
+    """A zero dim makes the byte count 0 whatever the other dims are; hold those to what the
+    file could hold, so the shape stays one numpy can build ("array is too big" otherwise)."""
+    nonzero_bytes = itemsize
+    for dim in dims:
+        nonzero_bytes *= dim or 1  # Python int: no overflow
+    if nonzero_bytes > reader.length:
+        raise reader.fail(f"{where}: dims {list(dims)} describe {nonzero_bytes} "
+                          f"bytes once the zero dims are taken as 1, more than the "
+                          f"{reader.length}-byte file")
 
 
 def _read_variable(reader: _Reader, version: int, index: int):
     name = reader.string(f"variable #{index} name")
     where = f"variable {name!r}"
-    rank = reader.unpack("<B", f"{where} rank")
-    reader.need(4 * rank, f"{where} dims")
-    dims = struct.unpack_from(f"<{rank}I", reader.view, reader.offset)
-    reader.offset += 4 * rank
+    dims = _read_dims(reader, where)
     element_count = 1
     for dim in dims:
         element_count *= dim  # Python int: no overflow
     if version >= 4:
         dtype_id = reader.unpack("<B", f"{where} dtype")
         if dtype_id not in CT2_DTYPES:
-            raise FormatError(f"CTranslate2 {where} at offset {reader.offset - 1}: unknown "
+            raise reader.fail(f"{where} at offset {reader.offset - 1}: unknown "
                               f"dtype id {dtype_id} (known: 0..{len(CT2_DTYPES) - 1})")
         byte_count = reader.unpack("<I", f"{where} byte count")
     else:
         item_size = reader.unpack("<B", f"{where} item size")
         if item_size not in LEGACY_DTYPE_BY_ITEM_SIZE:
-            raise FormatError(f"CTranslate2 {where} at offset {reader.offset - 1}: item size "
+            raise reader.fail(f"{where} at offset {reader.offset - 1}: item size "
                               f"{item_size} is not 1, 2 or 4")
         dtype_id = LEGACY_DTYPE_BY_ITEM_SIZE[item_size]
         byte_count = reader.unpack("<I", f"{where} element count") * item_size
     type_name, np_dtype = CT2_DTYPES[dtype_id]
     if byte_count != element_count * np_dtype.itemsize:
-        raise FormatError(f"CTranslate2 {where} at offset {reader.offset - 4}: {byte_count} "
+        raise reader.fail(f"{where} at offset {reader.offset - 4}: {byte_count} "
                           f"bytes do not hold shape {list(dims)} of {type_name} "
                           f"({element_count * np_dtype.itemsize} bytes)")
     reader.need(byte_count, f"{where} data")
+    if byte_count == 0:
+        _check_empty_dims(reader, where, dims, np_dtype.itemsize)
     array = np.frombuffer(reader.buffer, dtype=np_dtype, count=element_count,
                           offset=reader.offset).reshape(dims)
     reader.offset += byte_count

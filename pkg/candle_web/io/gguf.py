@@ -16,7 +16,10 @@ GGML dims ``ne`` list the fastest-varying dim first; ``GgufTensorInfo.shape`` is
 candle/numpy order, so ``shape[-1]`` is the row length.
 
 Every count, length and offset is checked against the bytes that remain *before* anything is
-allocated, so a lying header fails at once with a FormatError instead of a MemoryError or a hang.
+allocated, so a lying header fails at once with a FormatError instead of a MemoryError or a hang:
+the alignment is a power of two up to MAX_ALIGNMENT, the data section starts inside the file,
+every tensor's bytes (computed in Python ints, so no overflow) lie inside it, no two tensors
+share bytes, and an empty tensor's other dims are bounded by what the file could hold.
 """
 
 from __future__ import annotations
@@ -38,13 +41,17 @@ SUPPORTED_VERSIONS = (2, 3)
 WRITE_VERSION = 3
 DEFAULT_ALIGNMENT = 32
 ALIGNMENT_KEY = "general.alignment"
+# llama.cpp reads the alignment as a u32 and only asks for a power of two; every writer we know
+# uses 32 (the default) or 64. Past a 64 KiB memory page (the largest page size of common
+# kernels: arm64, ppc64) an alignment buys nothing for mmap, so a larger one is corruption, not
+# a reason to put the data section up to 2**63 bytes past the header.
+MAX_ALIGNMENT = 1 << 16
 GGML_MAX_DIMS = 4
 # Arrays of arrays are legal; a depth limit keeps a crafted file from exhausting the stack.
 MAX_ARRAY_NESTING = 8
 # The smallest possible encodings, used to bound counts before reading what they count.
 MIN_KV_BYTES = 8 + 4 + 1  # empty key, value type, a one-byte value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims = 0, ggml type, offset
-MAX_ELEMENTS = 2**63 - 1
 STRING_LENGTH_BYTES = 8
 _U64 = struct.Struct("<Q")
 ARRAY_HEADER_BYTES = 4 + 8
@@ -280,6 +287,9 @@ def _alignment(metadata: dict, types: dict, cursor: _Cursor) -> int:
         and not isinstance(value, bool)
     if not is_integer or value <= 0 or value & (value - 1):
         raise cursor.fail(f"{ALIGNMENT_KEY} must be a positive power of two, got {value!r}")
+    if value > MAX_ALIGNMENT:
+        raise cursor.fail(f"{ALIGNMENT_KEY} {value} exceeds the limit of {MAX_ALIGNMENT} "
+                          "(MAX_ALIGNMENT, a 64 KiB page; writers use 32)")
     return value
 
 
@@ -304,20 +314,43 @@ def _parse_tensor_infos(cursor: _Cursor, n_tensors: int):
     return infos
 
 
+def _check_data_offset(data_offset: int, alignment: int, cursor: _Cursor) -> None:
+    # Every writer pads the header to the alignment, even with no tensors to follow, so a data
+    # section that starts past the end means a lying alignment or a cut-off file.
+    if data_offset > len(cursor.view):
+        raise cursor.fail(f"the data section would start at byte {data_offset} (tensor infos "
+                          f"end at {cursor.pos}, padded to {ALIGNMENT_KEY} {alignment}), past "
+                          f"the end of the {len(cursor.view)}-byte file")
+
+
+def _tensor_nbytes(name: str, dims: tuple, dtype: GgmlDType, cursor: _Cursor) -> int:
+    """Bytes of one tensor (a Python int: no overflow, however large the dims)."""
+    row = dims[0] if dims else 1
+    if row % dtype.block_size:
+        raise cursor.fail(f"tensor {name!r}: first GGML dim {row} is not a multiple of the "
+                          f"{dtype.name} block size {dtype.block_size}")
+    return math.prod(dims) // dtype.block_size * dtype.type_size
+
+
+def _check_empty_tensor_dims(name: str, dims: tuple, dtype: GgmlDType, cursor: _Cursor) -> None:
+    """A zero dim makes a tensor empty, so the range check cannot bound its other dims. Hold
+    them to the input's size: with its zero dims taken as 1, the tensor must fit in the file.
+    The shape then stays one numpy can describe ([2**63-1, 0] would otherwise fail later, in
+    numpy, with "array is too big"); real files with empty tensors are far larger than them."""
+    file_size = len(cursor.view)
+    capacity = file_size // dtype.type_size * dtype.block_size
+    nonzero = math.prod(d for d in dims if d)
+    if nonzero > capacity:
+        raise cursor.fail(f"tensor {name!r} ({dtype.name}, dims {list(dims)}) describes "
+                          f"{nonzero} elements once its zero dims are taken as 1, more than the "
+                          f"{capacity} that the whole {file_size}-byte file could hold")
+
+
 def _locate_tensors(infos, data_offset: int, alignment: int, cursor: _Cursor) -> dict:
-    data_size = max(0, len(cursor.view) - data_offset)
+    data_size = len(cursor.view) - data_offset
     tensors = {}
     for name, dims, dtype, offset in infos:
-        # ggml holds dims and element counts in int64 (as numpy does): larger ones are lies,
-        # even when a zero dim makes the tensor empty.
-        if any(d > MAX_ELEMENTS for d in dims) or math.prod(dims) > MAX_ELEMENTS:
-            raise cursor.fail(f"tensor {name!r}: dims {list(dims)} exceed the int64 range")
-        row = dims[0] if dims else 1
-        if row % dtype.block_size:
-            raise cursor.fail(f"tensor {name!r}: first GGML dim {row} is not a multiple of the "
-                              f"{dtype.name} block size {dtype.block_size}")
-        n_elements = math.prod(dims)
-        nbytes = n_elements // dtype.block_size * dtype.type_size
+        nbytes = _tensor_nbytes(name, dims, dtype, cursor)
         if offset % alignment:
             raise cursor.fail(f"tensor {name!r}: data offset {offset} is not a multiple of the "
                               f"alignment {alignment}")
@@ -325,8 +358,25 @@ def _locate_tensors(infos, data_offset: int, alignment: int, cursor: _Cursor) ->
             raise cursor.fail(f"tensor {name!r} ({dtype.name}, dims {list(dims)}) needs bytes "
                               f"{offset}..{offset + nbytes} of the data section, which has "
                               f"{data_size} (truncated file or lying header)")
+        if nbytes == 0:
+            _check_empty_tensor_dims(name, dims, dtype, cursor)
         tensors[name] = GgufTensorInfo(name, tuple(reversed(dims)), dtype, offset, nbytes)
+    _check_no_overlap(tensors.values(), cursor)
     return tensors
+
+
+def _check_no_overlap(infos, cursor: _Cursor) -> None:
+    """Two tensors must not share bytes: a file that aliases them is corrupt (llama.cpp goes
+    further and requires each offset to be the previous one's padded end)."""
+    # Empty tensors hold no bytes, and llama.cpp's own layout puts the tensor after an empty
+    # one at the same offset, so only tensors with data take part.
+    previous = None
+    for info in sorted((i for i in infos if i.nbytes), key=lambda i: i.offset):
+        if previous is not None and info.offset < previous.offset + previous.nbytes:
+            raise cursor.fail(f"tensor {info.name!r} at data offset {info.offset} overlaps "
+                              f"tensor {previous.name!r} (bytes {previous.offset}.."
+                              f"{previous.offset + previous.nbytes})")
+        previous = info
 
 
 class GgufFile:
@@ -388,6 +438,7 @@ class GgufFile:
         self.alignment = _alignment(self.metadata, self.metadata_types, cursor)
         infos = _parse_tensor_infos(cursor, n_tensors)
         self.data_offset = _align(cursor.pos, self.alignment)
+        _check_data_offset(self.data_offset, self.alignment, cursor)
         self.tensors = _locate_tensors(infos, self.data_offset, self.alignment, cursor)
 
     def _info(self, name: str) -> GgufTensorInfo:
@@ -592,9 +643,9 @@ def write_gguf(dest, metadata: dict, tensors: dict, *, alignment: int | None = N
     types = dict(metadata_types or {})
     if alignment is None:
         alignment = int(metadata.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT))
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise ShapeError(f"GGUF writer: alignment must be a positive power of two, got "
-                         f"{alignment}")
+    if alignment <= 0 or alignment & (alignment - 1) or alignment > MAX_ALIGNMENT:
+        raise ShapeError(f"GGUF writer: alignment must be a power of two up to "
+                         f"{MAX_ALIGNMENT} (MAX_ALIGNMENT), got {alignment}")
     if alignment != DEFAULT_ALIGNMENT or ALIGNMENT_KEY in metadata:
         metadata[ALIGNMENT_KEY] = alignment
         types[ALIGNMENT_KEY] = GgufValueType.UINT32  # the type the spec requires

@@ -9,8 +9,8 @@ so the data starts 64-byte aligned, then the raw data. An ``.npz`` file is a zip
 Only plain numbers are accepted: bool, (u)int8/16/32/64, float16/32/64, either byte order, C or
 Fortran order. Object arrays are refused (reading them would mean unpickling), as are structured,
 string, complex and datetime dtypes. The header is checked before anything is allocated: its
-length against a cap (10 000 bytes, numpy's own default), its keys and types, and the data size
-it implies against the bytes actually there.
+length against a cap (10 000 bytes, numpy's own default), its keys and types, the rank against
+numpy's limit (64 dims), and the data size it implies against the bytes actually there.
 
 Zip members are read lazily, one per request. Stored members are zero-copy views of the archive
 buffer (checked against their CRC) when their data is aligned, as ``save`` arranges (np.savez
@@ -41,8 +41,8 @@ import numpy as np
 from .. import dtype as cdt
 from ..errors import (CandleError, DTypeMismatch, FormatError, ModelNotFound,
                       UnsupportedError)
-from .safetensors import (_NUMPY_TO_STORED, _as_byte_view, _make_tensor, _read_file,
-                          to_candle_storage)
+from .safetensors import (MAX_NUMPY_DIMS, _NUMPY_TO_STORED, _as_byte_view, _make_tensor,
+                          _read_file, to_candle_storage)
 
 NPY_MAGIC = b"\x93NUMPY"
 NPY_ALIGNMENT = 64  # numpy pads the header so the data starts on a 64-byte boundary
@@ -129,6 +129,11 @@ def _checked_shape(source: str, shape, itemsize: int) -> tuple:
     if not isinstance(shape, tuple) or not all(_is_int(d) and d >= 0 for d in shape):
         raise _fail(source, f"field 'shape': expected a tuple of non-negative ints, got "
                             f"{_short(shape)}")
+    # np.save cannot write more dims than numpy holds; checked here, before any dim is
+    # multiplied, rather than left to numpy's bare ValueError when the array is built.
+    if len(shape) > MAX_NUMPY_DIMS:
+        raise _fail(source, f"field 'shape': {len(shape)} dims exceed the limit of "
+                            f"{MAX_NUMPY_DIMS} (MAX_NUMPY_DIMS, numpy's own)")
     nonzero_bytes = itemsize
     for dim in shape:
         if dim:

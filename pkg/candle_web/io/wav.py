@@ -61,6 +61,12 @@ FMT_EXTENSIBLE_MIN_BYTES = 40
 DS64_MIN_BYTES = 24  # riff size u64, data size u64, sample count u64
 
 MAX_CHANNELS = 1024  # far above any real layout; a larger value is a corrupt header
+# Sample rates read_wav, read_raw_int16, encode_wav and load_audio accept: the one limit of
+# the package. Real audio runs from 4-8 kHz (telephony, old games) to 384-768 kHz (studio) and
+# 1 MHz (ultrasound recorders); outside this range a rate is a corrupt header, and a tiny one
+# (1 Hz) would make resampling to 16 kHz produce 16000 outputs per input sample.
+MIN_SAMPLE_RATE = 1000
+MAX_SAMPLE_RATE = 1_000_000
 PCM_CONTAINER_BYTES = (1, 2, 3, 4)
 FLOAT_CONTAINER_BYTES = (4, 8)
 
@@ -275,8 +281,7 @@ def _parse_fmt(buffer, body: int, size: int, u16, u32, name: str):
     if not 1 <= channels <= MAX_CHANNELS:
         raise FormatError(f"{name}: channel count {channels} is out of range "
                           f"1..{MAX_CHANNELS}")
-    if sample_rate == 0:
-        raise FormatError(f"{name}: sample rate is 0")
+    check_sample_rate(sample_rate, name)
     if block_align == 0 or block_align % channels != 0:
         raise FormatError(f"{name}: block align {block_align} is not a positive multiple of "
                           f"the channel count {channels}")
@@ -293,6 +298,14 @@ def _parse_fmt(buffer, body: int, size: int, u16, u32, name: str):
         raise FormatError(f"{name}: {bits} bits per sample do not fit the {bytes_per_sample}-byte "
                           f"sample container implied by block align {block_align}")
     return format_tag, channels, sample_rate, bits, bytes_per_sample
+
+
+def check_sample_rate(rate: int, name: str) -> None:
+    """Refuse a rate outside MIN_SAMPLE_RATE..MAX_SAMPLE_RATE (the one limit of this package)."""
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise FormatError(f"{name}: sample rate {rate} Hz is outside the accepted range "
+                          f"{MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz (MIN_SAMPLE_RATE.."
+                          f"MAX_SAMPLE_RATE; corrupt header?)")
 
 
 def decode_pcm(raw, format_tag: int, bytes_per_sample: int, channels: int,
@@ -367,8 +380,7 @@ def read_raw_int16(source, sample_rate: int = 16000, *, name: str | None = None
     """Read headerless mono little-endian int16 PCM; returns (float32 [n], sample_rate)."""
     buffer, default_name = source_bytes(source, "read_raw_int16")
     name = name or default_name
-    if sample_rate <= 0:
-        raise FormatError(f"{name}: sample rate must be positive, got {sample_rate}")
+    check_sample_rate(sample_rate, name)
     if len(buffer) % 2 != 0:
         raise FormatError(f"{name}: raw int16 data must have an even byte count, got "
                           f"{len(buffer)}")
@@ -387,9 +399,9 @@ def encode_wav(samples, sample_rate: int, sample_format: str = "pcm16") -> bytes
     channels = array.shape[1]
     if not 1 <= channels <= MAX_CHANNELS:
         raise ShapeError(f"encode_wav: {channels} channels is out of range 1..{MAX_CHANNELS}")
-    if not isinstance(sample_rate, (int, np.integer)) or not 0 < sample_rate < 2**32:
-        raise FormatError(f"encode_wav: sample rate must be a positive integer, got "
-                          f"{sample_rate!r}")
+    if not isinstance(sample_rate, (int, np.integer)):
+        raise FormatError(f"encode_wav: sample rate must be an integer, got {sample_rate!r}")
+    check_sample_rate(int(sample_rate), "encode_wav")  # never write what read_wav refuses
     if sample_format == "pcm16":
         # Full scale is 32768 so that decoding (x / 32768) inverts it; +1.0 clips to 32767.
         scaled = np.rint(np.asarray(array, dtype=np.float64) * 32768.0)
