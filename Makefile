@@ -54,20 +54,18 @@ test: export OPENBLAS_NUM_THREADS = 1
 test: $(STAMP_DEV) $(STAMP_SYS) models web
 	$(PY) -m pytest -q
 
-# The demo: a native transcription of a bundled LibriVox clip and a short native generation (both
-# also compile the numba decode steps into the kernel cache: a first `candle-web generate`
-# measured 32 s with a cold cache, 5.6 s warm), the Text-to-text view's offline default (a small
-# T5 trained here by candle-web's own autograd, as no real T5 can be fetched offline: ~4 min
-# once, then kept in the cache), then the browser page.
+# The demo: the browser page first (its URL under a second after the set-up checks), then in
+# the background, with "[demo <step>]" lines in this terminal, the optional first-run work: the
+# numba kernel warm-up, a native transcription of a bundled LibriVox clip (printed: the proof
+# that the native twin works), a short native generation (both also compile the numba decode
+# steps into the kernel cache: a first `candle-web generate` measured 32 s with a cold cache,
+# 5.6 s warm), and, when it is not in the cache yet, the Text-to-text view's offline default (a
+# small T5 trained here by candle-web's own autograd, as no real T5 can be fetched offline: 35 s
+# once on idle cores, minutes on busy ones; the view shows its progress and offers it when
+# done). Ctrl-C stops it all (scripts/demo.py).
 DEMO_PORT ?= 8000
 demo: $(STAMP_DEV) models web
-	$(PY) -m candle_native.warm
-	@speech=$$($(PY) -c 'from candle_web import hub; print(hub.cache_dir() / "testdata/speech/librivox")'); \
-	  $(PY) -m candle_web.cli transcribe "$$speech/sense_and_sensibility_01_austen_64kb-0870.wav"
-	$(PY) -m candle_web.cli generate --chat --max-tokens 12 "What is the capital of France?"
-	@demo_t5=$$($(PY) -c 'from candle_web import hub; print(hub.cache_dir() / "demo" / "t5-spell-numbers")'); \
-	  $(PY) examples/t5_spell_numbers.py --out "$$demo_t5" --if-missing
-	$(PY) -m candle_web.cli serve --port $(DEMO_PORT)
+	$(PY) scripts/demo.py --port $(DEMO_PORT)
 
 # Side-by-side benchmarks, one process per workload; the GPU one only where CUDA is present.
 # llama.cpp's llama-bench is built once from sources on PyPI (20-40 min the first time); when

@@ -2,12 +2,14 @@
 twenty-one") with candle_web's own autograd and AdamW, and save it as a Hugging Face model
 folder: config.json, model.safetensors, tokenizer.json and a README.md model card.
 
-    python examples/t5_spell_numbers.py --out DIR [--steps 800] [--if-missing]
+    python examples/t5_spell_numbers.py --out DIR [--steps 800] [--if-missing] [--progress FILE]
 
 A demo model for the Text-to-text view, which has no real T5 offline: a synthetic task, not a
 language model. Everything is deterministic (fixed seeds): the numbers 0..9999 are split once
 into a training set and a held-out test set never trained on; the script prints progress
-(step, loss, elapsed) and the held-out exact-match accuracy of greedy decoding.
+(step, loss, elapsed) and the held-out exact-match accuracy of greedy decoding. With
+--progress it also keeps FILE up to date as JSON (phase, step, steps, loss, ...) and removes it
+at the end: `make demo` serves the demo page while this runs, and the page shows that progress.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -162,8 +166,9 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def train(steps: int = 800, batch_size: int = 128, peak_lr: float = 3e-3, seed: int = 0,
-          log=print, log_every: int = 100):
-    """(varmap, model, tokenizer, data, losses): a T5 trained on the training split."""
+          log=print, log_every: int = 100, on_step=None):
+    """(varmap, model, tokenizer, data, losses): a T5 trained on the training split.
+    on_step(steps done, steps, loss, seconds) is called after every step."""
     cw.manual_seed(seed)
     tokenizer = Tokenizer.from_str(json.dumps(tokenizer_json()))
     config = T5Config.from_hf_config(model_config(tokenizer.get_vocab_size()))
@@ -182,14 +187,18 @@ def train(steps: int = 800, batch_size: int = 128, peak_lr: float = 3e-3, seed: 
         loss = sequence_cross_entropy(model(inputs, decoder_ids, input_mask), labels, label_mask)
         optimizer.backward_step(loss)
         losses.append(loss.to_scalar())
+        if on_step:
+            on_step(step + 1, steps, losses[-1], time.perf_counter() - started)
         if log and (step % log_every == 0 or step == steps - 1):
             log(f"step {step + 1:5d}/{steps}  loss {losses[-1]:.4f}  "
                 f"{time.perf_counter() - started:6.1f} s")
     return varmap, model, tokenizer, data, losses
 
 
-def greedy_spellings(model, tokenizer, data: SpellingData, numbers, batch_size: int = 250) -> list:
-    """Greedy outputs for `numbers` as (ids without the final </s>, text) pairs."""
+def greedy_spellings(model, tokenizer, data: SpellingData, numbers, batch_size: int = 250,
+                     on_batch=None) -> list:
+    """Greedy outputs for `numbers` as (ids without the final </s>, text) pairs;
+    on_batch(numbers done, len(numbers)) after each batch."""
     eos = model.config.eos_token_id
     outputs = []
     options = GenerationOptions(max_new_tokens=MAX_NEW_TOKENS)
@@ -200,11 +209,13 @@ def greedy_spellings(model, tokenizer, data: SpellingData, numbers, batch_size: 
             for generated in model.generate(ids, mask, options):
                 kept = generated[:-1] if generated and generated[-1] == eos else generated
                 outputs.append((generated, tokenizer.decode(kept)))
+            if on_batch:
+                on_batch(len(outputs), len(numbers))
     return outputs
 
 
-def exact_match(model, tokenizer, data: SpellingData, numbers) -> float:
-    outputs = greedy_spellings(model, tokenizer, data, numbers)
+def exact_match(model, tokenizer, data: SpellingData, numbers, on_batch=None) -> float:
+    outputs = greedy_spellings(model, tokenizer, data, numbers, on_batch=on_batch)
     return float(np.mean([text == spell_out(int(n)) for n, (_, text) in zip(numbers, outputs)]))
 
 
@@ -258,6 +269,35 @@ def save_model(out: Path, varmap, steps: int, batch_size: int, accuracy: float) 
     return params
 
 
+class ProgressFile:
+    """The run's progress as a small JSON file that another process (`candle-web serve`, for
+    the demo page) may read at any moment: each version is written to a temporary file beside
+    it and renamed over it, so a reader sees a whole version, never a half-written one."""
+
+    # Often enough for a page that polls every few seconds, seldom enough to cost nothing.
+    MIN_INTERVAL_S = 1.0
+
+    def __init__(self, path: Path, model: str):
+        self.path = Path(path).expanduser()
+        self.model = model
+        self.written_at = -float("inf")
+
+    def update(self, force: bool = False, **fields) -> None:
+        now = time.monotonic()
+        if not force and now - self.written_at < self.MIN_INTERVAL_S:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{self.path.name}-", dir=self.path.parent)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump({"model": self.model, **fields}, out)
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; the server only reads it
+        os.replace(temporary, self.path)
+        self.written_at = now
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 def is_complete(folder: Path) -> bool:
     return all((Path(folder).expanduser() / name).is_file() for name in MODEL_FILES)
 
@@ -272,6 +312,12 @@ def one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
+def _exit_on_sigterm(signum, frame):
+    # SIGTERM (how `make demo` stops this run) would end Python without running `finally`:
+    # exit normally instead, so no progress file or half-written staging folder is left behind.
+    sys.exit(128 + signum)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="model folder to write")
@@ -279,6 +325,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--if-missing", action="store_true",
                         help="do nothing when --out already holds a complete model folder")
+    parser.add_argument("--progress", type=Path, default=None, metavar="FILE",
+                        help="keep FILE up to date with the run's progress as JSON (for the "
+                             "demo page); removed once the model folder is in place")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1:
         parser.error(f"--steps and --batch-size must be positive, got {args.steps} and "
@@ -286,19 +335,41 @@ def main(argv=None) -> int:
     if args.if_missing and is_complete(args.out):
         print(f"{args.out}: already there (remove it to retrain)")
         return 0
+    progress = ProgressFile(args.progress, args.out.name) if args.progress else None
+
+    def report(force: bool = False, **fields) -> None:
+        if progress:
+            progress.update(force, steps=args.steps, seconds=time.perf_counter() - started,
+                            **fields)
+
     started = time.perf_counter()
-    with one_blas_thread():
-        varmap, model, tokenizer, data, _ = train(args.steps, args.batch_size,
-                                                   log=lambda line: print(line, flush=True))
-        _, held_out = split_numbers()
-        print(f"trained in {time.perf_counter() - started:.1f} s; greedy decoding of the "
-              f"{len(held_out)} held-out numbers...", flush=True)
-        accuracy = exact_match(model, tokenizer, data, held_out)
-    params = save_model(args.out, varmap, args.steps, args.batch_size, accuracy)
+    try:
+        report(True, phase="training", step=0)
+        with one_blas_thread():
+            varmap, model, tokenizer, data, _ = train(
+                args.steps, args.batch_size, log=lambda line: print(line, flush=True),
+                on_step=lambda step, steps, loss, seconds: report(
+                    step == steps, phase="training", step=step, loss=loss))
+            _, held_out = split_numbers()
+            print(f"trained in {time.perf_counter() - started:.1f} s; greedy decoding of the "
+                  f"{len(held_out)} held-out numbers...", flush=True)
+
+            def evaluated(done: int, total: int) -> None:
+                report(True, phase="evaluating", step=args.steps, checked=done, held_out=total)
+
+            evaluated(0, len(held_out))
+            accuracy = exact_match(model, tokenizer, data, held_out, on_batch=evaluated)
+        params = save_model(args.out, varmap, args.steps, args.batch_size, accuracy)
+    finally:
+        # Only after save_model has renamed the folder into place: a reader that finds no
+        # progress file then finds either the model or a run that failed.
+        if progress:
+            progress.remove()
     print(f"held-out exact match {accuracy:.4f} ({round(accuracy * HELD_OUT)}/{HELD_OUT}); saved "
           f"{args.out} ({params:,} parameters); {time.perf_counter() - started:.1f} s")
     return 0
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.exit(main())

@@ -4,7 +4,9 @@
 // (`candle-web serve --local-model DIR`): no T5 weights exist offline, so when none is at hand
 // the view says how to get one instead of failing. When the server has the demo model that
 // `make demo` trains (examples/t5_spell_numbers.py: a tiny T5 that spells out numbers, served
-// from <cache>/demo/), it is the offline default, labelled as the demo it is. Started by app.js.
+// from <cache>/demo/), it is the offline default, labelled as the demo it is. While `make demo`
+// is still training it, the view says how far it got ("demo model still training: 40%") and
+// offers the model as soon as it is served, without a reload. Started by app.js.
 
 import { JobStatus, describeLoad, fillModelSelect, formatSeconds, loadModel } from "./view_common.js";
 
@@ -15,12 +17,18 @@ const SOURCE_DEMO = "demo";
 // The demo model: where `candle-web serve` serves it, how the view names it, its one task.
 const DEMO = {
   folder: "models/local/t5-spell-numbers/",
+  // Served only while its trainer runs (examples/t5_spell_numbers.py --progress): JSON with
+  // phase ("training" | "evaluating"), step, steps, and checked/held_out while evaluating.
+  progress: "models/local/t5-spell-numbers.progress.json",
   label: "demo: spells out numbers (synthetic, trained by candle-web)",
   task: "spell out: ",
   taskLabel: "Spell out a number (the demo model's only task)",
   example: "4821",
   note: "A demo T5 trained in a few minutes by candle-web's own autograd on a synthetic task: it spells out whole numbers from 0 to 9999 and nothing else; it is not a language model.",
 };
+// How often the view asks how the demo model's training goes: it takes minutes, so a few
+// seconds is timely, and the two requests cost nothing.
+const TRAINING_POLL_MS = 3000;
 const MAX_TOKENS_LIMIT = 512; // web/py/t5_session.py refuses more
 // What a Hub download failure means here, besides the worker's own message.
 const OFFLINE_ERRORS = new Set(["NetworkError", "ModelNotFound"]);
@@ -79,7 +87,16 @@ export function setUpText2text(client, ready) {
     hint: null, // how to get a T5, from the worker
     registryModels: [],
     demoServed: null, // whether this server has the demo model (null until asked)
+    demoTraining: null, // the demo model's training progress while it is being trained
+    userEdited: false, // model, task or input changed by the user: a late demo model must not switch them
   };
+  // Where the demo model's training progress is shown; only this view needs it, so it is made here.
+  const trainingNote = document.createElement("p");
+  trainingNote.id = "t2t-demo-training";
+  trainingNote.className = "note";
+  trainingNote.setAttribute("role", "status");
+  trainingNote.hidden = true;
+  ui.modelNote.after(trainingNote);
 
   function refreshButtons() {
     ui.button.disabled = state.busy || !state.runtimeReady;
@@ -234,6 +251,48 @@ export function setUpText2text(client, ready) {
     }
   }
 
+  // The demo model's training progress, or null when no training is going on (404).
+  async function demoProgress() {
+    try {
+      const response = await fetch(DEMO.progress, { cache: "no-store" });
+      return response.ok ? await response.json() : null;
+    } catch (error) {
+      return null;
+    }
+  }
+
+  function showTraining(progress) {
+    state.demoTraining = progress;
+    const percent = Math.floor((100 * progress.step) / progress.steps);
+    const detail = progress.phase === "evaluating"
+      ? `measuring its held-out accuracy: ${progress.checked} of ${progress.held_out} numbers`
+      : `step ${progress.step} of ${progress.steps}`;
+    trainingNote.textContent = `Demo model still training: ${percent}% (${detail}); it will be offered in the Model list when done.`;
+    trainingNote.hidden = false;
+  }
+
+  // Polls while the demo model trains, until it is served (then offers it) or the training
+  // stops without it. The progress is asked first: the trainer renames the finished folder
+  // into place before it removes its progress, so no progress and no folder after it means
+  // the run ended without a model.
+  async function followTraining(progress) {
+    while (progress) {
+      showTraining(progress);
+      await new Promise((resolve) => setTimeout(resolve, TRAINING_POLL_MS));
+      progress = await demoProgress();
+      if (await demoServed()) {
+        state.demoServed = true;
+        state.demoTraining = null;
+        trainingNote.hidden = true;
+        offerDemo(state.registryModels.length === 0 && !state.busy && !state.userEdited);
+        showSourceFields();
+        return;
+      }
+    }
+    state.demoTraining = null;
+    showWithCode(trainingNote, "The demo model's training stopped before it finished: the terminal that runs `make demo` says why.");
+  }
+
   // The demo model as a source option, selected with its task when nothing better is there.
   function offerDemo(selectIt) {
     const option = document.createElement("option");
@@ -252,8 +311,9 @@ export function setUpText2text(client, ready) {
   }
 
   async function showModels() {
-    // Both asked at once; the page changes only when both answered, in one go.
-    const [reply, demo] = await Promise.all([fillModelSelect(client, KIND, ui.source), demoServed()]);
+    // All asked at once; the page changes only when all answered, in one go.
+    const [reply, demo, progress] = await Promise.all(
+      [fillModelSelect(client, KIND, ui.source), demoServed(), demoProgress()]);
     state.registryModels = reply.models.map((model) => model.name);
     state.hint = reply.hint || null;
     state.demoServed = demo;
@@ -270,9 +330,13 @@ export function setUpText2text(client, ready) {
       ui.hint.hidden = false;
     }
     showSourceFields();
+    if (!demo && progress) followTraining(progress);
   }
 
   ui.source.addEventListener("change", showSourceFields);
+  for (const [element, event] of [[ui.source, "change"], [ui.task, "change"], [ui.input, "input"]]) {
+    element.addEventListener(event, () => { state.userEdited = true; });
+  }
   ui.button.addEventListener("click", run);
   ui.stop.addEventListener("click", stop);
   ui.input.addEventListener("keydown", (event) => {

@@ -9,7 +9,12 @@ Serves, on 127.0.0.1 by default:
   /models/local/N/F file F of a local model folder named N (`--local-model DIR`, N = the
                     folder's name): for models outside the registry, e.g. a T5 you trained;
                     the folders under <cache>/demo/ (models trained for `make demo`, such as
-                    examples/t5_spell_numbers.py's) are served this way too
+                    examples/t5_spell_numbers.py's) are served this way too, including one
+                    that appears while the server runs
+  /models/local/N.progress.json
+                    the training progress of demo model N while it is being trained
+                    (<cache>/demo/N.progress.json, written by its trainer; 404 when absent or
+                    not updated for STALE_PROGRESS_S, i.e. its trainer died)
 
 Every response carries the cross-origin isolation headers (COOP same-origin, COEP
 require-corp, CORP same-origin) so that `crossOriginIsolated` is true in the page: the worker
@@ -28,6 +33,7 @@ import re
 import socket
 import sys
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -45,6 +51,12 @@ MODELS_URL_PREFIX = "/models/"
 LOCAL_MODELS_SEGMENT = "local"
 # <cache>/demo/<name>/: model folders trained on this machine for the demo page.
 DEMO_MODELS_FOLDER = "demo"
+# <cache>/demo/<name>.progress.json: a trainer's progress while <name>/ does not exist yet.
+DEMO_PROGRESS_SUFFIX = ".progress.json"
+# A live trainer rewrites its progress file every few seconds at most (each training step, each
+# evaluation batch); one this old belongs to a run that was killed without removing it, and
+# must not make the page say "still training" for ever.
+STALE_PROGRESS_S = 120.0
 VENDOR_PYODIDE_URL_PREFIX = "/vendor/pyodide/"
 INDEX_FILE = "index.html"
 COPY_CHUNK_BYTES = 1 << 20
@@ -153,6 +165,10 @@ class SiteConfig:
     # Served under /models/local/<name>/: name -> folder. Tests may add entries while the
     # server runs (each request reads the mapping).
     local_models: dict = field(default_factory=dict)
+    # <cache>/demo/ (or a test's folder): its model folders are served under /models/local/
+    # too, looked up per request, so a model whose training finishes while the server runs is
+    # served without a restart; the local_models of the same name win. None: not served.
+    demo_root: Optional[Path] = None
     verbose: bool = False
     extra_headers: dict = field(default_factory=dict)
 
@@ -187,17 +203,41 @@ def _contained_file(root: Path, candidate: Path) -> Path:
     return Path(real_candidate)
 
 
+def _local_model_folder(config: SiteConfig, name: str) -> Optional[Path]:
+    """The folder served as /models/local/<name>/: a --local-model one, else a complete demo
+    model folder (its config.json is written before the trainer renames it into place)."""
+    folder = config.local_models.get(name)
+    if folder is not None:
+        return Path(folder)
+    if config.demo_root is not None and (config.demo_root / name / "config.json").is_file():
+        return config.demo_root / name
+    return None
+
+
+def _demo_progress_file(config: SiteConfig, file_name: str) -> Path:
+    """<demo root>/<name>.progress.json while a trainer keeps it fresh, else RefusedPath."""
+    if config.demo_root is None or not file_name.endswith(DEMO_PROGRESS_SUFFIX):
+        raise RefusedPath(HTTPStatus.NOT_FOUND, "no such local model file")
+    path = _contained_file(config.demo_root, config.demo_root / file_name)
+    if time.time() - path.stat().st_mtime > STALE_PROGRESS_S:
+        raise RefusedPath(HTTPStatus.NOT_FOUND, "progress of a trainer that stopped")
+    return path
+
+
 def resolve_request_path(config: SiteConfig, url_path: str) -> Path:
     """Map a URL path to a file on disk or raise RefusedPath."""
     segments = _decoded_segments(url_path)
     if not segments:
         segments = [INDEX_FILE]
+    if segments[0] == MODELS_URL_PREFIX.strip("/") and len(segments) == 3 \
+            and segments[1] == LOCAL_MODELS_SEGMENT:
+        return _demo_progress_file(config, segments[2])
     if segments[0] == MODELS_URL_PREFIX.strip("/") and len(segments) >= 4 \
             and segments[1] == LOCAL_MODELS_SEGMENT:
-        folder = config.local_models.get(segments[2])
+        folder = _local_model_folder(config, segments[2])
         if folder is None:
             raise RefusedPath(HTTPStatus.NOT_FOUND, "no such local model folder")
-        return _contained_file(Path(folder), Path(folder).joinpath(*segments[3:]))
+        return _contained_file(folder, folder.joinpath(*segments[3:]))
     if segments[0] == MODELS_URL_PREFIX.strip("/"):
         if len(segments) < 3 or config.model_files is None:
             raise RefusedPath(HTTPStatus.NOT_FOUND, "no such model file")
@@ -413,25 +453,25 @@ def local_model_map(folders) -> dict:
     return mapping
 
 
-def demo_model_folders(given=()) -> list:
-    """Model folders (with a config.json) under <cache>/demo/, except those named like a
-    folder in `given` (an explicit --local-model wins)."""
+def demo_models_root() -> Path:
+    """<cache>/demo/: where `make demo` keeps the models it trains ($CANDLE_WEB_CACHE)."""
     from . import hub  # noqa: PLC0415  (stdlib-only; the cache location lives there)
 
-    taken = {Path(folder).expanduser().resolve().name for folder in given}
-    root = hub.cache_dir() / DEMO_MODELS_FOLDER
-    if not root.is_dir():
-        return []
-    return [folder for folder in sorted(root.iterdir())
-            if (folder / "config.json").is_file() and folder.name not in taken]
+    return hub.cache_dir() / DEMO_MODELS_FOLDER
+
+
+def demo_progress_path(name: str) -> Path:
+    """Where the trainer of demo model `name` keeps its progress for the page to show."""
+    return demo_models_root() / f"{name}{DEMO_PROGRESS_SUFFIX}"
 
 
 def make_site_config(web_root: Optional[Path] = None, serve_models: bool = True,
-                     verbose: bool = False, local_models=()) -> SiteConfig:
+                     verbose: bool = False, local_models=(),
+                     demo_root: Optional[Path] = None) -> SiteConfig:
     web_root = Path(web_root) if web_root is not None else default_web_root()
     model_files = RegistryModelFiles() if serve_models else None
     return SiteConfig(web_root=web_root, model_files=model_files, verbose=verbose,
-                      local_models=local_model_map(local_models))
+                      local_models=local_model_map(local_models), demo_root=demo_root)
 
 
 class QuietThreadingHTTPServer(ThreadingHTTPServer):
@@ -480,19 +520,31 @@ def _warn_if_not_vendored(web_root: Path) -> None:
               "`python scripts/vendor_pyodide.py` first", file=sys.stderr)
 
 
-def serve(port: int = DEFAULT_PORT, open_browser: bool = False, host: str = DEFAULT_HOST,
-          web_root: Optional[Path] = None, verbose: bool = True, local_models=()) -> None:
-    """Serve until interrupted (Ctrl-C), printing the URL. Model files come from the hub's
-    cache ($CANDLE_WEB_CACHE, default ~/.cache/candle-web) and the local model folders."""
-    site = make_site_config(web_root, verbose=verbose, local_models=local_models)
+def announce(site: SiteConfig, url: str, host: str = DEFAULT_HOST) -> None:
+    """What a starting server prints: its URL first (the line people and scripts look for),
+    then the model folders it serves."""
+    _warn_if_not_vendored(site.web_root)
+    print(f"candle-web: serving {site.web_root} at {url}", flush=True)
     for name, folder in site.local_models.items():
         print(f"candle-web: {folder} served as /models/local/{name}/", flush=True)
-    _warn_if_not_vendored(site.web_root)
-    server = make_server(host, port, site)
-    url = server_url(server)
-    print(f"candle-web: serving {site.web_root} at {url}", flush=True)
+    if site.demo_root is not None:
+        print(f"candle-web: model folders in {site.demo_root} served as /models/local/<name>/ "
+              "(those that appear later too)", flush=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {host}, reachable from other machines", file=sys.stderr)
+
+
+def serve(port: int = DEFAULT_PORT, open_browser: bool = False, host: str = DEFAULT_HOST,
+          web_root: Optional[Path] = None, verbose: bool = True, local_models=(),
+          demo_root: Optional[Path] = None) -> None:
+    """Serve until interrupted (Ctrl-C), printing the URL. Model files come from the hub's
+    cache ($CANDLE_WEB_CACHE, default ~/.cache/candle-web), the local model folders and the
+    model folders in demo_root."""
+    site = make_site_config(web_root, verbose=verbose, local_models=local_models,
+                            demo_root=demo_root)
+    server = make_server(host, port, site)
+    url = server_url(server)
+    announce(site, url, host)
     if open_browser:
         import webbrowser  # noqa: PLC0415  (only when asked)
         webbrowser.open(url)
@@ -528,14 +580,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.cache_dir is not None:
         # The hub reads the cache location from the environment on every lookup.
         os.environ[CACHE_ENV_VAR] = str(args.cache_dir)
-    local_models = args.local_model + demo_model_folders(args.local_model)
     try:
-        local_model_map(local_models)
+        local_model_map(args.local_model)
     except ValueError as error:
         parser.error(str(error))
     try:
         serve(args.port, open_browser=args.open, host=args.host, web_root=args.web_root,
-              verbose=not args.quiet, local_models=local_models)
+              verbose=not args.quiet, local_models=args.local_model,
+              demo_root=demo_models_root())
     except OSError as error:
         print(f"candle-web serve: cannot listen on {args.host}:{args.port}: {error}",
               file=sys.stderr)

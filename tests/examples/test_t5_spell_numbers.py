@@ -1,7 +1,7 @@
 """The spell-out-numbers T5 example (examples/t5_spell_numbers.py), shortened: its tokenizer
 against HF `tokenizers`, candle_web's T5 gradients against PyTorch's, a short training run
 whose loss falls, the saved folder read by transformers (same greedy ids as candle_web), and
-the demo wiring (`--if-missing`, `candle-web serve` finding <cache>/demo/).
+the demo wiring (`--if-missing`, `--progress`, `candle-web serve` finding <cache>/demo/).
 
 The full run (800 steps of 128, ~3 minutes) is too long for a test; its held-out accuracy is the
 script's own output and the model card's figure."""
@@ -234,10 +234,35 @@ def test_serve_finds_demo_models_in_the_cache(short_run, tmp_path, monkeypatch):
     demo_root = tmp_path / serve.DEMO_MODELS_FOLDER
     demo_root.mkdir()
     os.symlink(folder, demo_root / folder.name)
-    (demo_root / "half-written").mkdir()  # no config.json: not a model folder
     monkeypatch.setenv("CANDLE_WEB_CACHE", str(tmp_path))
-    assert [f.name for f in serve.demo_model_folders()] == ["t5-spell-numbers"]
-    # An explicit --local-model of the same name wins over the demo folder.
-    assert serve.demo_model_folders([tmp_path / "elsewhere" / "t5-spell-numbers"]) == []
-    monkeypatch.setenv("CANDLE_WEB_CACHE", str(tmp_path / "empty"))
-    assert serve.demo_model_folders() == []
+    # What `candle-web serve` configures: the cache's demo folder, looked up per request.
+    site = serve.SiteConfig(web_root=tmp_path, demo_root=serve.demo_models_root())
+    for name in example.MODEL_FILES:
+        found = serve.resolve_request_path(site, f"/models/local/{folder.name}/{name}")
+        assert found == (folder / name).resolve()
+
+
+def test_progress_file_follows_the_run_and_is_removed_at_the_end(tmp_path, monkeypatch):
+    """--progress: whole JSON versions (training steps, then evaluation), gone once the
+    model folder is in place."""
+    out, progress_path = tmp_path / "t5-spell-numbers", tmp_path / "t5.progress.json"
+    versions = []
+    write = example.ProgressFile.update
+
+    def recording_update(self, force=False, **fields):
+        write(self, force, **fields)
+        if progress_path.exists():
+            versions.append(json.loads(progress_path.read_text()))
+
+    monkeypatch.setattr(example.ProgressFile, "MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(example.ProgressFile, "update", recording_update)
+    steps = 3
+    assert example.main(["--out", str(out), "--steps", str(steps), "--batch-size", "8",
+                         "--progress", str(progress_path)]) == 0
+    training = [v["step"] for v in versions if v["phase"] == "training"]
+    assert training == list(range(steps + 1))
+    evaluating = [v for v in versions if v["phase"] == "evaluating"]
+    assert evaluating[0]["checked"] == 0 and evaluating[-1]["checked"] == example.HELD_OUT
+    assert all(v["model"] == out.name and v["steps"] == steps for v in versions)
+    assert not progress_path.exists() and example.is_complete(out)
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary files left
