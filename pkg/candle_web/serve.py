@@ -23,6 +23,9 @@ served with exact MIME types (browsers refuse module scripts and streaming wasm 
 otherwise), single HTTP byte ranges (206/416, for resumable model downloads), ETag and
 Last-Modified validators (304) and Cache-Control. Paths that climb out of a root -- `..`
 segments, percent-encoded or not, dotfiles, symlinks pointing elsewhere -- get 404/403.
+Hostile clients are bounded: a Host that is not this server's address or a loopback name gets
+421 (DNS rebinding), an idle connection is closed after IDLE_TIMEOUT_S, at most MAX_CONNECTIONS
+are served at once, and every reply, errors included, carries the security headers.
 """
 from __future__ import annotations
 
@@ -74,7 +77,21 @@ ISOLATION_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
     # Without nosniff a browser may second-guess the types below.
     "X-Content-Type-Options": "nosniff",
+    # Nothing here is meant to be framed by another site or to leak its URL onwards.
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
 }
+
+# A connection that sends nothing for this long (a half-sent request, an idle keep-alive) is
+# closed: without it, 200 half-sent requests held 200 threads indefinitely. Each socket
+# operation gets the limit, so a slow but moving model download is not cut off.
+IDLE_TIMEOUT_S = 10.0
+# Connections served at once; more are answered 503 at once and closed. A browser opens at
+# most 6 per host, so this only bounds misbehaving clients.
+MAX_CONNECTIONS = 64
+# Host names a request may carry besides the bound address: a page on another site that
+# rebinds its DNS name to 127.0.0.1 sends its own name, and is refused (421).
+LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "::1")
 
 # Explicit table rather than the `mimetypes` module, whose answers depend on the host's
 # /etc/mime.types (some map .js to application/x-javascript; few know .wasm).
@@ -171,6 +188,8 @@ class SiteConfig:
     demo_root: Optional[Path] = None
     verbose: bool = False
     extra_headers: dict = field(default_factory=dict)
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
 
 
 def _decoded_segments(url_path: str) -> list[str]:
@@ -293,6 +312,35 @@ class CandleWebRequestHandler(BaseHTTPRequestHandler):
         for name, value in self.site.extra_headers.items():
             self.send_header(name, value)
         super().end_headers()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if not self._host_allowed(self.headers.get("Host")):
+            self.close_connection = True
+            self._refuse(HTTPStatus.MISDIRECTED_REQUEST)
+            return False
+        return True
+
+    def _host_allowed(self, host_header: Optional[str]) -> bool:
+        """The Host is this server's address or a loopback name (any port). A request
+        without one (HTTP/1.0) cannot be a DNS-rebinding page, which always sends its name."""
+        if host_header is None:
+            return True
+        host = host_header.strip().lower()
+        if host.startswith("["):  # [::1]:8000
+            host = host[1:host.find("]")] if "]" in host else host
+        elif host.count(":") == 1:
+            host = host.rsplit(":", 1)[0]
+        bound = str(self.server.server_address[0]).lower()
+        return host in LOOPBACK_HOST_NAMES or host == bound
+
+    def send_error(self, code, message=None, explain=None) -> None:
+        # A garbage request line leaves the version at HTTP/0.9, whose replies have no
+        # headers at all: answer as HTTP/1.0 so the error carries the security headers too.
+        if self.request_version == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"
+        super().send_error(code, message, explain)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (base-class signature)
         if self.site.verbose:
@@ -475,7 +523,33 @@ def make_site_config(web_root: Optional[Path] = None, serve_models: bool = True,
 
 
 class QuietThreadingHTTPServer(ThreadingHTTPServer):
-    """A page that closes a keep-alive connection mid-response is normal, not an error."""
+    """A thread per connection, at most `max_connections` at once (more are answered 503 and
+    closed); a page that closes a keep-alive connection mid-response is normal, not an error."""
+
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().server_activate()
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            headers = "".join(f"{name}: {value}\r\n" for name, value in ISOLATION_HEADERS.items())
+            try:
+                request.sendall((f"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                 f"Connection: close\r\nRetry-After: 1\r\n{headers}\r\n")
+                                .encode("ascii"))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request, client_address):
         if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
@@ -488,11 +562,13 @@ def make_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
     """A bound, not yet running server; port 0 picks a free port (see server_address)."""
     if site is None:
         site = make_site_config()
-    handler = type("BoundCandleWebRequestHandler", (CandleWebRequestHandler,), {"site": site})
-    server_class = QuietThreadingHTTPServer
+    # `timeout` is the socket timeout StreamRequestHandler sets on each connection.
+    handler = type("BoundCandleWebRequestHandler", (CandleWebRequestHandler,),
+                   {"site": site, "timeout": site.idle_timeout_s})
+    attributes = {"max_connections": site.max_connections}
     if ":" in host:  # an IPv6 literal such as ::1
-        server_class = type("ThreadingHTTPServerV6", (QuietThreadingHTTPServer,),
-                            {"address_family": socket.AF_INET6})
+        attributes["address_family"] = socket.AF_INET6
+    server_class = type("BoundThreadingHTTPServer", (QuietThreadingHTTPServer,), attributes)
     server = server_class((host, port), handler)
     server.daemon_threads = True  # a stuck keep-alive connection must not block exit
     return server
