@@ -12,7 +12,7 @@ const NUMBER_CONTROLS = [
   { id: "generate-max-tokens", option: "maxTokens", label: "Max tokens", min: 1, max: 2048, integer: true, required: true },
   { id: "generate-temperature", option: "temperature", label: "Temperature", min: 0, max: 10, required: true },
   { id: "generate-top-k", option: "topK", label: "Top-k", min: 1, max: 1_000_000, integer: true },
-  { id: "generate-top-p", option: "topP", label: "Top-p", min: 0, max: 1 },
+  { id: "generate-top-p", option: "topP", label: "Top-p", min: 0.01, max: 1 },
   { id: "generate-seed", option: "seed", label: "Seed", min: 0, max: Number.MAX_SAFE_INTEGER, integer: true, required: true },
   { id: "generate-repeat-penalty", option: "repeatPenalty", label: "Repeat penalty", min: 0.01, max: 10, required: true },
 ];

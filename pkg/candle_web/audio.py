@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import threading
 from collections import OrderedDict
 from fractions import Fraction
@@ -163,7 +164,10 @@ def _decode_external(data, name: str, native_error: Exception | None) -> tuple[n
         except FormatError:
             raise
         except Exception as exc:  # libsndfile reports every failure as some RuntimeError
-            failures.append(f"soundfile: {exc}")
+            # It names its input by path or by repr ("<_io.BytesIO object at 0x...>"); the
+            # message already starts with the name, so say "the file" instead.
+            said = re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "the file", str(exc))
+            failures.append("soundfile: " + said.replace(name, "the file"))
     ffmpeg = _find_ffmpeg()
     if ffmpeg is not None:
         tried_any = True
@@ -186,7 +190,8 @@ def _decode_external(data, name: str, native_error: Exception | None) -> tuple[n
                           f"{bytes(data[:12])!r}); WAV and raw int16 are read natively, other "
                           f"formats need the 'soundfile' package or an 'ffmpeg' executable")
     kind = f"{container} " if container else ""
-    raise FormatError(f"{name}: could not decode {kind}audio ({len(data)} bytes, first bytes "
+    kind = kind if kind.endswith("audio ") else kind + "audio "  # not "MPEG audio audio"
+    raise FormatError(f"{name}: could not decode {kind}({len(data)} bytes, first bytes "
                       f"{bytes(data[:12])!r}): " + "; ".join(failures))
 
 

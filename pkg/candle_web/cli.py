@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import option_limits as limits
 from .errors import CandleError
 
 
@@ -87,7 +88,7 @@ def cmd_transcribe(args) -> int:
         try:
             samples = load_audio(path)
         except (CandleError, OSError) as error:
-            print(f"candle-web: {path}: {error}", file=sys.stderr)
+            print(f"candle-web: {_audio_error(path, error)}", file=sys.stderr)
             status = 1
             continue
         bar = ProgressBar(Path(path).name, "s audio")
@@ -115,6 +116,13 @@ def cmd_transcribe(args) -> int:
         print(f"{Path(path).name}: {duration:.1f} s of audio in {elapsed:.1f} s "
               f"(real-time factor {rtf:.3f})", file=sys.stderr)
     return status
+
+
+def _audio_error(path: str, error: Exception) -> str:
+    """One readable line for an audio file that could not be read, naming the path once (the
+    decoders' messages usually start with it already)."""
+    message = str(error)
+    return message if message.startswith(f"{path}:") else f"{path}: {message}"
 
 
 # -- generate ------------------------------------------------------------------------------
@@ -207,6 +215,8 @@ def cmd_embed(args) -> int:
 def cmd_models(args) -> int:
     from . import hub
 
+    if args.verify:
+        return _verify_models(hub)
     print(f"cache: {hub.cache_dir()}")
     print(f"{'name':28} {'kind':10} {'size':>9}  cached  description")
     for model in hub.list_models():
@@ -221,6 +231,33 @@ def cmd_models(args) -> int:
     return 0
 
 
+def _verify_models(hub) -> int:
+    """Re-hash every cached file of every registry model (hub.verify_cached), one line per
+    file; exit status 1 when any was corrupt (verify_cached removed it, so the next use
+    fetches it again), so that a damaged cache does not go unnoticed."""
+    print(f"cache: {hub.cache_dir()}")
+    corrupt = []
+    for model in hub.list_models():
+        report = hub.verify_cached(model.name)
+        if all(state == "missing" for state in report.values()):
+            print(f"{model.name:28} not cached")
+            continue
+        print(model.name)
+        for name, state in report.items():
+            detail = ""
+            if state == "ok":
+                detail = f" from {hub.cached_origin(model.name, name) or 'origin not recorded'}"
+            elif state == "corrupt":
+                detail = " (sha256 mismatch: removed, fetched again on next use)"
+                corrupt.append(f"{model.name}/{name}")
+            print(f"    {name:24} {state}{detail}")
+    if corrupt:
+        print(f"candle-web: {len(corrupt)} corrupt file(s) removed from the cache: "
+              f"{', '.join(corrupt)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_serve(args) -> int:
     from . import serve
 
@@ -228,6 +265,21 @@ def cmd_serve(args) -> int:
     for folder in args.local_model:
         argv += ["--local-model", str(folder)]
     return serve.main(argv) or 0
+
+
+def _sampling_arguments(parser, max_tokens: int) -> None:
+    """The options generate and text2text share, range-checked as they are parsed (the same
+    limits GenerationOptions applies: option_limits.py)."""
+    parser.add_argument("--max-tokens", type=limits.MAX_NEW_TOKENS.argparse_type(),
+                        default=max_tokens, help="new tokens at most, >= 0")
+    parser.add_argument("--temperature", type=limits.TEMPERATURE.argparse_type(), default=0.0,
+                        help=">= 0; 0: greedy (default)")
+    parser.add_argument("--top-k", type=limits.TOP_K.argparse_type(), default=None,
+                        help=">= 1 (sampling only)")
+    parser.add_argument("--top-p", type=limits.TOP_P.argparse_type(), default=None,
+                        help="in (0, 1]; 1 keeps every token (sampling only)")
+    parser.add_argument("--seed", type=limits.SEED.argparse_type(), default=299792458,
+                        help="sampling seed, >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,7 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default="whisper-tiny.en", help="registry name or a model folder")
     t.add_argument("--language", default=None, help="language code for multilingual models (default: detect)")
     t.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
-    t.add_argument("--beam-size", type=int, default=None, help="beam search width (default: greedy)")
+    t.add_argument("--beam-size", type=limits.BEAM_SIZE.argparse_type(), default=None,
+                   help=f"beam search width, 1..{limits.MAX_BEAM_SIZE} (default: greedy); each beam "
+                        "keeps its own decoder state (~26 MB on whisper-tiny.en, ~51 MB on "
+                        "whisper-base), and a width that does not fit in half the memory is refused")
     t.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))
     t.add_argument("--output-dir", default=None, help="write FILE.<format> here instead of stdout")
     t.add_argument("--initial-prompt", default=None)
@@ -252,13 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="smollm2-135m-instruct",
                    help="registry name, a .gguf file or an HF model folder")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--max-tokens", type=int, default=256, help="new tokens at most")
-    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--seed", type=int, default=299792458, help="sampling seed")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1.0: off")
-    g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalty looks back over")
+    _sampling_arguments(g, max_tokens=256)
+    g.add_argument("--repeat-penalty", type=limits.REPEAT_PENALTY.argparse_type(), default=1.0,
+                   help="> 0; 1.0: off")
+    g.add_argument("--repeat-last-n", type=limits.REPEAT_LAST_N.argparse_type(), default=64,
+                   help="tokens the penalty looks back over, >= 0")
     g.set_defaults(func=cmd_generate)
 
     x = sub.add_parser("text2text", help="text-to-text with T5 (translate, summarize, flan instructions)")
@@ -267,11 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a folder (config.json, model.safetensors or .gguf, tokenizer.json), a registry "
                         "name (t5-small, flan-t5-small: Hub commits, online), or a Hub repo org/name@revision "
                         "(default: t5-small)")
-    x.add_argument("--max-tokens", type=int, default=64, help="new tokens at most")
-    x.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    x.add_argument("--top-k", type=int, default=None)
-    x.add_argument("--top-p", type=float, default=None)
-    x.add_argument("--seed", type=int, default=299792458, help="sampling seed")
+    _sampling_arguments(x, max_tokens=64)
     x.set_defaults(func=cmd_text2text)
 
     e = sub.add_parser("embed", help="sentence embeddings with BERT (all-MiniLM-L6-v2)")
@@ -282,10 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_embed)
 
     m = sub.add_parser("models", help="list the models the registry knows and what is cached")
+    m.add_argument("--verify", action="store_true",
+                   help="re-hash every cached file against its sha256 (exit status 1 if any is "
+                        "corrupt; corrupt files are removed and fetched again on next use)")
     m.set_defaults(func=cmd_models)
 
     s = sub.add_parser("serve", help="serve the demo page on 127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=limits.PORT.argparse_type(), default=8000,
+                   help="0..65535 (0: any free port)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--local-model", action="append", default=[], metavar="DIR",
                    help="also serve model folder DIR under /models/local/<DIR's name>/ "
@@ -301,6 +354,12 @@ def main(argv=None) -> int:
     except CandleError as error:
         print(f"candle-web: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # an unwritable --output-dir, a full disk...: a line, no traceback
+        print(f"candle-web: {error}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print("candle-web: out of memory (try a smaller model or option values)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("candle-web: interrupted", file=sys.stderr)
         return 130

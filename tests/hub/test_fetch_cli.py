@@ -48,8 +48,9 @@ def test_fetch_then_cached_then_verify(fetch_cli, registry_file, cache, fake_hub
     assert "cli-model: cached" in capsys.readouterr().err
     assert len(fake_hub.requests) == requests
 
-    # Corrupt in place, keeping size and mtime: only --verify can tell; it re-fetches and
-    # still reports failure so that a damaged cache is noticed.
+    # Corrupt in place, keeping size and mtime (ctime still changes, so a plain fetch would
+    # re-hash it too): --verify re-hashes, re-fetches and still reports failure so that a
+    # damaged cache is noticed.
     stat = cached.stat()
     with open(cached, "r+b") as handle:
         handle.write(b"!")

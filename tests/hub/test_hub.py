@@ -4,8 +4,10 @@ offline switch, cache layout and stamps, local paths."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +21,9 @@ REPO = "test-org/tiny-model"
 WEIGHTS = np.random.default_rng(0).integers(0, 256, size=3 * (1 << 20) + 123,
                                             dtype=np.uint8).tobytes()
 CONFIG = b'{"hidden_size": 8}\n'
+# Some kernels advance file timestamps once per scheduler tick (up to 10 ms): a write within
+# the tick that stamped the file could leave ctime unchanged.
+COARSE_CLOCK_S = 0.03
 
 
 def hf_registry(*extra_sources: dict, files: tuple[bytes, ...] = (WEIGHTS, CONFIG)):
@@ -144,6 +149,19 @@ def test_offline_switch_skips_the_hub(cache, fake_hub, monkeypatch):
     assert len(fake_hub.requests) == requests
 
 
+def edit_in_place_keeping_size_and_mtime(path, byte: bytes = b"X") -> None:
+    """Overwrite the first byte, then put the old mtime back: what a careless tool (or a
+    deliberate tamperer) does. Only ctime, which no call can set, records the write."""
+    time.sleep(COARSE_CLOCK_S)
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.write(byte)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    assert after.st_ctime_ns != stat.st_ctime_ns
+
+
 def test_changed_file_is_not_trusted_and_verify_catches_silent_corruption(cache, fake_hub):
     serve_all(fake_hub)
     registry = hf_registry()
@@ -155,15 +173,63 @@ def test_changed_file_is_not_trusted_and_verify_catches_silent_corruption(cache,
     assert not hub.is_cached("tiny", "config.json", registry=registry)
     assert hub.fetch("tiny", "config.json", registry=registry).read_bytes() == CONFIG
 
-    # Silent corruption that keeps size and mtime passes the cheap check; verify finds it.
-    stat = path.stat()
-    with open(path, "r+b") as handle:
-        handle.write(b"X")
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # An in-place edit that restores size and mtime still changes ctime: the stamp no longer
+    # matches, the re-hash finds the wrong bytes, and fetch downloads the file again.
+    edit_in_place_keeping_size_and_mtime(path)
+    assert not hub.is_cached("tiny", "config.json", registry=registry)
+    requests = len(fake_hub.requests)
+    assert hub.fetch("tiny", "config.json", registry=registry).read_bytes() == CONFIG
+    assert len(fake_hub.requests) == requests + 1
+
+    # Corruption that leaves every recorded attribute alone (bit rot on the disk; simulated
+    # by re-stamping the damaged file's state) passes the cheap check; verify re-hashes.
+    edit_in_place_keeping_size_and_mtime(path)
+    hub._write_stamp(REPO, REVISION, "config.json", hashlib.sha256(CONFIG).hexdigest(), True,
+                     None)
     assert hub.is_cached("tiny", "config.json", registry=registry)
     assert hub.verify_cached("tiny", registry=registry)["config.json"] == "corrupt"
     assert not path.exists()
     assert not hub.is_cached("tiny", "config.json", registry=registry)
+
+
+@pytest.mark.parametrize("change", ["touch", "copy_over", "old_stamp"])
+def test_unchanged_content_with_a_new_state_is_rehashed_and_restamped(cache, fake_hub, change):
+    """A stamp that does not match the file exactly costs one re-hash, not a download: a
+    touched file (mtime), a file replaced by an identical copy (inode), and a stamp written
+    before ctime and inode were recorded are all re-stamped and used as they are."""
+    serve_all(fake_hub)
+    registry = hf_registry()
+    path = hub.fetch("tiny", "config.json", registry=registry)
+    stamp_path = hub._stamp_path(REPO, REVISION, "config.json")
+    if change == "touch":
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    elif change == "copy_over":
+        copy = path.with_name("copy.tmp")
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
+    else:
+        stamp = json.loads(stamp_path.read_text())
+        del stamp["ctime_ns"], stamp["inode"]
+        stamp_path.write_text(json.dumps(stamp))
+    requests = len(fake_hub.requests)
+    assert hub.fetch("tiny", "config.json", registry=registry).read_bytes() == CONFIG
+    assert len(fake_hub.requests) == requests  # nothing downloaded
+    stamp = json.loads(stamp_path.read_text())
+    stat = path.stat()
+    assert (stamp["size"], stamp["mtime_ns"], stamp["ctime_ns"], stamp["inode"]) == (
+        stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+    assert stamp["origin"] == hub.hf_url(REPO, REVISION, "config.json")  # kept
+
+
+def test_fetch_hf_refetches_an_unverified_file_edited_in_place(cache, fake_hub):
+    """A file cached without a known sha256 is checked against the sha256 recorded when it
+    was downloaded."""
+    fake_hub.add("some-org/any-model", "main", "tokenizer.json", CONFIG)
+    path = hub.fetch_hf("some-org/any-model", "main", "tokenizer.json")
+    edit_in_place_keeping_size_and_mtime(path)
+    requests = len(fake_hub.requests)
+    assert hub.fetch_hf("some-org/any-model", "main", "tokenizer.json").read_bytes() == CONFIG
+    assert len(fake_hub.requests) == requests + 1
 
 
 def test_local_folder_and_file_as_model(tmp_path, cache):

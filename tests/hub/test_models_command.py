@@ -45,3 +45,44 @@ def test_models_lists_where_each_cached_file_came_from(name, capsys):
     for file in model.files:
         assert listed[file.name] in allowed_origins(model, file.name), (
             f"{name}/{file.name}: listed origin {listed[file.name]!r}")
+
+
+# -- candle-web models --verify -----------------------------------------------------------------
+def test_models_verify_rehashes_every_file_and_fails_on_corruption(cache, fake_hub, monkeypatch,
+                                                                   capsys):
+    """--verify re-hashes whatever the stamps say (a stamp cannot vouch for bit rot that left
+    every attribute alone), reports each file and exits 1 when one was corrupt."""
+    from hub_testlib import REVISION, file_entry, registry_data
+
+    repo, weights, config = "test-org/verify-me", b"w" * 1000, b'{"a": 1}'
+    fake_hub.add(repo, REVISION, "weights.bin", weights)
+    fake_hub.add(repo, REVISION, "config.json", config)
+    data = registry_data("verify-me", [file_entry("weights.bin", weights),
+                                       file_entry("config.json", config)],
+                         [{"hf": {"repo": repo, "revision": REVISION}}])
+    other = registry_data("never-fetched", [file_entry("x.bin", b"x")],
+                          [{"hf": {"repo": "test-org/other", "revision": REVISION}}])
+    data["models"] += other["models"]
+    registry = hub.Registry.from_dict(data)
+    monkeypatch.setattr(hub, "default_registry", lambda: registry)
+    monkeypatch.setattr(hub, "list_models", lambda: list(registry))
+    paths = hub.fetch_model("verify-me")
+
+    assert cli.main(["models", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "never-fetched" in out and "not cached" in out
+    assert f"weights.bin              ok from {hub.hf_url(repo, REVISION, 'weights.bin')}" in out
+
+    # Damage the bytes and forge the stamp to match the damaged file's state.
+    paths["weights.bin"].write_bytes(b"W" + weights[1:])
+    hub._write_stamp(repo, REVISION, "weights.bin", file_entry("weights.bin", weights)["sha256"],
+                     True, None)
+    assert hub.is_cached("verify-me", "weights.bin")  # the cheap check is fooled
+    assert cli.main(["models", "--verify"]) == 1
+    captured = capsys.readouterr()
+    assert "weights.bin              corrupt (sha256 mismatch: removed" in captured.out
+    assert "config.json              ok" in captured.out
+    assert "1 corrupt file(s) removed from the cache: verify-me/weights.bin" in captured.err
+    assert not paths["weights.bin"].exists()
+    assert cli.main(["models", "--verify"]) == 0  # now simply missing: fetched on next use
+    assert "weights.bin              missing" in capsys.readouterr().out

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import option_limits as limits
 from ..errors import Cancelled, CandleError
 from .logits_processor import DEFAULT_SEED, LogitsProcessor, Sampling
 from .penalties import DEFAULT_REPEAT_LAST_N, apply_repeat_penalty, penalty_window
@@ -51,10 +52,15 @@ class GenerationOptions:
     add_special_tokens: bool = True  # when the prompt is text: the tokenizer's BOS etc.
 
     def __post_init__(self):
-        if self.max_new_tokens < 0:
-            raise CandleError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if not self.repeat_penalty > 0:
-            raise CandleError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        """Range checks at construction (the CLI, the browser worker and Python callers build
+        this), so a bad value fails before the model runs and names the option and range."""
+        limits.MAX_NEW_TOKENS.check(self.max_new_tokens, "max_new_tokens")
+        limits.TEMPERATURE.check(self.temperature, "temperature", optional=True)
+        limits.TOP_K.check(self.top_k, "top_k", optional=True)
+        limits.TOP_P.check(self.top_p, "top_p", optional=True)
+        limits.SEED.check(self.seed, "seed")
+        limits.REPEAT_PENALTY.check(self.repeat_penalty, "repeat_penalty")
+        limits.REPEAT_LAST_N.check(self.repeat_last_n, "repeat_last_n")
         self.sampling()  # validate the sampling fields now, not at the first token
 
     def sampling(self) -> Sampling:

@@ -122,8 +122,10 @@ def source_bytes(source, what: str) -> tuple[memoryview, str]:
         try:
             with open(path, "rb") as handle:
                 return memoryview(handle.read()), path
+        except FileNotFoundError:
+            raise FormatError(f"{path}: cannot read it: no such file") from None
         except OSError as exc:
-            raise FormatError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from exc
+            raise FormatError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
     if hasattr(source, "read"):
         data = source.read()
         if not isinstance(data, (bytes, bytearray)):

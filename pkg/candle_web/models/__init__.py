@@ -3,4 +3,5 @@
 from .._lazy import lazy_submodules
 
 __getattr__, __dir__ = lazy_submodules(__name__, (
-    "whisper", "whisper_decode", "llama", "t5", "t5_training", "bert", "inputs"), globals())
+    "whisper", "whisper_decode", "llama", "t5", "t5_training", "bert", "inputs",
+    "config_fields"), globals())

@@ -22,7 +22,6 @@ The pooler (pooler.dense, tanh of the first token) is not used by sentence embed
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from ..errors import FormatError, ModelNotFound, ShapeMismatch
 from ..nn import ops
 from ..nn.layers import Activation, LayerNorm, Linear
 from ..tensor import Tensor
+from .config_fields import ConfigFields, read_json_config
 from .inputs import additive_padding_mask, token_ids
 
 REQUIRED_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers",
@@ -67,34 +67,23 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     @staticmethod
-    def from_hf_config(cfg: dict) -> "BertConfig":
-        if not isinstance(cfg, dict):
-            raise FormatError(f"bert config.json: expected a JSON object, got {type(cfg).__name__}")
-        for field in REQUIRED_CONFIG_FIELDS:
-            if field not in cfg:
-                raise FormatError(f"bert config.json: missing field {field!r}")
-            value = cfg[field]
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise FormatError(f"bert config.json: field {field!r} must be a positive integer, "
-                                  f"got {value!r}")
-        if cfg["hidden_size"] % cfg["num_attention_heads"]:
-            raise FormatError(f"bert config.json: hidden_size {cfg['hidden_size']} is not a "
-                              f"multiple of num_attention_heads {cfg['num_attention_heads']}")
-        position_type = cfg.get("position_embedding_type", "absolute")
+    def from_hf_config(cfg: dict, source: str = "bert config.json") -> "BertConfig":
+        """From an HF config.json object; `source` names the file in errors."""
+        fields = ConfigFields(cfg, source)
+        sizes = {name: fields.positive_int(name) for name in REQUIRED_CONFIG_FIELDS}
+        fields.check_divides("num_attention_heads", sizes["num_attention_heads"], "hidden_size",
+                             sizes["hidden_size"])
+        position_type = fields.string("position_embedding_type", "absolute")
         if position_type != "absolute":
-            raise FormatError(f"bert config.json: position_embedding_type {position_type!r} is "
+            raise FormatError(f"{source}: position_embedding_type {position_type!r} is "
                               f"not supported (only 'absolute')")
-        hidden_act = cfg.get("hidden_act", "gelu")
+        hidden_act = fields.string("hidden_act", "gelu")
         Activation(hidden_act)  # an unknown name raises here, naming it
         return BertConfig(
-            vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
-            num_attention_heads=cfg["num_attention_heads"],
-            intermediate_size=cfg["intermediate_size"],
-            max_position_embeddings=cfg["max_position_embeddings"],
-            type_vocab_size=cfg.get("type_vocab_size", 2), hidden_act=hidden_act,
-            layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
-            pad_token_id=cfg.get("pad_token_id") or 0)
+            **sizes, type_vocab_size=fields.positive_int("type_vocab_size", 2),
+            hidden_act=hidden_act,
+            layer_norm_eps=fields.number("layer_norm_eps", 1e-12, positive=True),
+            pad_token_id=fields.token_id("pad_token_id", sizes["vocab_size"], 0))
 
 
 # -- modules in forward order ---------------------------------------------------------------
@@ -221,14 +210,11 @@ def _build(config: BertConfig, vb, device) -> BertModel:
 
 
 def _read_config(config) -> BertConfig:
+    """A BertConfig from a BertConfig, a parsed config.json, its bytes or its path."""
     if isinstance(config, BertConfig):
         return config
-    if isinstance(config, (str, Path)):
-        try:
-            config = json.loads(Path(config).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
-            raise FormatError(f"bert config.json {config}: cannot read it ({error})") from None
-    return BertConfig.from_hf_config(config)
+    source = f"bert config.json {config}" if isinstance(config, (str, Path)) else "bert config.json"
+    return BertConfig.from_hf_config(read_json_config(config, "bert config.json"), source)
 
 
 # -- pooling and similarity -----------------------------------------------------------------

@@ -36,7 +36,6 @@ beside the file) and llama.cpp's (`general.architecture = t5`, config in the met
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from ..nn.kv_cache import KvCache
 from ..nn.layers import Activation, RmsNorm
 from ..quantized.qmatmul import QMatMul
 from ..tensor import Tensor
+from .config_fields import ConfigFields, read_json_config
 from .inputs import additive_padding_mask, token_ids
 
 # Sequence length the released checkpoints were trained with (`n_positions` in old configs).
@@ -108,61 +108,59 @@ class T5Config:
         return activation, gated
 
     @staticmethod
-    def from_hf_config(cfg: dict) -> "T5Config":
-        if not isinstance(cfg, dict):
-            raise FormatError(f"t5 config.json: expected a JSON object, got {type(cfg).__name__}")
-        for field in REQUIRED_CONFIG_FIELDS:
-            if field not in cfg:
-                raise FormatError(f"t5 config.json: missing field {field!r}")
-            if not isinstance(cfg[field], int) or isinstance(cfg[field], bool) or cfg[field] <= 0:
-                raise FormatError(f"t5 config.json: field {field!r} must be a positive integer, "
-                                  f"got {cfg[field]!r}")
+    def from_hf_config(cfg: dict, source: str = "t5 config.json") -> "T5Config":
+        """From an HF config.json object; `source` names the file in errors."""
+        fields = ConfigFields(cfg, source)
+        sizes = {name: fields.positive_int(name) for name in REQUIRED_CONFIG_FIELDS}
+        vocab = sizes["vocab_size"]
         activation, gated = T5Config.parse_feed_forward_proj(cfg.get("feed_forward_proj", "relu"))
-        num_decoder_layers = cfg.get("num_decoder_layers") or cfg["num_layers"]
-        eos = cfg.get("eos_token_id", 1)
-        pad = cfg.get("pad_token_id", 0)
-        start = cfg.get("decoder_start_token_id")
+        pad = fields.token_id("pad_token_id", vocab, 0)
+        eos_ids = fields.token_ids("eos_token_id", vocab, (1,))
+        if not eos_ids:
+            raise fields.fail("eos_token_id", f"a token id in 0..{vocab - 1}", cfg["eos_token_id"])
         return T5Config(
-            vocab_size=cfg["vocab_size"], d_model=cfg["d_model"], d_kv=cfg["d_kv"],
-            d_ff=cfg["d_ff"], num_layers=cfg["num_layers"], num_decoder_layers=num_decoder_layers,
-            num_heads=cfg["num_heads"],
-            relative_attention_num_buckets=cfg.get("relative_attention_num_buckets", 32),
-            relative_attention_max_distance=cfg.get("relative_attention_max_distance", 128),
-            layer_norm_epsilon=cfg.get("layer_norm_epsilon", 1e-6),
+            **sizes, num_decoder_layers=fields.positive_int("num_decoder_layers",
+                                                            sizes["num_layers"]),
+            relative_attention_num_buckets=fields.positive_int("relative_attention_num_buckets", 32),
+            relative_attention_max_distance=fields.positive_int("relative_attention_max_distance",
+                                                                128),
+            layer_norm_epsilon=fields.number("layer_norm_epsilon", 1e-6, positive=True),
             dense_act_fn=activation, is_gated_act=gated,
             # HF: only an explicit `tie_word_embeddings: false` (v1.1, flan) drops the rescale.
-            scale_decoder_outputs=cfg.get("tie_word_embeddings", True) is not False,
-            pad_token_id=0 if pad is None else pad,
-            eos_token_id=(eos[0] if isinstance(eos, list) else eos) if eos is not None else 1,
-            decoder_start_token_id=start if start is not None else (0 if pad is None else pad),
-            max_input_tokens=cfg.get("n_positions") or DEFAULT_MAX_INPUT_TOKENS)
+            scale_decoder_outputs=fields.boolean("tie_word_embeddings", True),
+            pad_token_id=pad, eos_token_id=eos_ids[0],
+            decoder_start_token_id=fields.token_id("decoder_start_token_id", vocab, pad),
+            max_input_tokens=fields.positive_int("n_positions", DEFAULT_MAX_INPUT_TOKENS))
 
     @staticmethod
     def from_gguf(gguf) -> "T5Config":
         """From llama.cpp's `t5.*` metadata; activation and tying follow from the tensors."""
-        def field(key, default=None):
-            value = gguf.get(f"t5.{key}", default)
-            if value is None:
-                raise FormatError(f"GGUF {gguf.source}: missing metadata t5.{key}")
-            return int(value) if isinstance(value, (int, np.integer)) else value
-
+        source = f"GGUF {gguf.source}"
+        field = ConfigFields(gguf.metadata, source, kind="metadata key", key_prefix="t5.")
+        tokens = ConfigFields(gguf.metadata, source, kind="metadata key",
+                              key_prefix="tokenizer.ggml.")
         embed = gguf.qtensor("token_embd.weight")
+        vocab = embed.shape[0]
         gated = "enc.blk.0.ffn_gate.weight" in gguf.tensors
-        n_layers = field("block_count")
+        n_layers = field.positive_int("block_count")
         return T5Config(
-            vocab_size=embed.shape[0], d_model=field("embedding_length"),
-            d_kv=field("attention.key_length"), d_ff=field("feed_forward_length"),
-            num_layers=n_layers, num_decoder_layers=field("decoder_block_count", n_layers),
-            num_heads=field("attention.head_count"),
-            relative_attention_num_buckets=field("attention.relative_buckets_count", 32),
-            layer_norm_epsilon=float(field("attention.layer_norm_rms_epsilon", 1e-6)),
+            vocab_size=vocab, d_model=field.positive_int("embedding_length"),
+            d_kv=field.positive_int("attention.key_length"),
+            d_ff=field.positive_int("feed_forward_length"),
+            num_layers=n_layers,
+            num_decoder_layers=field.positive_int("decoder_block_count", n_layers),
+            num_heads=field.positive_int("attention.head_count"),
+            relative_attention_num_buckets=field.positive_int("attention.relative_buckets_count",
+                                                              32),
+            layer_norm_epsilon=field.number("attention.layer_norm_rms_epsilon", 1e-6,
+                                            positive=True),
             # llama.cpp's convention: gated FF means flan/v1.1 (gelu_new), else v1.0 relu.
             dense_act_fn="gelu_new" if gated else "relu", is_gated_act=gated,
             scale_decoder_outputs="output.weight" not in gguf.tensors,
-            eos_token_id=int(gguf.get("tokenizer.ggml.eos_token_id", 1)),
-            pad_token_id=int(gguf.get("tokenizer.ggml.padding_token_id", 0)),
-            decoder_start_token_id=field("decoder_start_token_id", 0),
-            max_input_tokens=field("context_length", DEFAULT_MAX_INPUT_TOKENS))
+            eos_token_id=tokens.token_id("eos_token_id", vocab, 1),
+            pad_token_id=tokens.token_id("padding_token_id", vocab, 0),
+            decoder_start_token_id=field.token_id("decoder_start_token_id", vocab, 0),
+            max_input_tokens=field.positive_int("context_length", DEFAULT_MAX_INPUT_TOKENS))
 
 
 # -- relative position buckets --------------------------------------------------------------
@@ -631,22 +629,20 @@ def build_t5(config: T5Config, weights, device) -> T5ForConditionalGeneration:
 
 
 def _read_config(config) -> T5Config:
+    """A T5Config from a T5Config, a parsed config.json, its bytes or its path."""
     if isinstance(config, T5Config):
         return config
-    if isinstance(config, (str, Path)):
-        try:
-            config = json.loads(Path(config).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
-            raise FormatError(f"t5 config.json {config}: cannot read it ({error})") from None
-    return T5Config.from_hf_config(config)
+    source = f"t5 config.json {config}" if isinstance(config, (str, Path)) else "t5 config.json"
+    return T5Config.from_hf_config(read_json_config(config, "t5 config.json"), source)
 
 
 def load_t5_safetensors(weights, config, device=None) -> T5ForConditionalGeneration:
     """HF safetensors (path(s) or bytes) + config.json (path, dict or T5Config)."""
     from ..nn.var_builder import VarBuilder
 
+    config = _read_config(config)  # first: a broken config.json is named before the weights load
     vb = VarBuilder.from_safetensors(weights, dt.f32, device)
-    return build_t5(_read_config(config), _SafetensorsWeights(vb), Device.parse(device))
+    return build_t5(config, _SafetensorsWeights(vb), Device.parse(device))
 
 
 def load_t5_gguf(source, config=None, device=None, mode: str = "auto") -> T5ForConditionalGeneration:

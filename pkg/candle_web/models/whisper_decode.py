@@ -18,12 +18,38 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import audio as audio_mod
-from ..errors import Cancelled, CandleError, UnsupportedError
+from .. import option_limits as limits
+from ..errors import Cancelled, CandleError, InvalidOption, UnsupportedError
 from ..tensor import Tensor
 
 TIME_PRECISION = 0.02  # seconds per timestamp token: 30 s / 1500 encoder positions
 INPUT_STRIDE = 2  # mel frames per encoder position
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+TASKS = ("transcribe", "translate")
+F32_BYTES = 4
+
+
+def beam_state_bytes(config) -> int:
+    """Decoder state one beam (or best_of sample) holds, in bytes: its copy of the audio
+    features [1500, d], every block's cross-attention keys and values (2 x [1500, d]) and its
+    self-attention cache at the full text context (2 x [448, d]), all float32."""
+    d, layers = config.d_model, config.n_text_layer
+    features = config.n_audio_ctx * d
+    cross = layers * 2 * config.n_audio_ctx * d
+    cache = layers * 2 * config.n_text_ctx * d
+    return F32_BYTES * (features + cross + cache)
+
+
+def check_decoder_rows(config, rows: int, name: str = "beam_size") -> None:
+    """Refuse `rows` parallel decoder rows (beams or samples) whose state would not fit in the
+    memory budget (option_limits.memory_budget_bytes), before any of it is allocated."""
+    per_row = beam_state_bytes(config)
+    budget = limits.memory_budget_bytes()
+    if rows * per_row > budget:
+        raise InvalidOption(f"{name} {rows} needs ~{rows * per_row / 1e9:.1f} GB of decoder state "
+                            f"({per_row / 1e6:.0f} MB per row for this model); at most "
+                            f"{max(budget // per_row, 1)} fit in the {budget / 1e9:.1f} GB this "
+                            f"machine allows for it")
 
 
 class WhisperTokenizer:
@@ -112,6 +138,13 @@ class DecodingOptions:
     without_timestamps: bool = False
     max_initial_timestamp: float = 1.0
     seed: int = 0  # for sampling at temperature > 0
+
+    def __post_init__(self):
+        limits.BEAM_SIZE.check(self.beam_size, "beam_size", optional=True)
+        limits.BEST_OF.check(self.best_of, "best_of", optional=True)
+        limits.PATIENCE.check(self.patience, "patience", optional=True)
+        limits.TEMPERATURE.check(self.temperature, "temperature")
+        limits.SEED.check(self.seed, "seed")
 
 
 @dataclass
@@ -322,6 +355,8 @@ class WindowDecoder:
         self.sample_begin = len(self.initial_tokens)
         self.sot_index = self.initial_tokens.index(tokenizer.sot)
         self.filters = self._filters()
+        check_decoder_rows(model.config, options.beam_size or options.best_of or 1,
+                           "beam_size" if options.beam_size else "best_of")
         if options.beam_size is not None and options.best_of is not None:
             raise UnsupportedError("beam_size and best_of cannot be combined")
         if options.temperature == 0 and options.best_of is not None:
@@ -348,7 +383,7 @@ class WindowDecoder:
         spec = self.options.suppress_tokens
         if spec is None or spec == "":
             return []
-        ids = [int(t) for t in spec.split(",")] if isinstance(spec, str) else list(spec)
+        ids = _suppress_list(spec, self.model.config.n_vocab)
         if -1 in ids:
             ids = [t for t in ids if t >= 0]
             ids.extend(self.tk.non_speech_tokens())
@@ -430,6 +465,21 @@ class WindowDecoder:
             sum_logprob=scores[0][best])
 
 
+def _suppress_list(spec, n_vocab: int) -> list:
+    """suppress_tokens as ids: "-1" (the defaults), "1,2,3" or a list; ids outside the
+    vocabulary raise InvalidOption (numpy would raise IndexError in the filter)."""
+    try:
+        ids = [int(t) for t in spec.split(",")] if isinstance(spec, str) else [int(t) for t in spec]
+    except (TypeError, ValueError):
+        raise InvalidOption(f"suppress_tokens must be -1 or token ids in 0..{n_vocab - 1} "
+                            f"(a list or a comma-separated string), got {spec!r}") from None
+    bad = [t for t in ids if t != -1 and not 0 <= t < n_vocab]
+    if bad:
+        raise InvalidOption(f"suppress_tokens must be -1 or token ids in 0..{n_vocab - 1}, "
+                            f"got {bad[0]}")
+    return ids
+
+
 def detect_language(model, tokenizer: WhisperTokenizer, audio_features: Tensor) -> dict:
     """Probabilities of each language from the logits after <|startoftranscript|>."""
     if not tokenizer.language_tokens:
@@ -461,6 +511,25 @@ class TranscribeOptions:
     without_timestamps: bool = False
     suppress_tokens: object = "-1"
 
+    def __post_init__(self):
+        """Range checks at construction (CLI, browser worker and Python callers alike), so a
+        bad value fails before the audio is decoded and names the option and its range."""
+        limits.BEAM_SIZE.check(self.beam_size, "beam_size", optional=True)
+        limits.BEST_OF.check(self.best_of, "best_of", optional=True)
+        limits.PATIENCE.check(self.patience, "patience", optional=True)
+        if not isinstance(self.temperatures, (tuple, list)) or not self.temperatures:
+            raise InvalidOption(f"temperatures must be a non-empty list of numbers >= 0, got "
+                                f"{self.temperatures!r}")
+        for temperature in self.temperatures:
+            limits.TEMPERATURE.check(temperature, "temperatures entry")
+        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
+            limits.THRESHOLD.check(getattr(self, name), name, optional=True)
+        if self.task not in TASKS:
+            raise InvalidOption(f"task must be one of {list(TASKS)}, got {self.task!r}")
+        for name in ("language", "initial_prompt"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise InvalidOption(f"{name} must be a string, got {getattr(self, name)!r}")
+
 
 @dataclass
 class Segment:
@@ -489,6 +558,9 @@ def transcribe(model, tokenizer, samples, options: TranscribeOptions = Transcrib
                on_event=None, should_continue=None) -> Transcript:
     """Transcribe float32 16 kHz mono samples of any length."""
     samples = np.asarray(samples, dtype=np.float32)
+    # Before any work: a beam width whose decoder state cannot fit fails now, not mid-way.
+    check_decoder_rows(model.config, options.beam_size or 1, "beam_size")
+    check_decoder_rows(model.config, options.best_of or 1, "best_of")
     if samples.ndim != 1:
         raise CandleError(f"transcribe: expected mono samples [n], got shape {list(samples.shape)}")
     n_mels = model.config.n_mels
