@@ -41,3 +41,14 @@ def model_file():
                     f"{hub.cache_dir()}: {FETCH_HINT}\n({problem})", pytrace=False)
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _kernel_settings_follow_the_environment():
+    """The kernel switches (candle_web.backend.settings) are read once per process; a test
+    that changes one reloads them, and after every test (monkeypatch restored first, as this
+    fixture is set up before it) they are read again, so no change leaks into the next test."""
+    yield
+    from candle_web.backend.settings import reload_settings
+
+    reload_settings()

@@ -1,7 +1,8 @@
 """The native twin of candle_web: a Numba CPU backend and a CuPy GPU backend.
 
 Importing this package registers the backends 'numba' and 'cupy' with candle_web's backend
-registry; neither numba nor cupy is imported until a backend is first used. A missing package
+registry, and the numba implementations of the accelerated parts (Whisper encoder and decode
+step, LLaMA decode step) with candle_web.backend.parts; neither numba nor cupy is imported until a backend is first used. A missing package
 raises BackendUnavailable naming it and the extra that installs it.
 
 Numba compiles its kernels with ``cache=True`` into ``NUMBA_CACHE_DIR``. When that variable is
@@ -16,7 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from candle_web.backend import register_backend
+from candle_web.backend import parts, register_backend
+from candle_web.backend.parts import register_part
 from candle_web.errors import BackendUnavailable
 
 NUMBA_EXTRA_HINT = "pip install 'candle-web[native]'"
@@ -78,7 +80,29 @@ def _cupy_factory():
     return make_cupy_backend()
 
 
+# -- accelerated parts (candle_web.backend.parts): whole model steps on the numba backend ----
+def _whisper_encoder_part(weights):
+    from .whisper_encoder import FusedWhisperEncoder
+
+    return FusedWhisperEncoder.build(weights)
+
+
+def _whisper_decoder_step_part(weights):
+    from .whisper_decoder import FusedWhisperDecoder
+
+    return FusedWhisperDecoder.build(weights)
+
+
+def _llama_decoder_step_part(weights):
+    from .llama_decoder import FusedLlamaDecoder
+
+    return FusedLlamaDecoder.build(weights)
+
+
 register_backend("numba", _numba_factory)
 register_backend("cupy", _cupy_factory)
+register_part(parts.WHISPER_ENCODER, "numba", _whisper_encoder_part)
+register_part(parts.WHISPER_DECODER_STEP, "numba", _whisper_decoder_step_part)
+register_part(parts.LLAMA_DECODER_STEP, "numba", _llama_decoder_step_part)
 
 __all__ = ["numba_cache_dir", "NUMBA_EXTRA_HINT", "CUPY_EXTRA_HINT"]

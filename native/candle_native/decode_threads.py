@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-DECODE_THREADS_VARIABLE = "CANDLE_WEB_DECODE_THREADS"
+from candle_web.backend.settings import settings
 
 
 def decode_in_parallel() -> bool:
@@ -13,7 +11,7 @@ def decode_in_parallel() -> bool:
     parallel whenever numba has more than one thread."""
     import numba
 
-    requested = os.environ.get(DECODE_THREADS_VARIABLE, "").strip()
-    if requested:
-        return int(requested) > 1 and numba.get_num_threads() > 1
+    requested = settings().decode_threads
+    if requested is not None:
+        return requested > 1 and numba.get_num_threads() > 1
     return numba.get_num_threads() > 1

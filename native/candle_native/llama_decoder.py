@@ -2,7 +2,7 @@
 numba_kernels.decoder_step: one machine-code call per block plus one for the head, instead of
 a dozen tensor ops per block.
 
-`FusedLlamaDecoder.build(model)` takes weights kept as a single unpackable quantized tensor
+It implements the part ``llama.decoder_step`` (candle_web.backend.parts): `FusedLlamaDecoder.build(weights)` takes the exported weights, each kept as a single unpackable quantized tensor
 (GGUF on the numba backend) or as f32 matrices (float checkpoints, or GGUF dequantized at
 load); it returns None when a layer is neither (e.g. mixed-type fused parts), and the model then
 keeps its generic path. Float weights take the fused step too: on the generic path each token
@@ -57,20 +57,21 @@ class FusedLlamaDecoder:
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     @staticmethod
-    def build(model):
+    def build(weights):
+        """From the model's exported LlamaDecoderWeights (candle_web.backend.parts); None when
+        a layer's weights do not fit the kernels."""
         layers = []
-        for block in model.blocks:
-            weights = [_kernel_tuple(m) for m in (block.attn.qkv, block.attn.out,
-                                                  block.mlp.gate_up, block.mlp.down)]
-            if any(w is None for w in weights):
+        for layer in weights.layers:
+            matrices = [_kernel_tuple(m) for m in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+            if any(w is None for w in matrices):
                 return None
-            layers.append((_f32(block.attn_norm.weight), _f32(block.mlp_norm.weight),
-                           np.float32(block.attn_norm.eps), *weights))
-        head = _kernel_tuple(model.lm_head)
+            layers.append((_f32(layer.attn_norm), _f32(layer.mlp_norm), np.float32(layer.eps),
+                           *matrices))
+        head = _kernel_tuple(weights.lm_head)
         if head is None:
             return None
-        return FusedLlamaDecoder(model.config, layers,
-                                 (_f32(model.norm.weight), np.float32(model.norm.eps)), head)
+        return FusedLlamaDecoder(weights, layers, (_f32(weights.norm), np.float32(weights.norm_eps)),
+                                 head)
 
     def __call__(self, x: np.ndarray, pos: int, caches, cos: np.ndarray, sin: np.ndarray):
         cfg = self.cfg

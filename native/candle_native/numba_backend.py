@@ -8,13 +8,13 @@ Inputs that are views are copied to C order first (the kernels index contiguous 
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import numpy as np
 
 from candle_web.backend.numpy_backend import NumpyBackend
-from candle_web.errors import ShapeMismatch, UnsupportedError
+from candle_web.backend.settings import PROMPT_WEIGHTS_MB_VARIABLE, settings  # noqa: F401 (tests name it here)
+from candle_web.errors import ShapeMismatch
 
 from . import numba_kernels as nk
 from .numba_kernels import vector_math
@@ -33,18 +33,13 @@ FUSED_ATTENTION_MAX_QUERIES = 16
 # of the weight (kept, see _DenseWeights, or decoded a band at a time beyond the budget); below
 # it, the fused kernel reads the int8 levels directly.
 QMATMUL_BLAS_MIN_ROWS = 8
-# Set to 0 to keep Whisper decoding on the generic tensor path (tests compare the two).
-FUSED_WHISPER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER"
-# Set to 0 to keep the Whisper encoder on the generic tensor path (tests compare the two).
-FUSED_WHISPER_ENCODER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER_ENCODER"
 # Weight rows decoded per band on the BLAS path (bounds the f32 scratch to band x k).
 QMATMUL_BAND_ROWS = 1024
-# The prompt path keeps f32 copies of the weights it multiplies, up to this many MiB in all
-# (CANDLE_WEB_PROMPT_WEIGHTS_MB overrides; 0 turns it off); beyond, weights are decoded a band
-# at a time on every call. Decoding per call cost SmolLM2-135M ~0.2 s of CPU per prompt (its
-# block weights are 90 M values) and put a numba thread-pool region before every BLAS call.
-PROMPT_WEIGHTS_MB_VARIABLE = "CANDLE_WEB_PROMPT_WEIGHTS_MB"
-DEFAULT_PROMPT_WEIGHTS_MB = 1024
+# The prompt path keeps f32 copies of the weights it multiplies, up to
+# CANDLE_WEB_PROMPT_WEIGHTS_MB MiB in all (backend/settings.py; 0 turns it off); beyond, weights
+# are decoded a band at a time on every call. Decoding per call cost SmolLM2-135M ~0.2 s of CPU
+# per prompt (its block weights are 90 M values) and put a numba thread-pool region before
+# every BLAS call.
 
 
 class _DenseWeights:
@@ -58,13 +53,7 @@ class _DenseWeights:
 
     @staticmethod
     def budget_bytes() -> int:
-        raw = os.environ.get(PROMPT_WEIGHTS_MB_VARIABLE, "").strip() or DEFAULT_PROMPT_WEIGHTS_MB
-        try:
-            megabytes = float(raw)
-        except ValueError:
-            raise UnsupportedError(f"{PROMPT_WEIGHTS_MB_VARIABLE}={raw!r}: expected a number "
-                                   "of MiB") from None
-        return int(megabytes * (1 << 20))
+        return settings().prompt_weights_bytes
 
     def get(self, qtensor, weight):
         """The f32 [n, k] matrix of `qtensor`; None when it did not fit the budget at its first
@@ -221,33 +210,6 @@ class NumbaBackend(NumpyBackend):
         nk.attention_rows(np.ascontiguousarray(q), np.ascontiguousarray(k),
                           np.ascontiguousarray(v), mask, np.float32(scale), out)
         return out
-
-    # -- fused model steps -----------------------------------------------------------------
-    def fused_whisper_decoder(self, decoder):
-        """A FusedWhisperDecoder for a Whisper TextDecoder (one numba call per block per decode
-        step, see whisper_decoder.py), or None when its weights do not fit the kernels or
-        CANDLE_WEB_FUSED_WHISPER=0 asks for the generic tensor path."""
-        if os.environ.get(FUSED_WHISPER_VARIABLE, "1") == "0":
-            return None
-        from .whisper_decoder import FusedWhisperDecoder
-
-        return FusedWhisperDecoder.build(decoder)
-
-    def fused_whisper_encoder(self, encoder):
-        """A FusedWhisperEncoder for a Whisper AudioEncoder (whisper_encoder.py), or None when
-        its weights do not fit or CANDLE_WEB_FUSED_WHISPER_ENCODER=0 asks for the tensor path."""
-        if os.environ.get(FUSED_WHISPER_ENCODER_VARIABLE, "1") == "0":
-            return None
-        from .whisper_encoder import FusedWhisperEncoder
-
-        return FusedWhisperEncoder.build(encoder)
-
-    def fused_llama_decoder(self, model):
-        """A callable running a whole LLaMA decode step (batch 1, one token) in numba, or None
-        when the model's weights do not fit the fused kernels (see llama_decoder.py)."""
-        from .llama_decoder import FusedLlamaDecoder
-
-        return FusedLlamaDecoder.build(model)
 
     # -- quantized matmul ------------------------------------------------------------------
     def qmatmul(self, x, qweight):

@@ -2,8 +2,9 @@
 one for the final norm and vocabulary projection (numba_kernels/whisper_step.py), instead of
 ~60 tensor ops per block.
 
-`FusedWhisperDecoder.build(text_decoder)` prepares the weights once or returns None when the
-decoder does not fit the kernels (no bias on a linear, another dtype); the model then keeps its
+It implements the part ``whisper.decoder_step`` (candle_web.backend.parts):
+`FusedWhisperDecoder.build(weights)` prepares the model's exported WhisperDecoderWeights once,
+or returns None when they do not fit the kernels (no bias on a linear, another dtype); the model then keeps its
 generic path. The weight matrices are kept as f16 bits when they all hold f16 values (the
 CTranslate2 files store f16): a step reads every weight once and is bound by DRAM bandwidth, so
 half the bytes is nearly half the time; widening is exact (numba_kernels/half.py). Otherwise
@@ -12,24 +13,19 @@ features and the K/V projection weights instead of projected keys and values, so
 that stays on this path never projects them (see whisper_step._cross_attend).
 
 Short prompts run here a token at a time (models/whisper.py, FUSED_PROMPT_TOKENS); longer ones
-go through the generic path, and `begin` then copies its KV caches into this path's own fixed
-buffers, and decode steps of one token per sequence run here.
-The per-sequence state is a `FusedRun` (see models/whisper.py, DecoderState).
+go through the generic path. Both write the same KV caches (the model's nn.KvCache buffers), so
+the two paths take turns without copying anything.
 """
 
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
+from candle_web.backend.settings import settings
 
 from .decode_threads import decode_in_parallel
 from .numba_kernels import whisper_step as nk
 from .numba_kernels.half import exact_half_bits
-
-# CANDLE_WEB_WHISPER_F16=0 keeps the matrices in f32 even when they hold f16 values (to compare).
-F16_VARIABLE = "CANDLE_WEB_WHISPER_F16"
 
 
 def _f32(tensor) -> np.ndarray:
@@ -47,24 +43,28 @@ class _Unfit(Exception):
 
 class _Block:
     def __init__(self, block, matrix):
-        """`matrix` prepares each weight matrix (f32 as is, or its f16 bits)."""
-        attn, cross, mlp = block.attn, block.cross_attn, block.mlp
-        self.n_head = attn.n_head
+        """`block`: a decoder block's WhisperBlockWeights (candle_web.backend.parts);
+        `matrix` prepares each weight matrix (f32 as is, or its f16 bits)."""
+        if block.cross_q is None:
+            raise _Unfit
+        self.n_head = block.n_head
         self.eps = np.float32(block.attn_ln.eps)
         self.weights = (
             _f32(block.attn_ln.weight), _f32(block.attn_ln.bias),
-            matrix(attn.qkv.weight), _f32(attn.qkv.bias), matrix(attn.out.weight), _f32(attn.out.bias))
+            matrix(block.qkv.weight), _f32(block.qkv.bias),
+            matrix(block.attn_out.weight), _f32(block.attn_out.bias))
         self.cross_weights = (
             _f32(block.cross_ln.weight), _f32(block.cross_ln.bias),
-            matrix(cross.q.weight), _f32(cross.q.bias))
+            matrix(block.cross_q.weight), _f32(block.cross_q.bias))
         # The fused K/V projection [2d, d] split into its key and value halves (views).
-        d = cross.q.weight.dims()[0]
-        kv_weight, kv_bias = matrix(cross.kv.weight), _f32(cross.kv.bias)
+        d = block.cross_q.weight.dims()[0]
+        kv_weight, kv_bias = matrix(block.cross_kv.weight), _f32(block.cross_kv.bias)
         self.cross_kv = (kv_weight[:d], kv_bias[:d], kv_weight[d:], kv_bias[d:])
-        self.cross_out = (matrix(cross.out.weight), _f32(cross.out.bias))
+        self.cross_out = (matrix(block.cross_out.weight), _f32(block.cross_out.bias))
         self.mlp_weights = (
             _f32(block.mlp_ln.weight), _f32(block.mlp_ln.bias),
-            matrix(mlp.fc1.weight), _f32(mlp.fc1.bias), matrix(mlp.fc2.weight), _f32(mlp.fc2.bias))
+            matrix(block.fc1.weight), _f32(block.fc1.bias),
+            matrix(block.fc2.weight), _f32(block.fc2.bias))
         if len({block.attn_ln.eps, block.cross_ln.eps, block.mlp_ln.eps}) != 1:
             raise _Unfit
 
@@ -77,9 +77,9 @@ def _matrix_storage(decoder):
     compiled once per storage type, not per mix."""
     matrices = [decoder.token_embedding]
     for block in decoder.blocks:
-        matrices += [block.attn.qkv.weight, block.attn.out.weight, block.cross_attn.q.weight,
-                     block.cross_attn.kv.weight, block.cross_attn.out.weight, block.mlp.fc1.weight, block.mlp.fc2.weight]
-    if os.environ.get(F16_VARIABLE, "1") != "0":
+        matrices += [block.qkv.weight, block.attn_out.weight, block.cross_q.weight,
+                     block.cross_kv.weight, block.cross_out.weight, block.fc1.weight, block.fc2.weight]
+    if settings().whisper_f16:
         halves = {}
         for tensor in matrices:
             bits = exact_half_bits(_f32(tensor))
@@ -91,25 +91,6 @@ def _matrix_storage(decoder):
     return _f32
 
 
-class FusedRun:
-    """One decoding's state on the fused path: KV caches [R, h, n_text_ctx, dh] per block, the
-    number of positions filled, and the audio features [1 or R, n_audio, d] (numpy) that every
-    block's cross-attention reads."""
-
-    def __init__(self, caches, length, features):
-        self.caches = caches
-        self.length = length
-        self.features = features
-
-    def reorder(self, indices, features=None) -> None:
-        """Beam search: keep rows `indices` (caches follow their beams); `features` (a Tensor)
-        replaces the audio features when their batch changed."""
-        ids = np.asarray(indices, dtype=np.intp)
-        self.caches = [(k[ids], v[ids]) for k, v in self.caches]
-        if features is not None:
-            self.features = _f32(features)
-
-
 class FusedWhisperDecoder:
     def __init__(self, decoder):
         self.embedding = _f32(decoder.token_embedding)
@@ -118,7 +99,6 @@ class FusedWhisperDecoder:
         matrix = _matrix_storage(decoder)
         self.projection = matrix(decoder.token_embedding)  # tied: [vocab, d]
         self.blocks = [_Block(block, matrix) for block in decoder.blocks]
-        self.n_text_ctx = self.positions.shape[0]
         # numba threads for each step's products and cross-attention heads (1: the calling
         # thread only); settable.
         self.threads = numba.get_num_threads() if decode_in_parallel() else 1
@@ -129,38 +109,19 @@ class FusedWhisperDecoder:
             return FusedWhisperDecoder(decoder)
         except _Unfit:
             return None
-        except AttributeError:  # a decoder built differently (e.g. no fused qkv)
+        except AttributeError:  # weights without a fused qkv
             return None
 
-    def begin(self, rows: int, kv_caches, audio_features) -> FusedRun:
-        """Take over from the generic path: copy its caches ((k, v) Tensors [R, h, n, dh] per
-        block, n the prompt length so far, or None when nothing was decoded yet) into fixed
-        buffers sized for the whole text context."""
-        caches = []
-        length = 0
-        for block, filled in zip(self.blocks, kv_caches):
-            dh = self.embedding.shape[1] // block.n_head
-            k_buf = np.empty((rows, block.n_head, self.n_text_ctx, dh), np.float32)
-            v_buf = np.empty_like(k_buf)
-            if filled is not None:
-                k, v = filled[0].to_numpy(), filled[1].to_numpy()
-                length = k.shape[2]
-                k_buf[:, :, :length] = k
-                v_buf[:, :, :length] = v
-            caches.append((k_buf, v_buf))
-        return FusedRun(caches, length, _f32(audio_features))
-
-    def step(self, run: FusedRun, token_ids, with_logits: bool = True):
+    def step(self, token_ids, position: int, caches, features, with_logits: bool = True):
         """One token per row: token_ids [R] -> logits [R, vocab] (None without `with_logits`:
-        a prompt position nobody reads); appends to the caches."""
-        pos = run.length
+        a prompt position nobody reads). Writes each block's key and value at `position` of
+        its (keys, values) buffers [R, h, capacity, dh]; `features` [1 or R, n_audio, d]."""
         ids = np.asarray(token_ids, dtype=np.intp)
-        x = self.embedding[ids] + self.positions[pos]
-        for block, (k_cache, v_cache) in zip(self.blocks, run.caches):
-            nk.whisper_block_step(x, pos, block.n_head, block.eps, *block.weights, k_cache, v_cache,
-                                  *block.cross_weights, *block.cross_kv, run.features,
+        x = self.embedding[ids] + self.positions[position]
+        for block, (k_cache, v_cache) in zip(self.blocks, caches):
+            nk.whisper_block_step(x, position, block.n_head, block.eps, *block.weights, k_cache,
+                                  v_cache, *block.cross_weights, *block.cross_kv, features,
                                   *block.cross_out, *block.mlp_weights, self.threads)
-        run.length = pos + 1
         if not with_logits:
             return None
         logits = np.empty((x.shape[0], self.embedding.shape[0]), np.float32)

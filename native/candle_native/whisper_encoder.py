@@ -94,16 +94,16 @@ class _LayerNorm:
 
 class _Block:
     def __init__(self, block, d):
-        attn = block.attn
-        if attn.qkv is None or d % attn.n_head:
+        """`block`: a WhisperBlockWeights (candle_web.backend.parts)."""
+        if block.qkv is None or d % block.n_head:
             raise _Unfit
-        self.n_head = attn.n_head
+        self.n_head = block.n_head
         self.attn_ln = _LayerNorm(block.attn_ln, d)
-        self.qkv = _Linear(attn.qkv, d)
-        self.out = _Linear(attn.out, d)
+        self.qkv = _Linear(block.qkv, d)
+        self.out = _Linear(block.attn_out, d)
         self.mlp_ln = _LayerNorm(block.mlp_ln, d)
-        self.fc1 = _Linear(block.mlp.fc1, d)
-        self.fc2 = _Linear(block.mlp.fc2, self.fc1.weight_t.shape[1])
+        self.fc1 = _Linear(block.fc1, d)
+        self.fc2 = _Linear(block.fc2, self.fc1.weight_t.shape[1])
         if self.qkv.weight_t.shape[1] != 3 * d or self.out.weight_t.shape[1] != d \
                 or self.fc2.weight_t.shape[1] != d:
             raise _Unfit
@@ -128,10 +128,12 @@ class _BlockBuffers:
 
 class FusedWhisperEncoder:
     def __init__(self, encoder):
+        """`encoder`: the model's WhisperEncoderWeights (candle_web.backend.parts)."""
         d = encoder.positions.dims()[1]
         self.d = d
         self.conv_taps, self.conv_bias = [], []
-        for weight, bias in ((encoder.conv1_w, encoder.conv1_b), (encoder.conv2_w, encoder.conv2_b)):
+        for conv in (encoder.conv1, encoder.conv2):
+            weight, bias = conv.weight, conv.bias
             w = _f32(weight)
             if w.ndim != 3 or w.shape[0] != d or w.shape[2] != CONV_KERNEL:
                 raise _Unfit
@@ -147,8 +149,8 @@ class FusedWhisperEncoder:
 
     @staticmethod
     def build(encoder):
-        """A FusedWhisperEncoder for a Whisper AudioEncoder, or None when its weights do not
-        fit or BLAS's thread count cannot be set (see row_pool.py)."""
+        """A FusedWhisperEncoder for a Whisper encoder's exported weights, or None when they do
+        not fit or BLAS's thread count cannot be set (see row_pool.py)."""
         if not row_pool.available():
             return None
         try:

@@ -115,3 +115,32 @@ def test_a_bad_value_leaves_keys_untouched():
     assert cache.k.current_seq_len == cache.v.current_seq_len == 3
     k, v = cache.append(Tensor.ones((1, 2, 1, 4)), Tensor.ones((1, 2, 1, 4)))
     assert k.dims() == v.dims() == (1, 2, 4, 4)
+
+
+def test_in_place_buffers_and_appends_take_turns_and_reorder_follows_beams():
+    """What the accelerated parts rely on: they write a step into `buffers()` and `advance`;
+    the generic path then appends after it and reads everything back."""
+    from candle_web import Device, Tensor, f32
+    from candle_web.nn import KvCache
+
+    cache = KvCache(dim=2, initial_capacity=2)
+    device = Device.cpu(backend="numpy")
+    first = np.arange(2 * 3 * 1 * 4, dtype=np.float32).reshape(2, 3, 1, 4)
+    keys, values = cache.buffers(1, first.shape, f32, device)
+    keys[:, :, 0] = first[:, :, 0]
+    values[:, :, 0] = -first[:, :, 0]
+    cache.advance(1)
+    assert cache.length == 1
+    more = Tensor.from_numpy(np.ones((2, 3, 2, 4), np.float32), device=device)
+    k, v = cache.append(more, more)  # grows past the initial capacity of 2
+    assert k.dims() == (2, 3, 3, 4) and cache.length == 3
+    np.testing.assert_array_equal(k.to_numpy()[:, :, 0], first[:, :, 0])
+    np.testing.assert_array_equal(v.to_numpy()[:, :, 1:], np.ones((2, 3, 2, 4)))
+    cache.reorder([1, 1])
+    k_now = cache.k.current_data().to_numpy()
+    np.testing.assert_array_equal(k_now[0], k_now[1])
+    np.testing.assert_array_equal(k_now[0, :, 0], first[1, :, 0])
+    with pytest.raises(ShapeMismatch, match="do not fit"):
+        cache.advance(100)
+    with pytest.raises(ShapeMismatch, match="do not match"):
+        cache.buffers(1, (2, 5, 1, 4), f32, device)

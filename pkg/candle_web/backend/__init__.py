@@ -8,10 +8,9 @@ load lazily, on the first op of a device, and fail with a message naming the mis
 
 from __future__ import annotations
 
-import os
-
-from ..errors import BackendUnavailable, CandleError
+from ..errors import BackendUnavailable
 from .base import Backend
+from .settings import settings
 
 # name -> zero-argument factory returning a Backend (or raising BackendUnavailable)
 _FACTORIES = {}
@@ -74,11 +73,9 @@ def _register_optional_backend(name: str) -> None:
 
 
 def _default_cpu_backend_name() -> str:
-    choice = os.environ.get("CANDLE_WEB_BACKEND", "").strip().lower()
-    if choice in ("numpy", "numba"):
+    choice = settings().cpu_backend
+    if choice is not None:
         return choice
-    if choice:
-        raise CandleError(f"CANDLE_WEB_BACKEND={choice!r}: expected 'numpy' or 'numba'")
     try:
         get_backend("numba")
         return "numba"

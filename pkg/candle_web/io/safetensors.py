@@ -441,7 +441,7 @@ class SafeTensors:
             self.source_name = "<bytes>"
             self._buffer = _as_byte_view(source)
         data_start, self._infos, self._metadata = parse_header(self._buffer, self.source_name)
-        self._data = self._buffer[data_start:]
+        self._payload = self._buffer[data_start:]
 
     # -- inspection ----------------------------------------------------------------------
     def keys(self) -> list:
@@ -471,7 +471,7 @@ class SafeTensors:
     def get_bytes(self, name: str) -> memoryview:
         """The tensor's raw little-endian bytes (a view, no copy)."""
         begin, end = self.info(name).data_offsets
-        return self._data[begin:end]
+        return self._payload[begin:end]
 
     def get_numpy(self, name: str) -> np.ndarray:
         """The tensor as stored: a zero-copy view when the data is aligned; BF16 as uint16
@@ -506,7 +506,7 @@ class SafeTensors:
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
         """Release the mapping when no array still views it (otherwise the GC will)."""
-        self._data.release()
+        self._payload.release()
         self._buffer.release()
         if self._mapped is not None:
             try:

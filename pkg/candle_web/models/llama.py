@@ -26,9 +26,10 @@ rotated pairs are adjacent (the original Meta layout), so GGUF weights use inter
 (`rope_i`); HF checkpoints rotate the two halves of each head (`rope`). Weights are never
 shuffled at load; `LlamaConfig.rope_interleaved` records which layout the checkpoint uses.
 
-Decode steps (batch 1, one new token) go to the backend's fused decoder when it has one
-(`fused_llama_decoder`, the numba backend: one machine-code call per block, see
-native/candle_native/llama_decoder.py); the result is the same up to f32 summation order.
+Decode steps (batch 1, one new token) go to the accelerated part `llama.decoder_step`
+(backend/parts.py) when the backend has one (numba: one machine-code call per block, see
+native/candle_native/llama_decoder.py), writing the same KV caches as the tensor path; the
+result is the same up to f32 summation order.
 Prompts, batches and other backends take the tensor path below.
 
 Grouped-query attention without repeating K/V: the h query heads are grouped as
@@ -39,7 +40,6 @@ n_kv cached heads directly; the causal mask is tiled n_rep times along its rows.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,14 +47,17 @@ from pathlib import Path
 import numpy as np
 
 from .. import dtype as dt
+from ..backend import parts
 from ..device import Device
 from ..errors import FormatError, IndexOutOfRange, ModelNotFound, ShapeMismatch, UnsupportedError
 from ..nn import ops
+from ..nn.kv_cache import KvCache
 from ..nn.layers import RmsNorm
 from ..nn.rotary import rope, rope_frequencies, rope_i
 from ..quantized.qmatmul import QMatMul
 from ..quantized.qtensor import QTensor
 from ..tensor import Tensor
+from .config_fields import ConfigFields, read_json_config
 from .inputs import token_ids
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
@@ -113,22 +116,25 @@ class RopeScaling:
         return np.where(wavelen < high_freq_wavelen, inv_freq, out)
 
     @staticmethod
-    def from_hf(fields: dict | None):
-        """From config.json's `rope_scaling` (or transformers 5's `rope_parameters`)."""
-        if not fields:
+    def from_hf(fields):
+        """From config.json's `rope_scaling` (or transformers 5's `rope_parameters`), as a
+        ConfigFields section (a plain dict is accepted too)."""
+        if isinstance(fields, dict):
+            fields = ConfigFields(fields, "config.json", label_prefix="rope_scaling.")
+        if fields is None or not fields.mapping:
             return None
-        kind = fields.get("rope_type", fields.get("type", "default"))
+        kind = fields.string("rope_type", fields.string("type", "default"))
         if kind == "default":
             return None
         if kind not in SUPPORTED_ROPE_SCALING:
-            raise UnsupportedError(f"config.json: rope scaling {kind!r} is not supported; "
+            raise UnsupportedError(f"{fields.source}: rope scaling {kind!r} is not supported; "
                                    f"supported: {SUPPORTED_ROPE_SCALING}")
         if kind == "linear":
-            return RopeScaling("linear", float(fields["factor"]))
-        return RopeScaling("llama3", float(fields["factor"]),
-                           float(fields.get("low_freq_factor", 1.0)),
-                           float(fields.get("high_freq_factor", 4.0)),
-                           int(fields.get("original_max_position_embeddings", 8192)))
+            return RopeScaling("linear", fields.number("factor", positive=True))
+        return RopeScaling("llama3", fields.number("factor", positive=True),
+                           fields.number("low_freq_factor", 1.0, positive=True),
+                           fields.number("high_freq_factor", 4.0, positive=True),
+                           fields.positive_int("original_max_position_embeddings", 8192))
 
 
 @dataclass(frozen=True)
@@ -161,36 +167,40 @@ class LlamaConfig:
         return self.num_heads // self.num_kv_heads
 
     @staticmethod
-    def from_hf_config(cfg: dict) -> "LlamaConfig":
+    def from_hf_config(cfg: dict, source: str = "llama config.json") -> "LlamaConfig":
+        """From an HF config.json object; `source` names the file in errors."""
+        fields = ConfigFields(cfg, source)
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_HF_MODEL_TYPES:
-            raise UnsupportedError(f"config.json: model_type {model_type!r} is not supported "
+            raise UnsupportedError(f"{source}: model_type {model_type!r} is not supported "
                                    f"by the llama model; supported: {SUPPORTED_HF_MODEL_TYPES}")
         for flag in ("attention_bias", "mlp_bias"):
-            if cfg.get(flag):
-                raise UnsupportedError(f"config.json: {flag}=true is not supported")
-        rope_fields = cfg.get("rope_parameters") or {}
-        scaling = cfg.get("rope_scaling") or rope_fields
-        theta = cfg.get("rope_theta", rope_fields.get("rope_theta", DEFAULT_ROPE_THETA))
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        try:
-            heads = cfg["num_attention_heads"]
-            hidden = cfg["hidden_size"]
-            return LlamaConfig(
-                vocab_size=cfg["vocab_size"], hidden_size=hidden,
-                intermediate_size=cfg["intermediate_size"],
-                num_layers=cfg["num_hidden_layers"], num_heads=heads,
-                num_kv_heads=cfg.get("num_key_value_heads") or heads,
-                head_dim=cfg.get("head_dim") or hidden // heads,
-                rms_norm_eps=float(cfg.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS)),
-                rope_theta=float(theta),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                rope_interleaved=False, rope_scaling=RopeScaling.from_hf(scaling),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids)
-        except KeyError as missing:
-            raise FormatError(f"llama config.json: missing field {missing}") from None
+            if fields.boolean(flag, False):
+                raise UnsupportedError(f"{source}: {flag}=true is not supported")
+        rope_fields = fields.section("rope_parameters")
+        scaling = fields.section("rope_scaling") or rope_fields
+        theta = fields.number("rope_theta", None, positive=True)
+        if theta is None:
+            theta = rope_fields.number("rope_theta", DEFAULT_ROPE_THETA, positive=True) \
+                if rope_fields is not None else DEFAULT_ROPE_THETA
+        vocab, hidden = fields.positive_int("vocab_size"), fields.positive_int("hidden_size")
+        heads = fields.positive_int("num_attention_heads")
+        kv_heads = fields.positive_int("num_key_value_heads", heads)
+        fields.check_divides("num_key_value_heads", kv_heads, "num_attention_heads", heads)
+        if not fields.has("head_dim"):
+            fields.check_divides("num_attention_heads", heads, "hidden_size", hidden)
+        return LlamaConfig(
+            vocab_size=vocab, hidden_size=hidden,
+            intermediate_size=fields.positive_int("intermediate_size"),
+            num_layers=fields.positive_int("num_hidden_layers"), num_heads=heads,
+            num_kv_heads=kv_heads, head_dim=fields.positive_int("head_dim", hidden // heads),
+            rms_norm_eps=fields.number("rms_norm_eps", DEFAULT_RMS_NORM_EPS, positive=True),
+            rope_theta=theta,
+            max_position_embeddings=fields.positive_int("max_position_embeddings", 4096),
+            rope_interleaved=False, rope_scaling=RopeScaling.from_hf(scaling),
+            tie_word_embeddings=fields.boolean("tie_word_embeddings", False),
+            bos_token_id=fields.token_id("bos_token_id", vocab, None),
+            eos_token_ids=fields.token_ids("eos_token_id", vocab))
 
     @staticmethod
     def from_gguf(gguf) -> "LlamaConfig":
@@ -200,52 +210,55 @@ class LlamaConfig:
         if arch not in SUPPORTED_GGUF_ARCHITECTURES:
             raise UnsupportedError(f"GGUF {gguf.source}: general.architecture {arch!r} is not "
                                    f"supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}")
-
-        def field(key, default=None):
-            value = meta.get(f"{arch}.{key}", default)
-            if value is None:
-                raise FormatError(f"GGUF {gguf.source}: missing metadata key {arch}.{key}")
-            return value
-
-        hidden = int(field("embedding_length"))
-        heads = int(field("attention.head_count"))
-        head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-        rotary_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+        source = f"GGUF {gguf.source}"
+        field = ConfigFields(meta, source, kind="metadata key", key_prefix=f"{arch}.")
+        tokens = ConfigFields(meta, source, kind="metadata key", key_prefix="tokenizer.ggml.")
+        hidden = field.positive_int("embedding_length")
+        heads = field.positive_int("attention.head_count")
+        if not field.has("attention.key_length"):
+            field.check_divides("attention.head_count", heads, "embedding_length", hidden)
+        head_dim = field.positive_int("attention.key_length", hidden // heads)
+        rotary_dims = field.positive_int("rope.dimension_count", head_dim)
         if rotary_dims != head_dim:
             raise UnsupportedError(f"GGUF {gguf.source}: partial rotary embeddings "
                                    f"({rotary_dims} of {head_dim} dims) are not supported")
+        kv_heads = field.positive_int("attention.head_count_kv", heads)
+        field.check_divides("attention.head_count_kv", kv_heads, "attention.head_count", heads)
         embed_info = gguf.tensors.get("token_embd.weight")
-        if embed_info is None:
-            raise FormatError(f"GGUF {gguf.source}: no token_embd.weight tensor")
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        eot = meta.get("tokenizer.ggml.eot_token_id")
-        eos_ids = tuple(dict.fromkeys(int(i) for i in (eos, eot) if i is not None))
-        bos = meta.get("tokenizer.ggml.bos_token_id")
+        if embed_info is None or len(embed_info.shape) != 2 or not embed_info.shape[0]:
+            raise FormatError(f"GGUF {gguf.source}: no token_embd.weight [vocab, d] tensor")
+        vocab = int(embed_info.shape[0])
+        end_ids = (tokens.token_id(name, vocab, None) for name in ("eos_token_id", "eot_token_id"))
         return LlamaConfig(
-            vocab_size=int(embed_info.shape[0]), hidden_size=hidden,
-            intermediate_size=int(field("feed_forward_length")),
-            num_layers=int(field("block_count")), num_heads=heads,
-            num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-            head_dim=head_dim,
-            rms_norm_eps=float(field("attention.layer_norm_rms_epsilon", DEFAULT_RMS_NORM_EPS)),
-            rope_theta=float(field("rope.freq_base", DEFAULT_ROPE_THETA)),
-            max_position_embeddings=int(field("context_length", 4096)),
-            rope_interleaved=True, rope_scaling=_gguf_rope_scaling(gguf, arch),
+            vocab_size=vocab, hidden_size=hidden,
+            intermediate_size=field.positive_int("feed_forward_length"),
+            num_layers=field.positive_int("block_count"), num_heads=heads,
+            num_kv_heads=kv_heads, head_dim=head_dim,
+            rms_norm_eps=field.number("attention.layer_norm_rms_epsilon", DEFAULT_RMS_NORM_EPS,
+                                      positive=True),
+            rope_theta=field.number("rope.freq_base", DEFAULT_ROPE_THETA, positive=True),
+            max_position_embeddings=field.positive_int("context_length", 4096),
+            rope_interleaved=True, rope_scaling=_gguf_rope_scaling(gguf, arch, field),
             tie_word_embeddings="output.weight" not in gguf.tensors,
-            bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids)
+            bos_token_id=tokens.token_id("bos_token_id", vocab, None),
+            eos_token_ids=tuple(dict.fromkeys(i for i in end_ids if i is not None)))
 
 
-def _gguf_rope_scaling(gguf, arch: str):
+def _gguf_rope_scaling(gguf, arch: str, field: ConfigFields):
     if "rope_freqs.weight" in gguf.tensors:
         factors = gguf.qtensor("rope_freqs.weight").dequantize().reshape(-1)
+        if not (np.isfinite(factors).all() and (factors > 0).all()):
+            raise FormatError(f"GGUF {gguf.source}: rope_freqs.weight must hold positive "
+                              "finite factors")
         return RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in factors))
-    kind = gguf.metadata.get(f"{arch}.rope.scaling.type", "none")
-    factor = gguf.metadata.get(f"{arch}.rope.scaling.factor",
-                               gguf.metadata.get(f"{arch}.rope.scale_linear"))
+    kind = field.string("rope.scaling.type", "none")
+    factor = field.number("rope.scaling.factor", None, positive=True)
+    if factor is None:
+        factor = field.number("rope.scale_linear", None, positive=True)
     if kind == "none" and factor is None:
         return None
     if kind in ("linear", "none") and factor is not None:
-        return None if float(factor) == 1.0 else RopeScaling("linear", float(factor))
+        return None if factor == 1.0 else RopeScaling("linear", factor)
     raise UnsupportedError(f"GGUF {gguf.source}: {arch}.rope.scaling.type {kind!r} is not "
                            "supported; supported: linear (and llama3 via rope_freqs.weight)")
 
@@ -300,48 +313,6 @@ class RotaryEmbedding:
         return self.cos.narrow(0, start, length), self.sin.narrow(0, start, length)
 
 
-class LayerKvCache:
-    """One block's keys and values: [b, n_kv, capacity, head_dim] buffers filled up to
-    `length`, doubled when full. Unlike nn.KvCache the buffers are open to a backend's fused
-    decode step, which writes position `length` in place (see Llama._fused_forward)."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.keys = self.values = None
-        self.length = 0
-
-    def reserve(self, extra: int, batch: int, n_kv: int, head_dim: int, xp, dtype) -> None:
-        """Room for `extra` more positions in [batch, n_kv, -, head_dim] buffers of `xp`."""
-        if self.keys is not None and (self.keys.shape[:2] + self.keys.shape[3:]
-                                      != (batch, n_kv, head_dim) or self.keys.dtype != dtype):
-            raise ShapeMismatch(f"llama kv cache: got keys [{batch}, {n_kv}, -, {head_dim}] "
-                                f"{dtype}, the cache holds {list(self.keys.shape)} "
-                                f"{self.keys.dtype} (call clear_kv_cache to restart)")
-        needed = self.length + extra
-        if self.keys is not None and needed <= self.keys.shape[2]:
-            return
-        size = max(needed, self.capacity, 0 if self.keys is None else 2 * self.keys.shape[2])
-        grown = [xp.empty((batch, n_kv, size, head_dim), dtype=dtype) for _ in range(2)]
-        if self.keys is not None:
-            grown[0][:, :, :self.length] = self.keys[:, :, :self.length]
-            grown[1][:, :, :self.length] = self.values[:, :, :self.length]
-        self.keys, self.values = grown
-
-    def append(self, k: Tensor, v: Tensor):
-        """Add k, v [b, n_kv, t, hd]; returns every cached position's (k, v) so far."""
-        if k.dims() != v.dims():
-            raise ShapeMismatch(f"llama kv cache: k {list(k.shape)} and v {list(v.shape)} "
-                                "differ")
-        b, n_kv, t, head_dim = k.dims()
-        self.reserve(t, b, n_kv, head_dim, k.device.backend.xp, k._data.dtype)
-        end = self.length + t
-        self.keys[:, :, self.length:end] = k._data
-        self.values[:, :, self.length:end] = v._data
-        self.length = end
-        return (Tensor._wrap(self.keys[:, :, :end], k.dtype, k.device),
-                Tensor._wrap(self.values[:, :, :end], v.dtype, v.device))
-
-
 class Attention:
     def __init__(self, cfg: LlamaConfig, qkv: QMatMul, out: QMatMul):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -349,7 +320,7 @@ class Attention:
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.qkv, self.out = qkv, out
 
-    def __call__(self, x: Tensor, rotary: RotaryEmbedding, cos, sin, cache: LayerKvCache,
+    def __call__(self, x: Tensor, rotary: RotaryEmbedding, cos, sin, cache: KvCache,
                  mask) -> Tensor:
         b, t, _ = x.dims()
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
@@ -409,7 +380,7 @@ class Llama:
     def clear_kv_cache(self, capacity: int = None) -> None:
         """Forget the sequence; preallocate `capacity` positions (the cache doubles beyond)."""
         capacity = capacity or DEFAULT_CACHE_CAPACITY
-        self.caches = [LayerKvCache(capacity) for _ in self.blocks]
+        self.caches = [KvCache(dim=2, initial_capacity=capacity) for _ in self.blocks]
 
     @property
     def seq_len(self) -> int:
@@ -442,28 +413,42 @@ class Llama:
 
     __call__ = forward
 
+    def part_weights(self) -> parts.LlamaDecoderWeights:
+        """The weights the accelerated part `llama.decoder_step` takes (the same objects)."""
+        cfg = self.config
+        layers = tuple(parts.LlamaLayerWeights(
+            attn_norm=block.attn_norm.weight, mlp_norm=block.mlp_norm.weight,
+            eps=block.attn_norm.eps, qkv=block.attn.qkv, out=block.attn.out,
+            gate_up=block.mlp.gate_up, down=block.mlp.down) for block in self.blocks)
+        return parts.LlamaDecoderWeights(
+            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            rope_interleaved=cfg.rope_interleaved, layers=layers, norm=self.norm.weight,
+            norm_eps=self.norm.eps, lm_head=self.lm_head)
+
     def _fused_decoder_for_backend(self):
-        """The backend's whole-step decoder for this model (built once), or None when the
-        backend has none (numpy, cupy) or it cannot take these weights."""
+        """The backend's `llama.decoder_step` part for this model (built once), or None when
+        the backend has none (numpy, cupy) or it cannot take these weights."""
         if self._fused_decoder is _NOT_BUILT:
-            factory = getattr(self.device.backend, "fused_llama_decoder", None)
-            self._fused_decoder = factory(self) if factory is not None else None
+            self._fused_decoder = parts.find_part(parts.LLAMA_DECODER_STEP, self.device,
+                                                  self.part_weights)
         return self._fused_decoder
 
     def _fused_forward(self, decoder, x: Tensor, index_pos: int) -> Tensor:
         """One token through the fused decoder: it writes each block's new key/value at
-        position index_pos of the shared caches and returns the logits."""
-        cfg, xp = self.config, self.device.backend.xp
+        position index_pos of the same KV caches the generic path uses, and returns the
+        logits."""
+        cfg = self.config
+        entry = (1, cfg.num_kv_heads, 1, cfg.head_dim)
         buffers = []
         for cache in self.caches:
-            cache.reserve(1, 1, cfg.num_kv_heads, cfg.head_dim, xp, x._data.dtype)
-            buffers.append((cache.keys[0], cache.values[0]))  # [n_kv, capacity, head_dim]
+            keys, values = cache.buffers(1, entry, x.dtype, x.device)
+            buffers.append((keys[0], values[0]))  # [n_kv, capacity, head_dim]
         self.rotary.tables(index_pos, 1)  # grows the tables to cover index_pos
-        logits = decoder(x._data.reshape(-1), index_pos, buffers, self.rotary.cos._data,
-                         self.rotary.sin._data)
+        logits = decoder(x.storage().reshape(-1), index_pos, buffers,
+                         self.rotary.cos.storage(), self.rotary.sin.storage())
         for cache in self.caches:
-            cache.length += 1
-        return Tensor._wrap(logits.reshape(1, -1), dt.f32, self.device)
+            cache.advance(1)
+        return Tensor.from_storage(logits.reshape(1, -1), dt.f32, self.device)
 
     def _mask(self, t: int, index_pos: int):
         """Causal additive mask [n_rep * t, index_pos + t] for the grouped queries; none
@@ -582,8 +567,10 @@ class Llama:
             shards = sorted(path.glob("*.safetensors"))
             if not shards:
                 raise ModelNotFound(f"{path}: config.json but no *.safetensors weights")
-            cfg = _with_generation_eos(
-                LlamaConfig.from_hf_config(json.loads((path / "config.json").read_text())), path)
+            config_path = path / "config.json"
+            cfg = _with_generation_eos(LlamaConfig.from_hf_config(
+                read_json_config(config_path, "llama config.json"),
+                f"llama config.json {config_path}"), path)
             return Llama.from_safetensors([str(s) for s in shards], cfg, device,
                                           _hf_chat_template(path))
         if len(ggufs) == 1:
@@ -597,9 +584,10 @@ def _with_generation_eos(cfg: LlamaConfig, folder: Path) -> LlamaConfig:
     path = folder / "generation_config.json"
     if not path.exists():
         return cfg
-    eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-    extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-    merged = tuple(dict.fromkeys(list(cfg.eos_token_ids) + [int(i) for i in extra]))
+    fields = ConfigFields(read_json_config(path, "generation_config.json"),
+                          f"generation_config.json {path}")
+    extra = fields.token_ids("eos_token_id", cfg.vocab_size)
+    merged = tuple(dict.fromkeys(cfg.eos_token_ids + extra))
     return dataclasses.replace(cfg, eos_token_ids=merged)
 
 
@@ -610,7 +598,7 @@ def _hf_chat_template(folder: Path):
         return jinja.read_text(encoding="utf-8")
     config = folder / "tokenizer_config.json"
     if config.exists():
-        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        template = read_json_config(config, "tokenizer_config.json").get("chat_template")
         return template if isinstance(template, str) else None
     return None
 

@@ -18,7 +18,6 @@ Decoding (greedy, beam search, timestamps, long-form transcription) is in whispe
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +26,13 @@ import numpy as np
 
 from .. import dtype as dt
 from ..autograd import is_tracking
+from ..backend import parts
 from ..errors import FormatError, ShapeMismatch
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import LayerNorm, Linear
 from ..tensor import Tensor
+from .config_fields import ConfigFields, read_json_config
 
 N_AUDIO_CTX = 1500  # encoder positions for one 30 s window (3000 mel frames / stride 2)
 # Prompts up to this many new tokens go through a backend's fused one-token step, a token at a
@@ -64,18 +65,22 @@ class WhisperConfig:
         return self.n_vocab >= 51865
 
     @staticmethod
-    def from_hf_config(cfg: dict) -> "WhisperConfig":
-        try:
-            return WhisperConfig(
-                n_mels=cfg["num_mel_bins"], n_vocab=cfg["vocab_size"], d_model=cfg["d_model"],
-                n_audio_layer=cfg["encoder_layers"], n_audio_head=cfg["encoder_attention_heads"],
-                n_text_layer=cfg["decoder_layers"], n_text_head=cfg["decoder_attention_heads"],
-                n_audio_ctx=cfg.get("max_source_positions", N_AUDIO_CTX),
-                n_text_ctx=cfg.get("max_target_positions", 448),
-                suppress_tokens=tuple(cfg.get("suppress_tokens") or ()),
-                begin_suppress_tokens=tuple(cfg.get("begin_suppress_tokens") or ()))
-        except KeyError as missing:
-            raise FormatError(f"whisper config.json: missing field {missing}") from None
+    def from_hf_config(cfg: dict, source: str = "whisper config.json") -> "WhisperConfig":
+        """From an HF `openai/whisper-*` config.json object; `source` names the file in errors."""
+        fields = ConfigFields(cfg, source)
+        d_model, n_vocab = fields.positive_int("d_model"), fields.positive_int("vocab_size")
+        n_audio_head = fields.positive_int("encoder_attention_heads")
+        n_text_head = fields.positive_int("decoder_attention_heads")
+        fields.check_divides("encoder_attention_heads", n_audio_head, "d_model", d_model)
+        fields.check_divides("decoder_attention_heads", n_text_head, "d_model", d_model)
+        return WhisperConfig(
+            n_mels=fields.positive_int("num_mel_bins"), n_vocab=n_vocab, d_model=d_model,
+            n_audio_layer=fields.positive_int("encoder_layers"), n_audio_head=n_audio_head,
+            n_text_layer=fields.positive_int("decoder_layers"), n_text_head=n_text_head,
+            n_audio_ctx=fields.positive_int("max_source_positions", N_AUDIO_CTX),
+            n_text_ctx=fields.positive_int("max_target_positions", 448),
+            suppress_tokens=fields.int_list("suppress_tokens", (), 0, n_vocab - 1),
+            begin_suppress_tokens=fields.int_list("begin_suppress_tokens", (), 0, n_vocab - 1))
 
 
 # -- modules in forward order -------------------------------------------------------------
@@ -142,6 +147,27 @@ class ResidualAttentionBlock:
         x = x.add(self.cross_attn.cross_attend(self.cross_ln(x), cross_k, cross_v))
         return x.add(self.mlp(self.mlp_ln(x)))
 
+    def part_weights(self) -> parts.WhisperBlockWeights:
+        """This block's tensors for the accelerated parts (self-attention with fused QKV)."""
+        cross = self.cross_attn
+        return parts.WhisperBlockWeights(
+            n_head=self.attn.n_head, attn_ln=_norm_weights(self.attn_ln),
+            qkv=_affine_weights(self.attn.qkv), attn_out=_affine_weights(self.attn.out),
+            mlp_ln=_norm_weights(self.mlp_ln), fc1=_affine_weights(self.mlp.fc1),
+            fc2=_affine_weights(self.mlp.fc2),
+            cross_ln=None if cross is None else _norm_weights(self.cross_ln),
+            cross_q=None if cross is None else _affine_weights(cross.q),
+            cross_kv=None if cross is None else _affine_weights(cross.kv),
+            cross_out=None if cross is None else _affine_weights(cross.out))
+
+
+def _norm_weights(norm: LayerNorm) -> parts.LayerNormWeights:
+    return parts.LayerNormWeights(norm.weight, norm.bias, norm.eps)
+
+
+def _affine_weights(linear) -> parts.AffineWeights:
+    return None if linear is None else parts.AffineWeights(linear.weight, linear.bias)
+
 
 class AudioEncoder:
     def __init__(self, conv1_w, conv1_b, conv2_w, conv2_b, positions, blocks, ln_post):
@@ -151,14 +177,22 @@ class AudioEncoder:
         self.blocks = blocks
         self.ln_post = ln_post
 
+    def part_weights(self) -> parts.WhisperEncoderWeights:
+        """The weights the accelerated part `whisper.encoder` takes (the same tensors)."""
+        return parts.WhisperEncoderWeights(
+            conv1=parts.AffineWeights(self.conv1_w, self.conv1_b.reshape(-1)),
+            conv2=parts.AffineWeights(self.conv2_w, self.conv2_b.reshape(-1)),
+            positions=self.positions, blocks=tuple(block.part_weights() for block in self.blocks),
+            ln_post=_norm_weights(self.ln_post))
+
     def _fused(self, mel: Tensor):
-        """The backend's fused encoder for these weights (built once), or None: only the numba
-        backend offers one (time-major activations, row blocks on a thread pool), and never
-        while gradients are tracked, for another dtype than f32 or for an empty mel (the tensor
-        path raises the error)."""
+        """The backend's `whisper.encoder` part for these weights (built once), or None: only
+        the numba backend offers one (time-major activations, row blocks on a thread pool), and
+        never while gradients are tracked, for another dtype than f32 or for an empty mel (the
+        tensor path raises the error)."""
         if not hasattr(self, "_fused_encoder"):
-            make = getattr(self.conv1_w.device.backend, "fused_whisper_encoder", None)
-            self._fused_encoder = make(self) if make is not None else None
+            self._fused_encoder = parts.find_part(parts.WHISPER_ENCODER, self.conv1_w.device,
+                                                  self.part_weights)
         if (self._fused_encoder is None or mel.dtype is not dt.f32 or 0 in mel.dims()
                 or mel.device.backend is not self.conv1_w.device.backend
                 or is_tracking(mel, self.conv1_w)):
@@ -194,8 +228,8 @@ class DecoderState:
         self._blocks = blocks
         self._cross_kv = None
         self.caches = [KvCache(dim=2) for _ in blocks]
-        # The backend's fused decode step keeps its own caches once it has taken over (see
-        # TextDecoder.__call__); `caches` are then stale until handed back.
+        # While the backend's fused step decodes (see TextDecoder.__call__): what it reads
+        # besides the caches, which both paths share.
         self.fused_run = None
 
     @property
@@ -209,9 +243,7 @@ class DecoderState:
 
     @property
     def offset(self) -> int:
-        if self.fused_run is not None:
-            return self.fused_run.length
-        return self.caches[0].current_seq_len()
+        return self.caches[0].length
 
     def reorder(self, indices) -> None:
         """Keep batch rows `indices` (beam search): caches and cross K/V follow their beams.
@@ -223,21 +255,17 @@ class DecoderState:
             if self._cross_kv is not None:
                 self._cross_kv = [(k.index_select(ids, 0).contiguous(), v.index_select(ids, 0).contiguous())
                                   for k, v in self._cross_kv]
-        if self.fused_run is not None:
-            self.fused_run.reorder(indices, None if same_rows else self.audio_features)
-            return
+        if self.fused_run is not None and not same_rows:
+            self.fused_run = FusedRun(self.audio_features.to_numpy())
         for cache in self.caches:
-            k, v = cache.k.current_data(), cache.v.current_data()
-            if k is None:
-                continue
-            cache.reset()
-            cache.append(k.index_select(ids, 0).contiguous(), v.index_select(ids, 0).contiguous())
+            cache.reorder(indices)
 
 
-def fused_caches(state: DecoderState):
-    """The fused path's caches as (k, v) numpy arrays [b, h, n, dh] per block."""
-    run = state.fused_run
-    return [(k[:, :, :run.length], v[:, :, :run.length]) for k, v in run.caches]
+@dataclass
+class FusedRun:
+    """What the fused decode step reads besides the KV caches: the audio features as one
+    host array [1 or R, n_audio, d], converted once per decoding (and per change of rows)."""
+    features: np.ndarray
 
 
 class TextDecoder:
@@ -250,30 +278,42 @@ class TextDecoder:
     def start(self, audio_features: Tensor) -> DecoderState:
         return DecoderState(self.blocks, audio_features)
 
+    def part_weights(self) -> parts.WhisperDecoderWeights:
+        """The weights the accelerated part `whisper.decoder_step` takes (the same tensors)."""
+        return parts.WhisperDecoderWeights(
+            token_embedding=self.token_embedding, positions=self.positions,
+            blocks=tuple(block.part_weights() for block in self.blocks), ln=_norm_weights(self.ln))
+
     def _fused_step(self):
-        """The backend's fused one-token decode step for these weights (built once), or None:
+        """The backend's `whisper.decoder_step` part for these weights (built once), or None:
         only native backends offer one (numba: one machine-code call per block instead of ~60
         tensor ops), and never while gradients are tracked."""
         if not hasattr(self, "_fused"):
-            make = getattr(self.token_embedding.device.backend, "fused_whisper_decoder", None)
-            self._fused = make(self) if make is not None else None
+            self._fused = parts.find_part(parts.WHISPER_DECODER_STEP,
+                                          self.token_embedding.device, self.part_weights)
         if self._fused is None or is_tracking(self.token_embedding):
             return None
         return self._fused
 
     def _fused_tokens(self, fused, tokens: Tensor, state: DecoderState, positions) -> Tensor:
-        """The new tokens through the backend's fused step, one position at a time; the
-        vocabulary projection only for the positions read."""
+        """The new tokens through the backend's fused step, one position at a time, writing
+        the same KV caches as the generic path; the vocabulary projection only for the
+        positions read."""
         b, t = tokens.dims()
         if state.fused_run is None:
-            filled = [None if c.k.current_data() is None else (c.k.current_data(), c.v.current_data())
-                      for c in state.caches]
-            state.fused_run = fused.begin(b, filled, state.audio_features)
+            state.fused_run = FusedRun(state.audio_features.to_numpy())
         ids = tokens.to_numpy().reshape(b, t)
         wanted = list(range(t)) if positions is None else list(positions)
+        head_dim = self.token_embedding.dims()[1] // self.blocks[0].attn.n_head
         rows = {}
         for i in range(t):
-            logits = fused.step(state.fused_run, ids[:, i], with_logits=i in wanted)
+            position = state.offset
+            caches = [cache.buffers(1, (b, block.attn.n_head, 1, head_dim), dt.f32, tokens.device)
+                      for cache, block in zip(state.caches, self.blocks)]
+            logits = fused.step(ids[:, i], position, caches, state.fused_run.features,
+                                with_logits=i in wanted)
+            for cache in state.caches:
+                cache.advance(1)
             if logits is not None:
                 rows[i] = logits
         stacked = np.stack([rows[i] for i in wanted], axis=1)  # [b, len(wanted), vocab]
@@ -291,12 +331,7 @@ class TextDecoder:
         fused = self._fused_step() if 0 < t <= FUSED_PROMPT_TOKENS else None
         if fused is not None:
             return self._fused_tokens(fused, tokens, state, positions)
-        if state.fused_run is not None:  # several new tokens after fused steps: hand the caches back
-            for cache, (k, v) in zip(state.caches, fused_caches(state)):
-                cache.reset()
-                cache.append(Tensor.from_numpy(np.ascontiguousarray(k), device=tokens.device),
-                             Tensor.from_numpy(np.ascontiguousarray(v), device=tokens.device))
-            state.fused_run = None
+        state.fused_run = None  # the generic path continues in the same caches
         x = self.token_embedding.embedding(tokens).broadcast_add(self.positions.narrow(0, offset, t))
         for block, (k, v), cache in zip(self.blocks, state.cross_kv, state.caches):
             x = block.decode(x, k, v, cache)
@@ -336,23 +371,30 @@ class Whisper:
     # -- loading ----------------------------------------------------------------------------
     @staticmethod
     def from_ct2(model_bin, config_json=None, device=None) -> "Whisper":
-        """Load a faster-whisper CTranslate2 directory's model.bin (+ its config.json)."""
-        from ..io.ct2 import read_ct2
+        """Load a faster-whisper CTranslate2 model.bin (a path, bytes or a Ct2Model) with its
+        config.json (a path, bytes or the parsed object; token lists, alignment heads)."""
+        from ..io.ct2 import Ct2Model, read_ct2
 
-        ct2 = read_ct2(model_bin)
-        extra = {}
+        ct2 = model_bin if isinstance(model_bin, Ct2Model) else read_ct2(model_bin)
+        model_source = _source_name("CTranslate2 whisper model", model_bin)
+        extra, config_source = {}, _source_name("whisper config.json", config_json)
         if config_json is not None:
-            extra = json.loads(Path(config_json).read_text() if not isinstance(config_json, dict)
-                               else json.dumps(config_json))
-        return _build_from_ct2(ct2, extra, device)
+            extra = read_json_config(config_json, "whisper config.json")
+        config = _ct2_config(ct2, extra, model_source, config_source)
+        return _build_from_ct2(ct2, config, model_source, device)
 
     @staticmethod
-    def from_safetensors(weights, config: dict, device=None) -> "Whisper":
-        """Load HF `openai/whisper-*` weights (one or more safetensors) with their config.json."""
+    def from_safetensors(weights, config, device=None) -> "Whisper":
+        """Load HF `openai/whisper-*` weights (one or more safetensors) with their config.json
+        (a path, bytes, the parsed object or a WhisperConfig)."""
         from ..nn.var_builder import VarBuilder
 
+        if not isinstance(config, WhisperConfig):
+            source = _source_name("whisper config.json", config)
+            config = WhisperConfig.from_hf_config(read_json_config(config, "whisper config.json"),
+                                                  source)
         vb = VarBuilder.from_safetensors(weights, dt.f32, device)
-        return _build_from_hf(vb, WhisperConfig.from_hf_config(config))
+        return _build_from_hf(vb, config)
 
     @staticmethod
     def from_pretrained(model_dir, device=None) -> "Whisper":
@@ -361,8 +403,8 @@ class Whisper:
         if (model_dir / "model.bin").exists():
             cfg = model_dir / "config.json"
             return Whisper.from_ct2(model_dir / "model.bin", cfg if cfg.exists() else None, device)
-        config = json.loads((model_dir / "config.json").read_text())
-        return Whisper.from_safetensors(str(model_dir / "model.safetensors"), config, device)
+        return Whisper.from_safetensors(str(model_dir / "model.safetensors"),
+                                        model_dir / "config.json", device)
 
 
 # -- weight loading -------------------------------------------------------------------------
@@ -370,14 +412,65 @@ def _f32(array, device) -> Tensor:
     return Tensor.from_numpy(np.ascontiguousarray(array, dtype=np.float32), device=device)
 
 
-def _build_from_ct2(ct2, extra: dict, device) -> Whisper:
+def _source_name(what: str, source) -> str:
+    """`what` and the file's path when `source` is one (bytes from the browser have none)."""
+    if isinstance(source, (str, Path)):
+        return f"{what} {source}"
+    return what
+
+
+def _ct2_variable(ct2, name: str, source: str):
+    array = ct2.get(name)
+    if array is None:
+        raise FormatError(f"{source}: missing variable {name!r}")
+    return array
+
+
+def _count_ct2_layers(ct2, side: str, source: str) -> int:
+    n = 0
+    while ct2.get(f"{side}/layer_{n}/ffn/linear_0/weight") is not None:
+        n += 1
+    if n == 0:
+        raise FormatError(f"{source}: no {side} layers found")
+    return n
+
+
+def _ct2_config(ct2, extra: dict, source: str, config_source: str) -> WhisperConfig:
+    """The config a model.bin implies: sizes from its variables' shapes, head counts from its
+    num_heads scalars, token lists from config.json; each checked, so that 0 heads or a
+    suppressed id outside the vocabulary fail here rather than in the first transcription."""
+    embeddings = _ct2_variable(ct2, "decoder/embeddings/weight", source).shape
+    conv1 = _ct2_variable(ct2, "encoder/conv1/weight", source).shape
+    positions = _ct2_variable(ct2, "decoder/position_encodings/encodings", source).shape
+    if len(embeddings) != 2 or len(conv1) != 3 or len(positions) != 2 or 0 in embeddings + conv1:
+        raise FormatError(f"{source}: decoder/embeddings/weight {list(embeddings)}, "
+                          f"encoder/conv1/weight {list(conv1)} and decoder/position_encodings "
+                          f"{list(positions)} must be non-empty [vocab, d], [d, mels, 3], [ctx, d]")
+    n_vocab, d_model = embeddings
+    names = ("encoder/num_heads", "decoder/num_heads")
+    variables = ConfigFields({name: ct2.scalar(name) for name in names if name in ct2}, source,
+                             kind="variable")
+    n_audio_head, n_text_head = (variables.positive_int(name) for name in names)
+    for name, heads in zip(names, (n_audio_head, n_text_head)):
+        variables.check_divides(name, heads, "d_model", d_model)
+    n_text_layer = _count_ct2_layers(ct2, "decoder", source)
+    fields = ConfigFields(extra, config_source)
+    return WhisperConfig(
+        n_mels=conv1[1], n_vocab=n_vocab, d_model=d_model,
+        n_audio_layer=_count_ct2_layers(ct2, "encoder", source), n_audio_head=n_audio_head,
+        n_text_layer=n_text_layer, n_text_head=n_text_head, n_text_ctx=positions[0],
+        suppress_tokens=fields.int_list("suppress_ids", (), 0, n_vocab - 1),
+        begin_suppress_tokens=fields.int_list("suppress_ids_begin", (), 0, n_vocab - 1),
+        alignment_heads=fields.int_pairs("alignment_heads", n_text_layer, n_text_head,
+                                         names=("decoder layer", "head")),
+        lang_ids=fields.int_list("lang_ids", (), 0, n_vocab - 1))
+
+
+def _build_from_ct2(ct2, config: WhisperConfig, source: str, device) -> Whisper:
     """Map CTranslate2 WhisperSpec variables onto the modules."""
 
     def var(name):
-        array = ct2.get(name)
-        if array is None:
-            raise FormatError(f"CTranslate2 whisper model: missing variable {name!r}")
-        return array
+        return _ct2_variable(ct2, name, source)
 
     def tensor(name):
         var(name)  # a clear error naming the missing variable
@@ -389,28 +482,10 @@ def _build_from_ct2(ct2, extra: dict, device) -> Whisper:
     def linear(prefix):
         return Linear(tensor(f"{prefix}/weight"), tensor(f"{prefix}/bias"))
 
-    def count_layers(side):
-        n = 0
-        while ct2.get(f"{side}/layer_{n}/ffn/linear_0/weight") is not None:
-            n += 1
-        if n == 0:
-            raise FormatError(f"CTranslate2 whisper model: no {side} layers found")
-        return n
-
-    n_audio_layer, n_text_layer = count_layers("encoder"), count_layers("decoder")
-    n_audio_head = int(np.asarray(var("encoder/num_heads")))
-    n_text_head = int(np.asarray(var("decoder/num_heads")))
+    n_audio_layer, n_text_layer = config.n_audio_layer, config.n_text_layer
+    n_audio_head, n_text_head = config.n_audio_head, config.n_text_head
     embeddings = tensor("decoder/embeddings/weight")
     conv1_w = tensor("encoder/conv1/weight")
-    config = WhisperConfig(
-        n_mels=conv1_w.dims()[1], n_vocab=embeddings.dims()[0], d_model=embeddings.dims()[1],
-        n_audio_layer=n_audio_layer, n_audio_head=n_audio_head, n_text_layer=n_text_layer,
-        n_text_head=n_text_head,
-        n_text_ctx=var("decoder/position_encodings/encodings").shape[0],
-        suppress_tokens=tuple(extra.get("suppress_ids", ())),
-        begin_suppress_tokens=tuple(extra.get("suppress_ids_begin", ())),
-        alignment_heads=tuple(tuple(p) for p in extra.get("alignment_heads", ())),
-        lang_ids=tuple(extra.get("lang_ids", ())))
 
     def self_attention(prefix, n_head):
         return MultiHeadAttention(n_head, out=linear(f"{prefix}/linear_1"), qkv=linear(f"{prefix}/linear_0"))

@@ -51,20 +51,45 @@ class Cache:
     def append(self, src: Tensor) -> None:
         dim = self.check(src)
         added = src.dims()[dim]
-        if self._buffer is None:
-            xp = src.device.backend.xp
-            shape = list(src.dims())
-            shape[dim] = max(self.capacity, added)
-            self._buffer = xp.empty(tuple(shape), dtype=src.storage().dtype)
-            self._dtype, self._device = src.dtype, src.device
-            self.dim = dim
+        self.reserve(added, src.dims(), src.dtype, src.device, dim)
         needed = self.current_seq_len + added
-        if needed > self._buffer.shape[dim]:
-            self._grow(needed)
         index = [slice(None)] * self._buffer.ndim
         index[dim] = slice(self.current_seq_len, needed)
         self._buffer[tuple(index)] = src.storage()
         self.current_seq_len = needed
+
+    def reserve(self, added: int, shape, dtype, device, dim: int = None) -> None:
+        """Room for `added` more positions of entries shaped like `shape` (its length along
+        the cache dim does not matter), allocating or growing the buffer."""
+        if self._buffer is None:
+            dim = self.dim if dim is None else dim
+            dim = dim if dim >= 0 else len(shape) + dim
+            full = list(shape)
+            full[dim] = max(self.capacity, added)
+            self._buffer = device.backend.xp.empty(tuple(full), dtype=dtype.np_storage)
+            self._dtype, self._device = dtype, device
+            self.dim = dim
+        else:
+            expected = list(self._buffer.shape)
+            got = list(shape)
+            if len(got) == len(expected):
+                got[self.dim] = expected[self.dim]
+            if got != expected or dtype is not self._dtype:
+                raise ShapeMismatch(f"kv cache: entries {list(shape)} {dtype.name} do not "
+                                    f"match the cached {expected} {self._dtype.name}")
+        needed = self.current_seq_len + added
+        if needed > self._buffer.shape[self.dim]:
+            self._grow(needed)
+
+    def buffer(self):
+        """The whole backend buffer (capacity >= length) for in-place writes, or None."""
+        return self._buffer
+
+    def reorder(self, indices) -> None:
+        """Keep rows `indices` of dim 0 (beam search: each row follows its beam)."""
+        if self._buffer is not None:
+            xp = self._device.backend.xp
+            self._buffer = self._buffer[xp.asarray(indices)]
 
     def _grow(self, needed: int) -> None:
         xp = self._device.backend.xp
@@ -79,7 +104,9 @@ class Cache:
 
 
 class KvCache:
-    """Keys and values appended together; `append` returns the full (k, v) so far."""
+    """Keys and values appended together; `append` returns the full (k, v) so far. The one KV
+    cache of the package: the generic tensor path appends, and an accelerated part writes the
+    same buffers in place (`buffers` / `advance`), so the two paths can take turns."""
 
     def __init__(self, dim: int = 2, initial_capacity: int = 64):
         self.k = Cache(dim, initial_capacity)
@@ -98,6 +125,32 @@ class KvCache:
     def current_seq_len(self) -> int:
         return self.k.current_seq_len
 
+    @property
+    def length(self) -> int:
+        return self.k.current_seq_len
+
     def reset(self) -> None:
         self.k.reset()
         self.v.reset()
+
+    def reorder(self, indices) -> None:
+        """Keep batch rows `indices` (beam search), in both caches."""
+        self.k.reorder(indices)
+        self.v.reorder(indices)
+
+    # -- in place, for the accelerated parts that write a step's keys and values themselves --
+    def buffers(self, extra: int, shape, dtype, device):
+        """The (keys, values) backend buffers with room for `extra` more positions of entries
+        shaped like `shape`; a part writes positions length .. length+extra-1, then calls
+        `advance(extra)`."""
+        self.k.reserve(extra, shape, dtype, device)
+        self.v.reserve(extra, shape, dtype, device)
+        return self.k.buffer(), self.v.buffer()
+
+    def advance(self, n: int) -> None:
+        """Count `n` positions written in place into `buffers()` as cached."""
+        if self.k.buffer() is None or self.length + n > self.k.buffer().shape[self.k.dim]:
+            raise ShapeMismatch(f"kv cache advance: {n} positions do not fit the buffers "
+                                "(reserve them with buffers() first)")
+        self.k.current_seq_len += n
+        self.v.current_seq_len += n

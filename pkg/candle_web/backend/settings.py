@@ -1,0 +1,108 @@
+"""The switches of the kernel layer, read from the environment once, in one table.
+
+Every variable the backends and the accelerated parts honour is listed here (and in the
+README's table); nothing else in the package or the native twin reads them. `settings()`
+parses them on first use and keeps the result; after `reload_settings()` they are read again
+(tests that change a variable call it).
+
+| variable | default | effect |
+|---|---|---|
+| CANDLE_WEB_BACKEND | (auto) | `numpy` or `numba` for `Device.cpu()`; auto: numba when it loads |
+| CANDLE_WEB_FUSED_WHISPER | 1 | 0: Whisper decodes through the generic tensor path |
+| CANDLE_WEB_FUSED_WHISPER_ENCODER | 1 | 0: Whisper encodes through the generic tensor path |
+| CANDLE_WEB_WHISPER_F16 | 1 | 0: the fused Whisper step keeps f16-valued weights as f32 |
+| CANDLE_WEB_DECODE_THREADS | (all) | 1: the fused decode steps run on one thread |
+| CANDLE_WEB_PROMPT_WEIGHTS_MB | 1024 | MiB of f32 copies of quantized weights kept for prompts |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import CandleError, UnsupportedError
+
+BACKEND_VARIABLE = "CANDLE_WEB_BACKEND"
+FUSED_WHISPER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER"
+FUSED_WHISPER_ENCODER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER_ENCODER"
+WHISPER_F16_VARIABLE = "CANDLE_WEB_WHISPER_F16"
+DECODE_THREADS_VARIABLE = "CANDLE_WEB_DECODE_THREADS"
+PROMPT_WEIGHTS_MB_VARIABLE = "CANDLE_WEB_PROMPT_WEIGHTS_MB"
+
+CPU_BACKENDS = ("numpy", "numba")
+DEFAULT_PROMPT_WEIGHTS_MB = 1024.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    cpu_backend: str | None  # None: numba when it loads, else numpy
+    fused_whisper_decoder: bool
+    fused_whisper_encoder: bool
+    whisper_f16: bool
+    decode_threads: int | None  # None: as many as numba has
+    prompt_weights_bytes: int
+
+
+def _switch(variable: str) -> bool:
+    """On unless the variable is "0" (the documented way to turn a fused path off)."""
+    return os.environ.get(variable, "1").strip() != "0"
+
+
+def _cpu_backend() -> str | None:
+    choice = os.environ.get(BACKEND_VARIABLE, "").strip().lower()
+    if choice and choice not in CPU_BACKENDS:
+        raise CandleError(f"{BACKEND_VARIABLE}={choice!r}: expected 'numpy' or 'numba'")
+    return choice or None
+
+
+def _decode_threads() -> int | None:
+    raw = os.environ.get(DECODE_THREADS_VARIABLE, "").strip()
+    if not raw:
+        return None
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise UnsupportedError(f"{DECODE_THREADS_VARIABLE}={raw!r}: expected a whole number "
+                               "of threads >= 1")
+    return threads
+
+
+def _prompt_weights_bytes() -> int:
+    raw = os.environ.get(PROMPT_WEIGHTS_MB_VARIABLE, "").strip()
+    try:
+        megabytes = float(raw) if raw else DEFAULT_PROMPT_WEIGHTS_MB
+    except ValueError:
+        megabytes = -1.0
+    if not megabytes >= 0:  # also refuses nan
+        raise UnsupportedError(f"{PROMPT_WEIGHTS_MB_VARIABLE}={raw!r}: expected a number of MiB "
+                               ">= 0")
+    return int(megabytes * (1 << 20))
+
+
+def _read() -> Settings:
+    return Settings(cpu_backend=_cpu_backend(),
+                    fused_whisper_decoder=_switch(FUSED_WHISPER_VARIABLE),
+                    fused_whisper_encoder=_switch(FUSED_WHISPER_ENCODER_VARIABLE),
+                    whisper_f16=_switch(WHISPER_F16_VARIABLE),
+                    decode_threads=_decode_threads(),
+                    prompt_weights_bytes=_prompt_weights_bytes())
+
+
+_current: Settings | None = None
+
+
+def settings() -> Settings:
+    """The switches, parsed from the environment at the first call."""
+    global _current
+    if _current is None:
+        _current = _read()
+    return _current
+
+
+def reload_settings() -> None:
+    """Forget the parsed switches: the next `settings()` reads the environment again (after a
+    test or a user changed a variable; a bad value is reported there, where it is used)."""
+    global _current
+    _current = None
