@@ -137,6 +137,18 @@ def to_gguf(state: dict, config: dict, path: Path, quantize_to=None, extra_metad
     return path
 
 
+def dequantized_state(state: dict, quantize_to=None) -> dict:
+    """The weights a GGUF written by to_gguf(state, quantize_to=...) holds, in HF layout: 2-D
+    weights quantized and decoded (blocks run along rows, so quantizing commutes with the Q/K
+    row permutation)."""
+    from candle_web.quantized import QTensor
+
+    if quantize_to is None:
+        return dict(state)
+    return {name: QTensor.from_float(values, quantize_to).dequantize() if values.ndim == 2
+            else values for name, values in state.items()}
+
+
 def to_hf_folder(state: dict, config: dict, folder: Path) -> Path:
     """config.json + model.safetensors written by the `safetensors` library."""
     from safetensors.numpy import save_file
@@ -147,8 +159,9 @@ def to_hf_folder(state: dict, config: dict, folder: Path) -> Path:
     return folder
 
 
-def transformers_logits(config: dict, state: dict, ids) -> np.ndarray:
-    """All-position logits [t, vocab] of transformers' LlamaForCausalLM on the same weights."""
+def transformers_logits(config: dict, state: dict, ids, dtype=np.float32) -> np.ndarray:
+    """All-position logits [t, vocab] of transformers' LlamaForCausalLM on the same weights,
+    computed in `dtype` (float64: the truth f32 paths are measured against)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -156,8 +169,10 @@ def transformers_logits(config: dict, state: dict, ids) -> np.ndarray:
     cfg = LlamaConfig(**fields)
     cfg._attn_implementation = "eager"
     model = LlamaForCausalLM(cfg).eval()
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()},
-                                                strict=False)
+    if np.dtype(dtype) == np.float64:
+        model = model.double()
+    weights = {k: torch.from_numpy(v.astype(dtype)) for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     # A tied head has no lm_head.weight of its own; nothing else may be missing.
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     if config.get("tie_word_embeddings"):

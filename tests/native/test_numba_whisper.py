@@ -5,8 +5,14 @@ Tolerances:
 - GELU against f64 math.erf: 5e-7 absolute on [-12, 12] (the polynomial fits are 2e-9 / 4e-8 in
   f64; the rest is f32 evaluation, an ulp at |x| = 4 is 4.8e-7);
 - exp against f64 numpy: 5e-7 relative (Cody-Waite reduction and a degree-5 fit, ~2.5 ulp);
-- attention and logits against the numpy reference: 1e-5 of the largest magnitude (the same
-  f32 sums in another order, as in test_numba_fused.py).
+- GELU and attention against the numpy reference: per-element bounds derived from the
+  computation (tests/tolerances.py: unary_bound, attention_bound);
+- whole decode steps (fused against the generic tensor path): measured against the same decoder
+  run in float64 on the numpy backend; the fused logits may be MEASURED_FACTOR times as far from
+  those as the numpy f32 logits are (assert_near_truth). The fused error measured 0.2-0.8 times
+  the reference's: in the peaked case the f32 reference is the less accurate side (1.0e-5 of
+  the largest logit from float64, the fused step 1.8e-6), which is what failed the old fixed
+  1e-5 on another machine.
 """
 
 from __future__ import annotations
@@ -16,9 +22,8 @@ import math
 import numpy as np
 import pytest
 
-from native_testing import assert_close
+from tolerances import assert_near_truth, assert_within, attention_bound, gamma, unary_bound
 
-REDUCTION = 1e-5
 GELU_ABS = 5e-7
 EXP_REL = 5e-7
 
@@ -40,7 +45,8 @@ def test_gelu_matches_exact_erf(vector_math):
 
 def test_gelu_through_the_backend_matches_the_reference(numba_backend, ref, rng):
     x = (rng.standard_normal((3, 1001)) * 3).astype(np.float32)
-    assert_close(numba_backend.unary("gelu_erf", x), ref.unary("gelu_erf", x), 1e-6)
+    want = ref.unary("gelu_erf", x)
+    assert_within(numba_backend.unary("gelu_erf", x), want, unary_bound("gelu_erf", x, want))
 
 
 def test_exp_shifted_rows(vector_math, rng):
@@ -57,7 +63,11 @@ def test_exp_shifted_rows(vector_math, rng):
     rel = np.abs(got[kept] - want[kept]) / want[kept]
     assert float(rel.max()) <= EXP_REL
     assert np.all(got[~kept] == 0.0)
-    assert np.allclose(sums, want.sum(axis=1), rtol=1e-5)
+    # Sums of 777 positive terms, each within EXP_REL (dropped ones below exp(-64) count whole).
+    total = want.sum(axis=1)
+    dropped = np.where(kept, 0.0, want).sum(axis=1)
+    assert_within(sums, total, (EXP_REL + gamma(scores.shape[1])) * total + dropped,
+                  "row sums", dtype=np.float32)
 
 
 @pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 1500])
@@ -95,7 +105,8 @@ def test_fully_masked_rows_are_nan_like_the_reference(numba_backend, ref, rng):
     got = numba_backend.attention(q, k, k, mask, 0.5)
     want = ref.attention(q, k, k, mask, 0.5)
     assert np.isnan(got[0, 0, 3]).all() and np.isnan(want[0, 0, 3]).all()
-    assert_close(np.delete(got, 3, axis=2), np.delete(want, 3, axis=2), REDUCTION)
+    bound = attention_bound(q, k, k, mask, 0.5)
+    assert_within(np.delete(got, 3, axis=2), np.delete(want, 3, axis=2), np.delete(bound, 3, axis=2))
 
 
 @pytest.mark.parametrize("case", ["encoder-like", "causal-prompt", "shared-kv-batch"])
@@ -112,18 +123,20 @@ def test_long_attention_matches_the_reference(numba_backend, ref, case, rng):
     if case == "causal-prompt":
         mask = np.where(np.arange(tk)[None] > np.arange(tq)[:, None], -np.inf, 0).astype(np.float32)
     scale = 1.0 / math.sqrt(d)
-    assert_close(numba_backend.attention(q, k, v, mask, scale), ref.attention(q, k, v, mask, scale),
-                 REDUCTION, case)
+    assert_within(numba_backend.attention(q, k, v, mask, scale), ref.attention(q, k, v, mask, scale),
+                  attention_bound(q, k, v, mask, scale), case)
 
 
-def _random_text_decoder(device, rng, d=64, n_head=4, n_blocks=2, vocab=97, n_ctx=24, d_ff=256):
+def _random_text_decoder(device, rng, d=64, n_head=4, n_blocks=2, vocab=97, n_ctx=24, d_ff=256,
+                         dtype=np.float32):
+    """A small random decoder; with dtype float64, the same (f32-valued) weights in float64."""
     from candle_web import Tensor
     from candle_web.models.whisper import Mlp, MultiHeadAttention, ResidualAttentionBlock, TextDecoder
     from candle_web.nn.layers import LayerNorm, Linear
 
     def t(*shape, scale=0.2, offset=0.0):
-        return Tensor.from_numpy((rng.standard_normal(shape) * scale + offset).astype(np.float32),
-                                 device=device)
+        values = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+        return Tensor.from_numpy(values.astype(dtype), device=device)
 
     def linear(n_out, n_in):
         return Linear(t(n_out, n_in), t(n_out, scale=0.05))
@@ -140,19 +153,38 @@ def _random_text_decoder(device, rng, d=64, n_head=4, n_blocks=2, vocab=97, n_ct
     return TextDecoder(t(vocab, d, scale=0.5), t(n_ctx, d), blocks, ln())
 
 
-def _decode_logits(decoder, audio, device, steps, reorder_at):
-    """Logits of a 3-token prompt for 2 rows, then one token per step (beam-like reorder once)."""
+def _decode_logits(decoder, audio, device, steps, reorder_at, fed=None):
+    """Logits of a 3-token prompt for 2 rows, then one token per step (beam-like reorder once).
+    Returns (logits, state, the tokens fed); `fed` replays another run's tokens, so that runs
+    whose logits differ by rounding still decode the same sequence."""
     from candle_web import Tensor
 
     state = decoder.start(Tensor.from_numpy(audio, device=device))
     tokens = np.array([[1, 5, 7], [2, 5, 9]], dtype=np.int64)
     out = [decoder(Tensor.from_numpy(tokens, device=device), state).to_numpy()[:, -1]]
+    chosen = []
     for step in range(steps):
-        next_ids = np.argsort(out[-1], axis=-1)[:, -2 - step % 3][:, None].astype(np.int64)
+        if fed is None:
+            next_ids = np.argsort(out[-1], axis=-1)[:, -2 - step % 3][:, None].astype(np.int64)
+        else:
+            next_ids = fed[step]
+        chosen.append(next_ids)
         if step == reorder_at:
             state.reorder([1, 1])
         out.append(decoder(Tensor.from_numpy(next_ids, device=device), state).to_numpy()[:, -1])
-    return np.stack(out), state
+    return np.stack(out), state, chosen
+
+
+def _generic_and_truth(build, audio, steps, reorder_at):
+    """(f32 logits of the numpy backend's generic path, the same in float64, the tokens fed) for
+    the decoder `build(device, dtype)`."""
+    from candle_web import Device
+
+    slow = Device.cpu(backend="numpy")
+    want, _, fed = _decode_logits(build(slow, np.float32), audio, slow, steps, reorder_at)
+    truth, _, _ = _decode_logits(build(slow, np.float64), audio.astype(np.float64), slow, steps,
+                                 reorder_at, fed)
+    return want, truth, fed
 
 
 @pytest.mark.parametrize("threads, n_head, d, audio_scale", [
@@ -164,15 +196,18 @@ def _decode_logits(decoder, audio, device, steps, reorder_at):
 def test_fused_decode_step_matches_the_generic_path(numba_backend, threads, n_head, d, audio_scale):
     from candle_web import Device
 
-    fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
-    fused_decoder = _random_text_decoder(fast, np.random.default_rng(7), d=d, n_head=n_head)
-    generic_decoder = _random_text_decoder(slow, np.random.default_rng(7), d=d, n_head=n_head)
-    fused_decoder._fused_step().threads = threads
+    def build(device, dtype):
+        return _random_text_decoder(device, np.random.default_rng(7), d=d, n_head=n_head,
+                                    dtype=dtype)
+
+    fast = Device.cpu(backend="numba")
     audio = (np.random.default_rng(8).standard_normal((2, 30, d)) * audio_scale).astype(np.float32)
-    got, state = _decode_logits(fused_decoder, audio, fast, steps=6, reorder_at=3)
+    want, truth, fed = _generic_and_truth(build, audio, steps=6, reorder_at=3)
+    fused_decoder = build(fast, np.float32)
+    fused_decoder._fused_step().threads = threads
+    got, state, _ = _decode_logits(fused_decoder, audio, fast, steps=6, reorder_at=3, fed=fed)
     assert state.fused_run is not None, "the numba device should have taken the fused path"
-    want, _ = _decode_logits(generic_decoder, audio, slow, steps=6, reorder_at=3)
-    assert_close(got, want, REDUCTION)
+    assert_near_truth(got, want, truth)
 
 
 def test_prompt_after_fused_steps_hands_the_caches_back(numba_backend):
@@ -182,17 +217,17 @@ def test_prompt_after_fused_steps_hands_the_caches_back(numba_backend):
     fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
     long_prompt = np.arange(FUSED_PROMPT_TOKENS + 1)[None] % 90 + 3  # beyond the fused path
     results = []
-    for device in (fast, slow):
-        decoder = _random_text_decoder(device, np.random.default_rng(3))
+    for device, dtype in ((fast, np.float32), (slow, np.float32), (slow, np.float64)):
+        decoder = _random_text_decoder(device, np.random.default_rng(3), dtype=dtype)
         audio = np.random.default_rng(4).standard_normal((1, 30, 64)).astype(np.float32)
-        state = decoder.start(Tensor.from_numpy(audio, device=device))
+        state = decoder.start(Tensor.from_numpy(audio.astype(dtype), device=device))
         decoder(Tensor.from_numpy(np.array([[4]]), device=device), state)  # one token: fused
         decoder(Tensor.from_numpy(np.array([[6]]), device=device), state)
         logits = decoder(Tensor.from_numpy(long_prompt, device=device), state)  # generic
         assert state.offset == 2 + long_prompt.shape[1]
         assert state.fused_run is None  # the fused caches were handed back (numba)
         results.append(logits.to_numpy())
-    assert_close(results[0], results[1], REDUCTION)
+    assert_near_truth(*results)
 
 
 def test_short_prompt_runs_fused_and_returns_the_positions_asked_for(numba_backend):
@@ -201,14 +236,14 @@ def test_short_prompt_runs_fused_and_returns_the_positions_asked_for(numba_backe
     fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
     prompt = np.array([[1, 5, 7, 11], [2, 5, 9, 13]])
     results = []
-    for device in (fast, slow):
-        decoder = _random_text_decoder(device, np.random.default_rng(5))
+    for device, dtype in ((fast, np.float32), (slow, np.float32), (slow, np.float64)):
+        decoder = _random_text_decoder(device, np.random.default_rng(5), dtype=dtype)
         audio = np.random.default_rng(6).standard_normal((2, 30, 64)).astype(np.float32)
-        state = decoder.start(Tensor.from_numpy(audio, device=device))
+        state = decoder.start(Tensor.from_numpy(audio.astype(dtype), device=device))
         rows = decoder(Tensor.from_numpy(prompt, device=device), state, positions=[0, 3])
         assert rows.dims() == (2, 2, 97)
         assert (state.fused_run is not None) == (device is fast)
         assert state._cross_kv is None or device is slow, "the fused prompt projected cross K/V"
         after = decoder(Tensor.from_numpy(np.array([[17], [19]]), device=device), state)
         results.append(np.concatenate([rows.to_numpy(), after.to_numpy()], axis=1))
-    assert_close(results[0], results[1], REDUCTION)
+    assert_near_truth(*results)
