@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import FormatError
+from .fields import Fields
 from .unicode_classes import WHITE_SPACE, class_body
 
 
@@ -26,13 +26,15 @@ class AddedToken:
 
     @classmethod
     def from_config(cls, entry: dict, index: int) -> "AddedToken":
-        if not isinstance(entry, dict) or not isinstance(entry.get("content"), str):
-            raise FormatError(f"tokenizer.json added_tokens[{index}]: expected an object with "
-                              f"a string 'content', got {entry!r}")
-        special = bool(entry.get("special", False))
-        return cls(entry["content"], bool(entry.get("single_word", False)),
-                   bool(entry.get("lstrip", False)), bool(entry.get("rstrip", False)),
-                   bool(entry.get("normalized", not special)), special)
+        fields = Fields(entry, f"added_tokens[{index}]")
+        content = fields.string("content")
+        # The id is HF's own check that the vocabulary did not move; ids are reassigned here
+        # the way HF does, so it is only type-checked.
+        fields.integer("id", None)
+        special = fields.boolean("special", False)
+        return cls(content, fields.boolean("single_word", False),
+                   fields.boolean("lstrip", False), fields.boolean("rstrip", False),
+                   fields.boolean("normalized", not special), special)
 
 
 _WORD_CHAR = None

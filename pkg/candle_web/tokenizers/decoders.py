@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from ..errors import FormatError, UnsupportedError
+from .fields import MAX_COUNT, SOURCE, Fields, as_list, as_object, check_nesting, describe
 from .normalizers import compile_split_pattern
 from .pre_tokenizers import unicode_to_byte
 
@@ -139,8 +140,8 @@ class Strip(Decoder):
 
 
 class Replace(Decoder):
-    def __init__(self, pattern, content: str):
-        self.regex = compile_split_pattern(pattern, "decoder Replace.pattern")
+    def __init__(self, pattern, content: str, where: str = "decoder.pattern"):
+        self.regex = compile_split_pattern(pattern, where)
         self.content = content
 
     def decode_chain(self, tokens):
@@ -188,42 +189,63 @@ class Sequence(Decoder):
         return tokens
 
 
-def decoder_from_config(config, where: str = "decoder"):
+def _metaspace(fields: Fields) -> Metaspace:
+    from .pre_tokenizers import _metaspace_from_config
+    metaspace = _metaspace_from_config(fields.config, fields.where)
+    return Metaspace(metaspace.replacement, metaspace.prepend_scheme)
+
+
+def _strip(fields: Fields) -> Strip:
+    content = fields.string("content", " ")
+    if len(content) != 1:
+        raise FormatError(f"{SOURCE} {fields.path('content')}: expected one character, got "
+                          f"{describe(content)}")
+    return Strip(content, fields.integer("start", 0, maximum=MAX_COUNT),
+                 fields.integer("stop", 0, maximum=MAX_COUNT))
+
+
+def _replace(fields: Fields) -> Replace:
+    return Replace(fields.get("pattern"), fields.string("content"), fields.path("pattern"))
+
+
+def _ctc(fields: Fields) -> CTC:
+    return CTC(fields.string("pad_token", "<pad>"), fields.string("word_delimiter_token", "|"),
+               fields.boolean("cleanup", True))
+
+
+def _sequence(fields: Fields, depth: int) -> Sequence:
+    children = as_list(fields.get("decoders"), fields.path("decoders"))
+    steps = []
+    for index, child in enumerate(children):
+        where = f"{fields.where}.decoders[{index}]"
+        # A null step would be skipped by the loader but called by encode: refuse it.
+        steps.append(decoder_from_config(as_object(child, where), where, depth + 1))
+    return Sequence(steps)
+
+
+# type -> builder(fields); Sequence is handled apart (it recurses).
+BUILDERS = {
+    "ByteLevel": lambda fields: ByteLevel(),
+    "Metaspace": _metaspace,
+    "WordPiece": lambda fields: WordPiece(fields.string("prefix", "##"),
+                                          fields.boolean("cleanup", True)),
+    "ByteFallback": lambda fields: ByteFallback(),
+    "Fuse": lambda fields: Fuse(),
+    "Strip": _strip,
+    "Replace": _replace,
+    "BPEDecoder": lambda fields: BPEDecoder(fields.string("suffix", "</w>")),
+    "CTC": _ctc,
+}
+
+
+def decoder_from_config(config, where: str = "decoder", depth: int = 0):
     if config is None:
         return None
-    if not isinstance(config, dict):
-        raise FormatError(f"tokenizer.json {where}: expected an object, got {config!r}")
-    kind = config.get("type")
-    if kind == "ByteLevel":
-        return ByteLevel()
-    if kind == "Metaspace":
-        from .pre_tokenizers import _metaspace_from_config
-        metaspace = _metaspace_from_config(config, where)
-        return Metaspace(metaspace.replacement, metaspace.prepend_scheme)
-    if kind == "WordPiece":
-        return WordPiece(config.get("prefix", "##"), config.get("cleanup", True))
-    if kind == "ByteFallback":
-        return ByteFallback()
-    if kind == "Fuse":
-        return Fuse()
-    if kind == "Strip":
-        return Strip(config.get("content", " "), config.get("start", 0), config.get("stop", 0))
-    if kind == "Replace":
-        for key in ("pattern", "content"):
-            if key not in config:
-                raise FormatError(f"tokenizer.json {where}: missing field {key!r}")
-        return Replace(config["pattern"], config["content"])
-    if kind == "BPEDecoder":
-        return BPEDecoder(config.get("suffix", "</w>"))
-    if kind == "CTC":
-        return CTC(config.get("pad_token", "<pad>"), config.get("word_delimiter_token", "|"),
-                   config.get("cleanup", True))
+    check_nesting(depth, where)
+    fields = Fields(config, where)
+    kind = fields.string("type")
     if kind == "Sequence":
-        children = config.get("decoders")
-        if children is None:
-            raise FormatError(f"tokenizer.json {where}: missing field 'decoders'")
-        return Sequence([decoder_from_config(child, f"{where}.decoders[{index}]")
-                         for index, child in enumerate(children)])
-    if kind is None:
-        raise FormatError(f"tokenizer.json {where}: missing field 'type'")
-    raise UnsupportedError(f"tokenizer.json {where}: unknown decoder type {kind!r}")
+        return _sequence(fields, depth)
+    if kind in BUILDERS:
+        return BUILDERS[kind](fields)
+    raise UnsupportedError(f"{SOURCE} {where}: unknown decoder type {describe(kind)}")

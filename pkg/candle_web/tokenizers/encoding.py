@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import CandleError, FormatError
+from .fields import MAX_COUNT, MAX_PADDED_LENGTH, Fields, as_int, describe
 
 
 @dataclass
@@ -75,6 +76,10 @@ class Encoding:
             self.special_tokens_mask = [1] * missing + self.special_tokens_mask
 
 
+TRUNCATION_STRATEGIES = ("LongestFirst", "OnlyFirst", "OnlySecond")
+DIRECTIONS = ("Right", "Left")
+
+
 @dataclass
 class TruncationParams:
     max_length: int = 512
@@ -83,20 +88,12 @@ class TruncationParams:
     direction: str = "Right"  # Right | Left
 
     @classmethod
-    def from_config(cls, config: dict) -> "TruncationParams":
-        params = cls(max_length=config.get("max_length", 512),
-                     strategy=config.get("strategy", "LongestFirst"),
-                     stride=config.get("stride", 0), direction=config.get("direction", "Right"))
-        if params.strategy not in ("LongestFirst", "OnlyFirst", "OnlySecond"):
-            raise FormatError(f"tokenizer.json truncation.strategy: unknown value "
-                              f"{params.strategy!r}")
-        if params.direction not in ("Right", "Left"):
-            raise FormatError(f"tokenizer.json truncation.direction: unknown value "
-                              f"{params.direction!r}")
-        if not isinstance(params.max_length, int) or params.max_length < 0:
-            raise FormatError(f"tokenizer.json truncation.max_length: expected a "
-                              f"non-negative integer, got {params.max_length!r}")
-        return params
+    def from_config(cls, config: dict, where: str = "truncation") -> "TruncationParams":
+        fields = Fields(config, where)
+        return cls(max_length=fields.integer("max_length", 512, maximum=MAX_COUNT),
+                   strategy=fields.choice("strategy", TRUNCATION_STRATEGIES, "LongestFirst"),
+                   stride=fields.integer("stride", 0, maximum=MAX_COUNT),
+                   direction=fields.choice("direction", DIRECTIONS, "Right"))
 
 
 @dataclass
@@ -109,18 +106,25 @@ class PaddingParams:
     pad_token: str = "[PAD]"
 
     @classmethod
-    def from_config(cls, config: dict) -> "PaddingParams":
-        strategy = config.get("strategy", "BatchLongest")
-        if isinstance(strategy, dict) and "Fixed" in strategy:
-            strategy = int(strategy["Fixed"])
-        elif strategy != "BatchLongest":
-            raise FormatError(f"tokenizer.json padding.strategy: unknown value {strategy!r}")
-        direction = config.get("direction", "Right")
-        if direction not in ("Right", "Left"):
-            raise FormatError(f"tokenizer.json padding.direction: unknown value {direction!r}")
-        return cls(strategy, direction, config.get("pad_to_multiple_of"),
-                   config.get("pad_id", 0), config.get("pad_type_id", 0),
-                   config.get("pad_token", "[PAD]"))
+    def from_config(cls, config: dict, where: str = "padding") -> "PaddingParams":
+        """Lengths are bounded by MAX_PADDED_LENGTH here, at load: each padded encoding
+        allocates that many entries."""
+        fields = Fields(config, where)
+        strategy = fields.get("strategy", "BatchLongest")
+        if strategy != "BatchLongest":
+            strategy = _fixed_length(strategy, fields.path("strategy"))
+        return cls(strategy, fields.choice("direction", DIRECTIONS, "Right"),
+                   fields.integer("pad_to_multiple_of", None, maximum=MAX_PADDED_LENGTH),
+                   fields.integer("pad_id", 0), fields.integer("pad_type_id", 0),
+                   fields.string("pad_token", "[PAD]"))
+
+
+def _fixed_length(strategy, where: str) -> int:
+    """{"Fixed": n}, the only strategy besides "BatchLongest"."""
+    if not isinstance(strategy, dict) or list(strategy) != ["Fixed"]:
+        raise FormatError(f"tokenizer.json {where}: unknown value {describe(strategy)} "
+                          f"(expected \"BatchLongest\" or {{\"Fixed\": length}})")
+    return as_int(strategy["Fixed"], f"{where}.Fixed", maximum=MAX_PADDED_LENGTH)
 
 
 def truncate_encodings(first: Encoding, second, params: TruncationParams, max_length: int):

@@ -10,10 +10,13 @@ tokens, so they are matched whole in text as HF and llama.cpp do.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import FormatError, UnsupportedError
 from .added_vocabulary import AddedToken
 from .decoders import ByteFallback, ByteLevel as ByteLevelDecoder, Fuse
 from .decoders import Replace as ReplaceDecoder, Sequence as DecoderSequence, Strip
+from .fields import MAX_ID, as_bool, as_int, as_string, describe
 from .models import BPE
 from .normalizers import Prepend, Replace, Sequence as NormalizerSequence
 from .post_processors import TemplateProcessing
@@ -29,6 +32,7 @@ TOKEN_TYPE_UNUSED = 5
 TOKEN_TYPE_BYTE = 6
 
 SPIECE_SPACE = "\u2581"
+GGUF = "GGUF metadata:"
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -48,12 +52,62 @@ def _key(metadata: dict, name: str, required: bool = True, default=None):
     return metadata[key]
 
 
+# Checked reads of the keys: the GGUF parser gives ints, floats, bools and strings, numeric
+# arrays as 1-D numpy arrays and string arrays as lists; anything else is a malformed file.
+
+def _string(metadata: dict, name: str, required: bool = True, default=None) -> str:
+    return as_string(_key(metadata, name, required, default), "tokenizer.ggml." + name, GGUF)
+
+
+def _integer(metadata: dict, name: str, required: bool = True, default=None) -> int:
+    value = _key(metadata, name, required, default)
+    if isinstance(value, np.integer):
+        value = int(value)
+    return as_int(value, "tokenizer.ggml." + name, 0, MAX_ID, GGUF)
+
+
+def _flag(metadata: dict, name: str, default: bool) -> bool:
+    value = _key(metadata, name, False, default)
+    if isinstance(value, np.bool_):
+        value = bool(value)
+    return as_bool(value, "tokenizer.ggml." + name, GGUF)
+
+
 def _as_list(value, key: str) -> list:
-    try:
+    """A GGUF array: a list, or a 1-D numpy array (as Python scalars)."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
         return list(value)
-    except TypeError:
-        raise FormatError(f"GGUF metadata: {key} should be an array, got "
-                          f"{type(value).__name__}") from None
+    raise FormatError(f"GGUF metadata: {key} should be an array, got "
+                      f"{type(value).__name__}")
+
+
+def _strings(metadata: dict, name: str) -> list:
+    key = "tokenizer.ggml." + name
+    values = _as_list(_key(metadata, name), key)
+    # Vocabularies have 50k-250k entries: messages are built only for a bad one.
+    for index, value in enumerate(values):
+        if value.__class__ is not str:
+            as_string(value, f"{key}[{index}]", GGUF)
+    return values
+
+
+def _integers(values: list, key: str) -> list:
+    for index, value in enumerate(values):
+        if value.__class__ is not int or not 0 <= value <= MAX_ID:
+            as_int(value, f"{key}[{index}]", 0, MAX_ID, GGUF)
+    return values
+
+
+def _scores(values: list, key: str) -> list:
+    scores = []
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise FormatError(f"GGUF metadata: {key}[{index}]: expected a number, got "
+                              f"{describe(value)}")
+        scores.append(float(value))
+    return scores
 
 
 def _pre_tokenizer_for(pre: str):
@@ -83,24 +137,29 @@ def _added_tokens(tokens: list, token_types: list) -> list:
     return added
 
 
+def _token_for(metadata: dict, tokens: list, name: str) -> tuple:
+    token_id = _integer(metadata, name)
+    if token_id >= len(tokens):
+        raise FormatError(f"GGUF metadata: tokenizer.ggml.{name} = {token_id} is outside "
+                          f"the vocabulary of {len(tokens)} tokens")
+    return token_id, tokens[token_id]
+
+
 def _bos_eos_template(metadata: dict, tokens: list, add_bos_default: bool):
-    add_bos = bool(_key(metadata, "add_bos_token", False, add_bos_default))
-    add_eos = bool(_key(metadata, "add_eos_token", False, False))
+    add_bos = _flag(metadata, "add_bos_token", add_bos_default)
+    add_eos = _flag(metadata, "add_eos_token", False)
     if not add_bos and not add_eos:
         return None
+    special_tokens = {}
+    bos = eos = None
+    if add_bos:
+        bos_id, bos = _token_for(metadata, tokens, "bos_token_id")
+        special_tokens[bos] = ([bos_id], [bos])
+    if add_eos:
+        eos_id, eos = _token_for(metadata, tokens, "eos_token_id")
+        special_tokens[eos] = ([eos_id], [eos])
     single = []
     pair = []
-    special_tokens = {}
-    for wanted, name in ((add_bos, "bos_token_id"), (add_eos, "eos_token_id")):
-        if not wanted:
-            continue
-        token_id = _key(metadata, name)
-        if not 0 <= int(token_id) < len(tokens):
-            raise FormatError(f"GGUF metadata: tokenizer.ggml.{name} = {token_id} is outside "
-                              f"the vocabulary of {len(tokens)} tokens")
-        special_tokens[tokens[int(token_id)]] = ([int(token_id)], [tokens[int(token_id)]])
-    bos = tokens[int(_key(metadata, "bos_token_id"))] if add_bos else None
-    eos = tokens[int(_key(metadata, "eos_token_id"))] if add_eos else None
     for template, sequences in ((single, ("A",)), (pair, ("A", "B"))):
         for sequence in sequences:
             if bos is not None:
@@ -113,10 +172,10 @@ def _bos_eos_template(metadata: dict, tokens: list, add_bos_default: bool):
 
 def _gpt2_tokenizer(metadata: dict, tokens: list, token_types: list):
     from .tokenizer import Tokenizer
-    merges = _as_list(_key(metadata, "merges"), "tokenizer.ggml.merges")
+    merges = _strings(metadata, "merges")
     vocab = {token: index for index, token in enumerate(tokens)}
     model = BPE(vocab, merges)
-    pre = str(_key(metadata, "pre", False, "default"))
+    pre = _string(metadata, "pre", False, "default")
     return Tokenizer(model, None, _pre_tokenizer_for(pre),
                      _bos_eos_template(metadata, tokens, add_bos_default=False),
                      ByteLevelDecoder(), _added_tokens(tokens, token_types))
@@ -127,10 +186,17 @@ def sentencepiece_merges(tokens: list, scores: list) -> list:
     the vocabulary, ordered by the merged piece's score (highest first), then by the ids of
     the two halves, as HF's SentencePieceExtractor produces them."""
     vocab = {token: index for index, token in enumerate(tokens)}
+    # The left half is itself a piece, so only cuts at the lengths pieces have can match:
+    # a few very long pieces then cost (distinct lengths) slices each, not their length.
+    lengths = sorted({len(token) for token in tokens})
     merges = []
     for merged, score in zip(tokens, scores):
         local = []
-        for cut in range(1, len(merged)):
+        for cut in lengths:
+            if cut >= len(merged):
+                break
+            if cut == 0:
+                continue
             left, right = merged[:cut], merged[cut:]
             if left in vocab and right in vocab:
                 local.append((vocab[left], vocab[right], left, right, score))
@@ -142,23 +208,24 @@ def sentencepiece_merges(tokens: list, scores: list) -> list:
 
 def _llama_tokenizer(metadata: dict, tokens: list, token_types: list):
     from .tokenizer import Tokenizer
-    scores = [float(score) for score in _as_list(_key(metadata, "scores"),
-                                                 "tokenizer.ggml.scores")]
+    scores = _scores(_as_list(_key(metadata, "scores"), "tokenizer.ggml.scores"),
+                     "tokenizer.ggml.scores")
     if len(scores) != len(tokens):
         raise FormatError(f"GGUF metadata: {len(scores)} scores for {len(tokens)} tokens")
     vocab = {}
     for index, token in enumerate(tokens):
         vocab.setdefault(token, index)
-    unk_id = int(_key(metadata, "unknown_token_id", False, 0))
+    unk_id = _integer(metadata, "unknown_token_id", False, 0)
     unk_token = tokens[unk_id] if 0 <= unk_id < len(tokens) else None
     model = BPE(vocab, sentencepiece_merges(tokens, scores), unk_token=unk_token,
                 byte_fallback=True, fuse_unk=True)
     normalizers = []
-    if bool(_key(metadata, "add_space_prefix", False, True)):
+    add_space_prefix = _flag(metadata, "add_space_prefix", True)
+    if add_space_prefix:
         normalizers.append(Prepend(SPIECE_SPACE))
     normalizers.append(Replace({"String": " "}, SPIECE_SPACE))
     decoder_steps = [ReplaceDecoder({"String": SPIECE_SPACE}, " "), ByteFallback(), Fuse()]
-    if bool(_key(metadata, "add_space_prefix", False, True)):
+    if add_space_prefix:
         decoder_steps.append(Strip(" ", 1, 0))
     return Tokenizer(model, NormalizerSequence(normalizers), None,
                      _bos_eos_template(metadata, tokens, add_bos_default=True),
@@ -167,14 +234,13 @@ def _llama_tokenizer(metadata: dict, tokens: list, token_types: list):
 
 def tokenizer_from_gguf_metadata(metadata: dict):
     """`metadata`: GGUF key -> value (strings, numbers, lists or numpy arrays)."""
-    model_kind = str(_key(metadata, "model"))
-    tokens = [str(token) for token in _as_list(_key(metadata, "tokens"),
-                                               "tokenizer.ggml.tokens")]
+    model_kind = _string(metadata, "model")
+    tokens = _strings(metadata, "tokens")
     token_types = _key(metadata, "token_type", False, None)
     if token_types is None:
         token_types = [TOKEN_TYPE_NORMAL] * len(tokens)
-    token_types = [int(token_type) for token_type in _as_list(token_types,
-                                                              "tokenizer.ggml.token_type")]
+    token_types = _integers(_as_list(token_types, "tokenizer.ggml.token_type"),
+                            "tokenizer.ggml.token_type")
     if len(token_types) != len(tokens):
         raise FormatError(f"GGUF metadata: {len(token_types)} token types for {len(tokens)} "
                           f"tokens")

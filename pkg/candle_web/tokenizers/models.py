@@ -11,6 +11,7 @@ Each model caches the result per word: words repeat a lot in real text.
 from __future__ import annotations
 
 from ..errors import FormatError, UnsupportedError
+from .fields import MAX_COUNT, MAX_ID, Fields, as_int, as_list, as_number, as_string, describe
 
 # Words longer than this (in characters) are not cached, as in HF (MAX_LENGTH 256 bytes).
 CACHE_MAX_WORD_LENGTH = 256
@@ -87,9 +88,9 @@ class BPE(Model):
                     left, right = merge
                 ranks[(vocab[left], vocab[right])] = (rank, vocab[left + right[prefix_length:]])
             except (ValueError, TypeError, AttributeError, KeyError):
-                raise FormatError(f"tokenizer.json model.merges[{rank}] = {merge!r}: expected "
-                                  f"a pair of vocabulary tokens whose concatenation is in the "
-                                  f"vocabulary") from None
+                raise FormatError(f"tokenizer.json model.merges[{rank}] = {describe(merge)}: "
+                                  f"expected a pair of vocabulary tokens whose concatenation "
+                                  f"is in the vocabulary") from None
         return ranks
 
     def tokenize(self, word: str) -> list:
@@ -167,13 +168,19 @@ class Unigram(Model):
         self.pieces = []
         self.scores = []
         self.vocab = {}
+        # 250k pieces in real files: a lean loop whose checks build messages only on failure.
         for index, entry in enumerate(vocab):
-            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            if entry.__class__ not in (list, tuple) or len(entry) != 2:
                 raise FormatError(f"tokenizer.json model.vocab[{index}]: expected "
-                                  f"[piece, score], got {entry!r}")
+                                  f"[piece, score], got {describe(entry)}")
             piece, score = entry
+            if piece.__class__ is not str:
+                as_string(piece, f"model.vocab[{index}][0]")
+            # x - x is 0.0 exactly for finite floats, NaN for inf and NaN.
+            if score.__class__ is not float or score - score != 0.0:
+                score = as_number(score, f"model.vocab[{index}][1]")
             self.pieces.append(piece)
-            self.scores.append(float(score))
+            self.scores.append(score)
             self.vocab[piece] = index
         if unk_id is not None and not 0 <= unk_id < len(self.pieces):
             raise FormatError(f"tokenizer.json model.unk_id {unk_id} is outside the "
@@ -343,52 +350,62 @@ class WordLevel(Model):
         return [(unk_id, self.unk_token)]
 
 
-def _vocab_dict(config: dict, where: str) -> dict:
-    vocab = config.get("vocab")
-    if not isinstance(vocab, dict):
-        raise FormatError(f"tokenizer.json {where}.vocab: expected an object token -> id, "
-                          f"got {type(vocab).__name__}")
+def _vocab_dict(fields: Fields) -> dict:
+    vocab = fields.object("vocab")
+    # On the start-up path (50k+ entries): the message is only built for a bad id.
     for token, token_id in vocab.items():
-        if not isinstance(token_id, int) or token_id < 0:
-            raise FormatError(f"tokenizer.json {where}.vocab[{token!r}]: expected a "
-                              f"non-negative integer id, got {token_id!r}")
+        if token_id.__class__ is not int or not 0 <= token_id <= MAX_ID:
+            as_int(token_id, f"{fields.where}.vocab[{describe(token)}]")
     return vocab
 
 
+def _infer_kind(config: dict, where: str) -> str:
+    """Old files omit the model type: infer it from the fields, as HF does."""
+    if "merges" in config:
+        return "BPE"
+    if "continuing_subword_prefix" in config or "max_input_chars_per_word" in config:
+        return "WordPiece"
+    if isinstance(config.get("vocab"), list):
+        return "Unigram"
+    if "vocab" in config:
+        return "WordLevel"
+    raise FormatError(f"tokenizer.json {where}: missing field 'type'")
+
+
+def _bpe_from_config(fields: Fields) -> BPE:
+    dropout = fields.number("dropout", None)
+    return BPE(_vocab_dict(fields), fields.list("merges"), fields.string("unk_token", None),
+               fields.boolean("byte_fallback", False), fields.boolean("fuse_unk", False),
+               fields.string("continuing_subword_prefix", None),
+               fields.string("end_of_word_suffix", None),
+               fields.boolean("ignore_merges", False), dropout)
+
+
+def _unigram_from_config(fields: Fields) -> Unigram:
+    vocab = as_list(fields.get("vocab"), fields.path("vocab"))
+    return Unigram(vocab, fields.integer("unk_id", None), fields.boolean("byte_fallback", False))
+
+
+def _wordpiece_from_config(fields: Fields) -> WordPiece:
+    return WordPiece(_vocab_dict(fields), fields.string("unk_token", "[UNK]"),
+                     fields.string("continuing_subword_prefix", "##"),
+                     fields.integer("max_input_chars_per_word", 100, maximum=MAX_COUNT))
+
+
+def _wordlevel_from_config(fields: Fields) -> WordLevel:
+    return WordLevel(_vocab_dict(fields), fields.string("unk_token", "<unk>"))
+
+
+MODEL_BUILDERS = {"BPE": _bpe_from_config, "Unigram": _unigram_from_config,
+                  "WordPiece": _wordpiece_from_config, "WordLevel": _wordlevel_from_config}
+
+
 def model_from_config(config, where: str = "model"):
-    if not isinstance(config, dict):
-        raise FormatError(f"tokenizer.json {where}: expected an object, got {config!r}")
-    kind = config.get("type")
+    fields = Fields(config, where)
+    kind = fields.get("type", None)
     if kind is None:
-        # Old files omit the type: infer it from the fields, as HF does.
-        if "merges" in config:
-            kind = "BPE"
-        elif "continuing_subword_prefix" in config or "max_input_chars_per_word" in config:
-            kind = "WordPiece"
-        elif isinstance(config.get("vocab"), list):
-            kind = "Unigram"
-        elif "vocab" in config:
-            kind = "WordLevel"
-        else:
-            raise FormatError(f"tokenizer.json {where}: missing field 'type'")
-    if kind == "BPE":
-        merges = config.get("merges")
-        if not isinstance(merges, list):
-            raise FormatError(f"tokenizer.json {where}.merges: expected a list")
-        return BPE(_vocab_dict(config, where), merges, config.get("unk_token"),
-                   config.get("byte_fallback", False), config.get("fuse_unk", False),
-                   config.get("continuing_subword_prefix"), config.get("end_of_word_suffix"),
-                   config.get("ignore_merges", False), config.get("dropout"))
-    if kind == "Unigram":
-        vocab = config.get("vocab")
-        if not isinstance(vocab, list):
-            raise FormatError(f"tokenizer.json {where}.vocab: expected a list of "
-                              f"[piece, score]")
-        return Unigram(vocab, config.get("unk_id"), config.get("byte_fallback", False))
-    if kind == "WordPiece":
-        return WordPiece(_vocab_dict(config, where), config.get("unk_token", "[UNK]"),
-                         config.get("continuing_subword_prefix", "##"),
-                         config.get("max_input_chars_per_word", 100))
-    if kind == "WordLevel":
-        return WordLevel(_vocab_dict(config, where), config.get("unk_token", "<unk>"))
-    raise UnsupportedError(f"tokenizer.json {where}.type: unknown model type {kind!r}")
+        kind = _infer_kind(config, where)
+    as_string(kind, fields.path("type"))
+    if kind not in MODEL_BUILDERS:
+        raise UnsupportedError(f"tokenizer.json {where}.type: unknown model type {kind!r}")
+    return MODEL_BUILDERS[kind](fields)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import unicodedata
 
 from ..errors import FormatError, UnsupportedError
+from .fields import SOURCE, Fields, as_list, as_object, as_string, check_nesting, describe
 from .unicode_classes import compile_pattern, is_whitespace, legacy_flip_set
 
 
@@ -108,8 +109,8 @@ class Strip(Normalizer):
 
 
 class Replace(Normalizer):
-    def __init__(self, pattern: dict, content: str):
-        self.regex = compile_split_pattern(pattern, "Replace.pattern")
+    def __init__(self, pattern: dict, content: str, where: str = "normalizer.pattern"):
+        self.regex = compile_split_pattern(pattern, where)
         self.content = content
 
     def normalize(self, text: str) -> str:
@@ -226,60 +227,77 @@ class Sequence(Normalizer):
 
 
 def compile_split_pattern(pattern, field: str):
-    """A `{"String": s}` or `{"Regex": r}` pattern object -> compiled Python regex."""
+    """A `{"String": s}` or `{"Regex": r}` pattern object -> compiled Python regex.
+
+    Regexes from files are checked for catastrophic backtracking before they are compiled."""
     import re
     if not isinstance(pattern, dict) or len(pattern) != 1:
-        raise FormatError(f"{field}: expected {{\"String\": ...}} or {{\"Regex\": ...}}, "
-                          f"got {pattern!r}")
+        raise FormatError(f"{SOURCE} {field}: expected {{\"String\": ...}} or "
+                          f"{{\"Regex\": ...}}, got {describe(pattern)}")
     (kind, value), = pattern.items()
-    if not isinstance(value, str):
-        raise FormatError(f"{field}.{kind}: expected a string, got {value!r}")
+    as_string(value, f"{field}.{kind}")
     if kind == "String":
         return re.compile(re.escape(value))
     if kind == "Regex":
-        return compile_pattern(value)
-    raise FormatError(f"{field}: unknown pattern kind {kind!r} (expected String or Regex)")
+        return compile_pattern(value, f"{SOURCE} {field}.Regex")
+    raise FormatError(f"{SOURCE} {field}: unknown pattern kind {describe(kind)} (expected "
+                      f"String or Regex)")
 
 
-def _require(config: dict, key: str, where: str):
-    if key not in config:
-        raise FormatError(f"tokenizer.json {where}: missing field {key!r}")
-    return config[key]
+def _sequence(fields: Fields, depth: int) -> Sequence:
+    children = as_list(fields.get("normalizers"), fields.path("normalizers"))
+    steps = []
+    for index, child in enumerate(children):
+        where = f"{fields.where}.normalizers[{index}]"
+        # A null step would be skipped by the loader but called by encode: refuse it.
+        steps.append(normalizer_from_config(as_object(child, where), where, depth + 1))
+    return Sequence(steps)
 
 
-def normalizer_from_config(config, where: str = "normalizer"):
+def _strip(fields: Fields) -> Strip:
+    return Strip(fields.boolean("strip_left", True), fields.boolean("strip_right", True))
+
+
+def _replace(fields: Fields) -> Replace:
+    return Replace(fields.get("pattern"), fields.string("content"), fields.path("pattern"))
+
+
+def _bert(fields: Fields) -> BertNormalizer:
+    return BertNormalizer(fields.boolean("clean_text", True),
+                          fields.boolean("handle_chinese_chars", True),
+                          fields.boolean("strip_accents", None),
+                          fields.boolean("lowercase", True))
+
+
+def _precompiled(fields: Fields):
+    from .precompiled import PrecompiledNormalizer
+    return PrecompiledNormalizer.from_config(fields.config, fields.where)
+
+
+# type -> builder(fields); the Unicode forms and Sequence are handled apart.
+BUILDERS = {
+    "Lowercase": lambda fields: Lowercase(),
+    "StripAccents": lambda fields: StripAccents(),
+    "Strip": _strip,
+    "Replace": _replace,
+    "Prepend": lambda fields: Prepend(fields.string("prepend")),
+    "BertNormalizer": _bert,
+    "Nmt": lambda fields: Nmt(),
+    "ByteLevel": lambda fields: ByteLevelNormalizer(),
+    "Precompiled": _precompiled,
+}
+
+
+def normalizer_from_config(config, where: str = "normalizer", depth: int = 0):
     if config is None:
         return None
-    if not isinstance(config, dict):
-        raise FormatError(f"tokenizer.json {where}: expected an object, got {config!r}")
-    kind = config.get("type")
+    check_nesting(depth, where)
+    fields = Fields(config, where)
+    kind = fields.string("type")
     if kind in ("NFC", "NFD", "NFKC", "NFKD"):
         return UnicodeNormalizer(kind)
-    if kind == "Lowercase":
-        return Lowercase()
-    if kind == "StripAccents":
-        return StripAccents()
-    if kind == "Strip":
-        return Strip(config.get("strip_left", True), config.get("strip_right", True))
-    if kind == "Replace":
-        return Replace(_require(config, "pattern", where), _require(config, "content", where))
-    if kind == "Prepend":
-        return Prepend(_require(config, "prepend", where))
-    if kind == "BertNormalizer":
-        return BertNormalizer(config.get("clean_text", True),
-                              config.get("handle_chinese_chars", True),
-                              config.get("strip_accents"), config.get("lowercase", True))
-    if kind == "Nmt":
-        return Nmt()
-    if kind == "ByteLevel":
-        return ByteLevelNormalizer()
-    if kind == "Precompiled":
-        from .precompiled import PrecompiledNormalizer
-        return PrecompiledNormalizer.from_config(config, where)
     if kind == "Sequence":
-        children = _require(config, "normalizers", where)
-        return Sequence([normalizer_from_config(child, f"{where}.normalizers[{index}]")
-                         for index, child in enumerate(children)])
-    if kind is None:
-        raise FormatError(f"tokenizer.json {where}: missing field 'type'")
-    raise UnsupportedError(f"tokenizer.json {where}: unknown normalizer type {kind!r}")
+        return _sequence(fields, depth)
+    if kind in BUILDERS:
+        return BUILDERS[kind](fields)
+    raise UnsupportedError(f"{SOURCE} {where}: unknown normalizer type {describe(kind)}")

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from ..errors import FormatError, UnsupportedError
 from .encoding import Encoding
+from .fields import (SOURCE, Fields, as_int, as_list, as_object, as_string, check_nesting,
+                     describe)
+
+SEQUENCE_NAMES = ("A", "B")
 
 
 class PostProcessor:
@@ -31,15 +35,18 @@ def _special(token: str, token_id: int, type_id: int) -> Encoding:
 
 
 class TemplateProcessing(PostProcessor):
-    def __init__(self, single: list, pair: list, special_tokens: dict):
+    """`single` / `pair`: [(kind, name, type id)] with kind "sequence" (name "A" or "B") or
+    "special" (name a key of `special_tokens`: name -> (ids, tokens))."""
+
+    def __init__(self, single: list, pair: list, special_tokens: dict,
+                 where: str = "post_processor"):
         self.single = single
         self.pair = pair
-        self.special_tokens = special_tokens  # name -> (ids, tokens)
-        for template in (single, pair):
-            for kind, name, _ in template:
-                if kind == "special" and name not in special_tokens:
-                    raise FormatError(f"tokenizer.json post_processor: template uses special "
-                                      f"token {name!r} missing from special_tokens")
+        self.special_tokens = special_tokens
+        for template_name, template in (("single", single), ("pair", pair)):
+            for index, (kind, name, _) in enumerate(template):
+                _check_piece(kind, name, special_tokens, template_name == "single",
+                             f"{where}.{template_name}[{index}]")
 
     def added_tokens(self, is_pair):
         template = self.pair if is_pair else self.single
@@ -51,7 +58,7 @@ class TemplateProcessing(PostProcessor):
         result = []
         for kind, name, type_id in template:
             if kind == "sequence":
-                encoding = encodings[0 if name == "A" else 1]
+                encoding = encodings[SEQUENCE_NAMES.index(name)]
                 encoding.set_type_ids(type_id)
                 result.append(encoding)
             elif add_special_tokens:
@@ -64,43 +71,88 @@ class TemplateProcessing(PostProcessor):
 
     @classmethod
     def from_config(cls, config: dict, where: str) -> "TemplateProcessing":
-        def parse_template(pieces, name):
-            if isinstance(pieces, str):
-                return [parse_piece_string(piece) for piece in pieces.split()]
-            parsed = []
-            for piece in pieces or []:
-                if "Sequence" in piece:
-                    parsed.append(("sequence", piece["Sequence"]["id"],
-                                   piece["Sequence"].get("type_id", 0)))
-                elif "SpecialToken" in piece:
-                    parsed.append(("special", piece["SpecialToken"]["id"],
-                                   piece["SpecialToken"].get("type_id", 0)))
-                else:
-                    raise FormatError(f"tokenizer.json {where}.{name}: unknown piece {piece!r}")
-            return parsed
-
-        special_tokens = {}
-        for name, entry in (config.get("special_tokens") or {}).items():
-            if "ids" not in entry or "tokens" not in entry:
-                raise FormatError(f"tokenizer.json {where}.special_tokens[{name!r}]: needs "
-                                  f"'ids' and 'tokens'")
-            special_tokens[name] = (list(entry["ids"]), list(entry["tokens"]))
-        single = parse_template(config.get("single"), "single")
-        pair = parse_template(config.get("pair"), "pair")
-        return cls(single, pair, special_tokens)
+        fields = Fields(config, where)
+        special_tokens = _special_tokens(fields.object("special_tokens", {}),
+                                         fields.path("special_tokens"))
+        single = parse_template(fields.get("single", []), fields.path("single"))
+        pair = parse_template(fields.get("pair", []), fields.path("pair"))
+        return cls(single, pair, special_tokens, where)
 
 
-def parse_piece_string(piece: str):
-    """Template strings like "$A", "$B:1", "[CLS]", "[SEP]:1"."""
-    name, _, type_text = piece.partition(":")
-    type_id = int(type_text) if type_text else 0
-    if name.startswith("$"):
-        sequence = name[1:] or "A"
-        if sequence.isdigit():
-            # "$0" / "$1" are the type-id shorthand for sequence A.
-            return ("sequence", "A", int(sequence))
-        return ("sequence", sequence, type_id)
-    return ("special", name, type_id)
+def _check_piece(kind: str, name: str, special_tokens: dict, single: bool, where: str):
+    """A template piece must refer to something that exists when it is applied: checked at
+    load so that encode cannot fail on it."""
+    if kind == "special" and name not in special_tokens:
+        raise FormatError(f"{SOURCE} {where}: template uses special token {describe(name)} "
+                          f"missing from special_tokens")
+    if kind == "sequence" and name not in SEQUENCE_NAMES[:1 if single else 2]:
+        allowed = "A" if single else "A or B"
+        raise FormatError(f"{SOURCE} {where}: sequence {describe(name)} in the "
+                          f"{'single' if single else 'pair'} template (expected {allowed})")
+
+
+def _special_tokens(config: dict, where: str) -> dict:
+    """name -> (ids, tokens), both lists of the same length."""
+    special_tokens = {}
+    for name, entry in config.items():
+        entry_where = f"{where}[{describe(name)}]"
+        entry = Fields(entry, entry_where)
+        ids = [as_int(token_id, f"{entry_where}.ids[{index}]")
+               for index, token_id in enumerate(entry.list("ids"))]
+        tokens = [as_string(token, f"{entry_where}.tokens[{index}]")
+                  for index, token in enumerate(entry.list("tokens"))]
+        if len(ids) != len(tokens):
+            raise FormatError(f"{SOURCE} {entry_where}: {len(ids)} ids for {len(tokens)} "
+                              f"tokens (they must pair up)")
+        special_tokens[name] = (ids, tokens)
+    return special_tokens
+
+
+def parse_template(pieces, where: str) -> list:
+    """A template: a string like "[CLS] $A [SEP]" or a list of piece objects."""
+    if isinstance(pieces, str):
+        return [parse_piece_string(piece, f"{where}[{index}]")
+                for index, piece in enumerate(pieces.split())]
+    return [_parse_piece_object(piece, f"{where}[{index}]")
+            for index, piece in enumerate(as_list(pieces, where))]
+
+
+def _parse_piece_object(piece, where: str) -> tuple:
+    """{"Sequence": {"id": "A", "type_id": 0}} or {"SpecialToken": {"id": "[CLS]", ...}}."""
+    as_object(piece, where)
+    if len(piece) != 1 or next(iter(piece)) not in ("Sequence", "SpecialToken"):
+        raise FormatError(f"{SOURCE} {where}: expected {{\"Sequence\": ...}} or "
+                          f"{{\"SpecialToken\": ...}}, got {describe(piece)}")
+    (kind, body), = piece.items()
+    fields = Fields(body, f"{where}.{kind}")
+    if kind == "Sequence":
+        return ("sequence", fields.choice("id", SEQUENCE_NAMES), fields.integer("type_id", 0))
+    return ("special", fields.string("id"), fields.integer("type_id", 0))
+
+
+def parse_piece_string(piece: str, where: str = "post_processor"):
+    """Template strings like "$A", "$B:1", "$0" (type id 0 for A), "[CLS]", "[SEP]:1"."""
+    name, colon, type_text = piece.partition(":")
+    type_id = _type_id_text(type_text, where) if colon else 0
+    if not name.startswith("$"):
+        return ("special", name, type_id)
+    sequence = name[1:]
+    if sequence in ("", "A", "a"):
+        return ("sequence", "A", type_id)
+    if sequence in ("B", "b"):
+        return ("sequence", "B", type_id)
+    if sequence.isascii() and sequence.isdigit():
+        # "$0" / "$1" are the type-id shorthand for sequence A (an explicit ":n" wins).
+        return ("sequence", "A", type_id if colon else _type_id_text(sequence, where))
+    raise FormatError(f"{SOURCE} {where}: unknown sequence {describe(name)} in template "
+                      f"piece {describe(piece)} (expected $A or $B)")
+
+
+def _type_id_text(text: str, where: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise FormatError(f"{SOURCE} {where}: type id {describe(text)} is not a "
+                          f"non-negative integer")
+    return as_int(int(text), where)
 
 
 class BertProcessing(PostProcessor):
@@ -163,34 +215,44 @@ class Sequence(PostProcessor):
         return encodings
 
 
-def _token_pair(config: dict, key: str, where: str) -> tuple:
-    value = config.get(key)
+def _token_pair(fields: Fields, key: str) -> tuple:
+    value = fields.get(key)
+    where = fields.path(key)
     if not isinstance(value, list) or len(value) != 2:
-        raise FormatError(f"tokenizer.json {where}.{key}: expected [token, id], got {value!r}")
-    return value[0], value[1]
+        raise FormatError(f"{SOURCE} {where}: expected [token, id], got {describe(value)}")
+    return as_string(value[0], f"{where}[0]"), as_int(value[1], f"{where}[1]")
 
 
-def post_processor_from_config(config, where: str = "post_processor"):
+def _sequence(fields: Fields, depth: int) -> Sequence:
+    children = as_list(fields.get("processors"), fields.path("processors"))
+    steps = []
+    for index, child in enumerate(children):
+        where = f"{fields.where}.processors[{index}]"
+        # A null step would be skipped by the loader but called by encode: refuse it.
+        steps.append(post_processor_from_config(as_object(child, where), where, depth + 1))
+    return Sequence(steps)
+
+
+# type -> builder(fields); Sequence is handled apart (it recurses).
+BUILDERS = {
+    "TemplateProcessing": lambda fields: TemplateProcessing.from_config(fields.config,
+                                                                        fields.where),
+    "BertProcessing": lambda fields: BertProcessing(_token_pair(fields, "sep"),
+                                                    _token_pair(fields, "cls")),
+    "RobertaProcessing": lambda fields: RobertaProcessing(_token_pair(fields, "sep"),
+                                                          _token_pair(fields, "cls")),
+    "ByteLevel": lambda fields: ByteLevelProcessing(),
+}
+
+
+def post_processor_from_config(config, where: str = "post_processor", depth: int = 0):
     if config is None:
         return None
-    if not isinstance(config, dict):
-        raise FormatError(f"tokenizer.json {where}: expected an object, got {config!r}")
-    kind = config.get("type")
-    if kind == "TemplateProcessing":
-        return TemplateProcessing.from_config(config, where)
-    if kind == "BertProcessing":
-        return BertProcessing(_token_pair(config, "sep", where), _token_pair(config, "cls", where))
-    if kind == "RobertaProcessing":
-        return RobertaProcessing(_token_pair(config, "sep", where),
-                                 _token_pair(config, "cls", where))
-    if kind == "ByteLevel":
-        return ByteLevelProcessing()
+    check_nesting(depth, where)
+    fields = Fields(config, where)
+    kind = fields.string("type")
     if kind == "Sequence":
-        children = config.get("processors")
-        if children is None:
-            raise FormatError(f"tokenizer.json {where}: missing field 'processors'")
-        return Sequence([post_processor_from_config(child, f"{where}.processors[{index}]")
-                         for index, child in enumerate(children)])
-    if kind is None:
-        raise FormatError(f"tokenizer.json {where}: missing field 'type'")
-    raise UnsupportedError(f"tokenizer.json {where}: unknown post-processor type {kind!r}")
+        return _sequence(fields, depth)
+    if kind in BUILDERS:
+        return BUILDERS[kind](fields)
+    raise UnsupportedError(f"{SOURCE} {where}: unknown post-processor type {describe(kind)}")

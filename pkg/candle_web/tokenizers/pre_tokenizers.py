@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from ..errors import FormatError, UnsupportedError
+from .fields import SOURCE, Fields, as_list, as_object, check_nesting, describe
 from .normalizers import compile_split_pattern
 from .unicode_classes import compile_pattern, is_numeric, is_punctuation, is_whitespace
 
@@ -168,10 +169,11 @@ class ByteLevel(PreTokenizer):
 
 
 class Split(PreTokenizer):
-    def __init__(self, pattern, behavior: str, invert: bool = False):
-        self.regex = compile_split_pattern(pattern, "pre_tokenizer Split.pattern")
+    def __init__(self, pattern, behavior: str, invert: bool = False,
+                 where: str = "pre_tokenizer"):
+        self.regex = compile_split_pattern(pattern, f"{where}.pattern")
         if behavior not in BEHAVIORS:
-            raise FormatError(f"pre_tokenizer Split.behavior: unknown value {behavior!r}")
+            raise FormatError(f"{SOURCE} {where}.behavior: unknown value {describe(behavior)}")
         self.behavior = behavior
         self.invert = invert
 
@@ -249,55 +251,71 @@ class Sequence(PreTokenizer):
 
 
 def _metaspace_from_config(config: dict, where: str) -> Metaspace:
-    replacement = config.get("replacement", "\u2581")
-    if not isinstance(replacement, str) or len(replacement) != 1:
-        raise FormatError(f"tokenizer.json {where}.replacement: expected one character, "
-                          f"got {replacement!r}")
-    scheme = config.get("prepend_scheme")
-    add_prefix_space = config.get("add_prefix_space")
+    fields = Fields(config, where)
+    replacement = fields.string("replacement", "\u2581")
+    if len(replacement) != 1:
+        raise FormatError(f"{SOURCE} {where}.replacement: expected one character, got "
+                          f"{describe(replacement)}")
+    scheme = fields.choice("prepend_scheme", ("first", "always", "never"), None)
+    add_prefix_space = fields.boolean("add_prefix_space", None)
     if scheme is None:
         # Files from before prepend_scheme existed only had add_prefix_space.
         scheme = "never" if add_prefix_space is False else "always"
     elif add_prefix_space is False and scheme != "never":
-        raise FormatError(f"tokenizer.json {where}: add_prefix_space does not match "
+        raise FormatError(f"{SOURCE} {where}: add_prefix_space does not match "
                           f"prepend_scheme {scheme!r}")
-    if scheme not in ("first", "always", "never"):
-        raise FormatError(f"tokenizer.json {where}.prepend_scheme: unknown value {scheme!r}")
-    return Metaspace(replacement, scheme, config.get("split", True))
+    return Metaspace(replacement, scheme, fields.boolean("split", True))
 
 
-def pre_tokenizer_from_config(config, where: str = "pre_tokenizer"):
+def _split(fields: Fields) -> Split:
+    return Split(fields.get("pattern"), fields.choice("behavior", BEHAVIORS),
+                 fields.boolean("invert", False), fields.where)
+
+
+def _byte_level(fields: Fields) -> ByteLevel:
+    return ByteLevel(fields.boolean("add_prefix_space", True), fields.boolean("use_regex", True))
+
+
+def _digits(fields: Fields) -> PredicateSplit:
+    individual = fields.boolean("individual_digits", False)
+    return PredicateSplit(is_numeric, "Isolated" if individual else "Contiguous")
+
+
+def _punctuation(fields: Fields) -> PredicateSplit:
+    return PredicateSplit(is_punctuation, fields.choice("behavior", BEHAVIORS, "Isolated"))
+
+
+def _sequence(fields: Fields, depth: int) -> Sequence:
+    children = as_list(fields.get("pretokenizers"), fields.path("pretokenizers"))
+    steps = []
+    for index, child in enumerate(children):
+        where = f"{fields.where}.pretokenizers[{index}]"
+        # A null step would be skipped by the loader but called by encode: refuse it.
+        steps.append(pre_tokenizer_from_config(as_object(child, where), where, depth + 1))
+    return Sequence(steps)
+
+
+# type -> builder(fields); Sequence is handled apart (it recurses).
+BUILDERS = {
+    "ByteLevel": _byte_level,
+    "Split": _split,
+    "Whitespace": lambda fields: Whitespace(),
+    "WhitespaceSplit": lambda fields: whitespace_split(),
+    "BertPreTokenizer": lambda fields: BertPreTokenizer(),
+    "Punctuation": _punctuation,
+    "Digits": _digits,
+    "Metaspace": lambda fields: _metaspace_from_config(fields.config, fields.where),
+}
+
+
+def pre_tokenizer_from_config(config, where: str = "pre_tokenizer", depth: int = 0):
     if config is None:
         return None
-    if not isinstance(config, dict):
-        raise FormatError(f"tokenizer.json {where}: expected an object, got {config!r}")
-    kind = config.get("type")
-    if kind == "ByteLevel":
-        return ByteLevel(config.get("add_prefix_space", True), config.get("use_regex", True))
-    if kind == "Split":
-        for key in ("pattern", "behavior"):
-            if key not in config:
-                raise FormatError(f"tokenizer.json {where}: missing field {key!r}")
-        return Split(config["pattern"], config["behavior"], config.get("invert", False))
-    if kind == "Whitespace":
-        return Whitespace()
-    if kind == "WhitespaceSplit":
-        return whitespace_split()
-    if kind == "BertPreTokenizer":
-        return BertPreTokenizer()
-    if kind == "Punctuation":
-        return PredicateSplit(is_punctuation, config.get("behavior", "Isolated"))
-    if kind == "Digits":
-        behavior = "Isolated" if config.get("individual_digits", False) else "Contiguous"
-        return PredicateSplit(is_numeric, behavior)
-    if kind == "Metaspace":
-        return _metaspace_from_config(config, where)
+    check_nesting(depth, where)
+    fields = Fields(config, where)
+    kind = fields.string("type")
     if kind == "Sequence":
-        children = config.get("pretokenizers")
-        if children is None:
-            raise FormatError(f"tokenizer.json {where}: missing field 'pretokenizers'")
-        return Sequence([pre_tokenizer_from_config(child, f"{where}.pretokenizers[{index}]")
-                         for index, child in enumerate(children)])
-    if kind is None:
-        raise FormatError(f"tokenizer.json {where}: missing field 'type'")
-    raise UnsupportedError(f"tokenizer.json {where}: unknown pre-tokenizer type {kind!r}")
+        return _sequence(fields, depth)
+    if kind in BUILDERS:
+        return BUILDERS[kind](fields)
+    raise UnsupportedError(f"{SOURCE} {where}: unknown pre-tokenizer type {describe(kind)}")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 
-from ..errors import FormatError
+from ..errors import CandleError, FormatError
 from .added_vocabulary import AddedToken, AddedVocabulary
 from .decoders import decoder_from_config
 from .encoding import (Encoding, PaddingParams, TruncationParams, pad_encodings,
                        truncate_encodings)
+from .fields import Fields, as_list
 from .models import model_from_config
 from .normalizers import normalizer_from_config
 from .post_processors import PostProcessor, post_processor_from_config
@@ -40,34 +43,31 @@ class Tokenizer:
 
     @classmethod
     def from_dict(cls, config: dict) -> "Tokenizer":
+        return _with_safety_net(cls._from_dict, config)
+
+    @classmethod
+    def _from_dict(cls, config: dict) -> "Tokenizer":
         if not isinstance(config, dict):
             raise FormatError(f"tokenizer.json: expected a JSON object at the top level, got "
                               f"{type(config).__name__}")
-        if "model" not in config or config["model"] is None:
-            raise FormatError("tokenizer.json: missing field 'model'")
-        model = model_from_config(config["model"])
+        fields = Fields(config, "(top level)")
+        model = model_from_config(fields.get("model"))
         normalizer = normalizer_from_config(config.get("normalizer"))
-        added = config.get("added_tokens") or []
-        if not isinstance(added, list):
-            raise FormatError("tokenizer.json added_tokens: expected a list")
+        added = as_list(fields.get("added_tokens", []), "added_tokens")
         added_tokens = [AddedToken.from_config(entry, index) for index, entry in enumerate(added)]
-        truncation = config.get("truncation")
-        padding = config.get("padding")
+        truncation = fields.object("truncation", None)
+        padding = fields.object("padding", None)
         return cls(model, normalizer, pre_tokenizer_from_config(config.get("pre_tokenizer")),
                    post_processor_from_config(config.get("post_processor")),
                    decoder_from_config(config.get("decoder")), added_tokens,
-                   TruncationParams.from_config(truncation) if truncation else None,
-                   PaddingParams.from_config(padding) if padding else None)
+                   TruncationParams.from_config(truncation) if truncation is not None else None,
+                   PaddingParams.from_config(padding) if padding is not None else None)
 
     @classmethod
     def from_str(cls, text: str, backend: str = "python"):
         if backend != "python":
             return _with_backend(text, backend)
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"tokenizer.json is not valid JSON: {exc}") from None
-        return cls.from_dict(config)
+        return cls.from_dict(parse_json(text))
 
     @classmethod
     def from_bytes(cls, data: bytes, backend: str = "python"):
@@ -80,9 +80,15 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path, backend: str = "python"):
         """backend: "python" (this implementation), "hf" (HF `tokenizers`, must be installed)
-        or "auto" (HF `tokenizers` when importable, else this one); all give the same output."""
-        with open(os.fspath(path), "rb") as handle:
-            return cls.from_bytes(handle.read(), backend)
+        or "auto" (HF `tokenizers` when importable, else this one); all give the same output.
+        Errors name the file."""
+        path = os.fspath(path)
+        with open(path, "rb") as handle:
+            data = handle.read()
+        try:
+            return cls.from_bytes(data, backend)
+        except CandleError as exc:
+            raise type(exc)(f"{path}: {exc}") from None
 
     @classmethod
     def from_gguf_metadata(cls, metadata: dict) -> "Tokenizer":
@@ -134,9 +140,10 @@ class Tokenizer:
     def enable_padding(self, direction: str = "right", pad_id: int = 0, pad_type_id: int = 0,
                        pad_token: str = "[PAD]", length=None, pad_to_multiple_of=None) -> None:
         """Same arguments as HF's `Tokenizer.enable_padding`; length None = longest in batch."""
-        self.padding = PaddingParams("BatchLongest" if length is None else int(length),
-                                     direction.capitalize(), pad_to_multiple_of, pad_id,
-                                     pad_type_id, pad_token)
+        self.padding = PaddingParams.from_config({
+            "strategy": "BatchLongest" if length is None else {"Fixed": length},
+            "direction": direction.capitalize(), "pad_to_multiple_of": pad_to_multiple_of,
+            "pad_id": pad_id, "pad_type_id": pad_type_id, "pad_token": pad_token})
 
     # ---- encoding -----------------------------------------------------------------------
 
@@ -229,6 +236,46 @@ class Tokenizer:
 
     def decode_batch(self, batch, skip_special_tokens: bool = True) -> list:
         return [self.decode(ids, skip_special_tokens) for ids in batch]
+
+
+def parse_json(text: str):
+    """json.loads, with every way it can fail on hostile text turned into a FormatError.
+
+    The C parser recurses once per nesting level and stops at the recursion limit; integer
+    literals are limited to sys.get_int_max_str_digits() digits."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise FormatError(f"tokenizer.json: JSON nested deeper than the parser allows (Python "
+                          f"recursion limit {sys.getrecursionlimit()})") from None
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"tokenizer.json is not valid JSON: {exc}") from None
+    except ValueError as exc:
+        raise FormatError(f"tokenizer.json: {_long_number_location(text)}{exc}") from None
+
+
+def _long_number_location(text: str) -> str:
+    """Where the first integer literal over the digit limit starts (only run on failure)."""
+    limit = sys.get_int_max_str_digits()
+    if limit == 0:  # 0 means no limit
+        return ""
+    found = re.search(f"[0-9]{{{limit + 1},}}", text)
+    if found is None:
+        return ""
+    return f"the number at character {found.start()}: "
+
+
+def _with_safety_net(build, config):
+    """Every field is checked where it is read; this net only turns a check that was missed
+    into a FormatError (the original error stays chained for debugging)."""
+    try:
+        return build(config)
+    except CandleError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError,
+            RecursionError) as exc:
+        raise FormatError(f"tokenizer.json: unexpected {type(exc).__name__} while loading "
+                          f"(a malformed field that is not checked): {exc}") from exc
 
 
 def _camel(name: str) -> str:

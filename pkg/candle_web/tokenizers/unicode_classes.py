@@ -232,9 +232,8 @@ def translate_pattern(pattern: str) -> str:
                 index += 2
                 continue
             if escape == "x" and index + 2 < len(pattern) and pattern[index + 2] == "{":
-                closing = pattern.find("}", index)
-                out.append(_escape_code_point(int(pattern[index + 3:closing], 16)))
-                index = closing + 1
+                code_point, index = _read_braced_code_point(pattern, index)
+                out.append(_escape_code_point(code_point))
                 continue
             out.append(pattern[index:index + 2])
             index += 2
@@ -262,13 +261,37 @@ def translate_pattern(pattern: str) -> str:
     return "".join(out)
 
 
+# At most this many hex digits in `\x{...}` (U+10FFFF has six; Oniguruma allows leading 0s).
+MAX_BRACED_HEX_DIGITS = 8
+
+
+def _read_braced_code_point(pattern: str, index: int) -> tuple[int, int]:
+    """`\\x{HHHH}` at `index` -> (code point, index after the closing brace)."""
+    closing = pattern.find("}", index)
+    digits = pattern[index + 3:closing] if closing >= 0 else ""
+    valid = (0 < len(digits) <= MAX_BRACED_HEX_DIGITS
+             and all(char in "0123456789abcdefABCDEF" for char in digits))
+    if not valid or int(digits, 16) > MAX_CODE_POINT:
+        raise UnsupportedError(f"regex translation: bad escape {pattern[index:index + 12]!r} "
+                               f"(expected \\x{{hex code point <= 10FFFF}})")
+    return int(digits, 16), closing + 1
+
+
 @functools.lru_cache(maxsize=64)
-def compile_pattern(pattern: str) -> "re.Pattern[str]":
-    translated = translate_pattern(pattern)
+def compile_pattern(pattern: str, where: str = "regex") -> "re.Pattern[str]":
+    """Translate and compile `pattern`; `where` (the field it came from) names it in errors.
+    Patterns that can backtrack catastrophically are refused first (regex_safety)."""
+    from .regex_safety import check_pattern
+    try:
+        translated = translate_pattern(pattern)
+    except UnsupportedError as exc:
+        raise UnsupportedError(f"{where}: {exc}") from None
+    check_pattern(translated, pattern, where)
     try:
         return re.compile(translated)
-    except re.error as exc:
-        raise UnsupportedError(f"regex {pattern!r} cannot be run by Python's re: {exc}") from None
+    except (re.error, RecursionError, OverflowError, ValueError) as exc:
+        raise UnsupportedError(f"{where}: regex {pattern[:200]!r} cannot be run by Python's "
+                               f"re: {exc}") from None
 
 
 # Per-character predicates mirroring the Rust helpers used by HF tokenizers.

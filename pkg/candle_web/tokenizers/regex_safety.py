@@ -1,0 +1,311 @@
+"""Refusing regexes that can backtrack catastrophically, before they ever run.
+
+Python's `re` is a backtracking engine: `(a+)+c` takes exponential time on "aaa...a", and a
+running match cannot be bounded (there is no step limit, Pyodide has no signals, and a signal
+never reaches a worker thread). HF `tokenizers` stops such a match with Oniguruma's retry limit.
+Here the patterns that come from files are analysed once at load, on the tree built by Python's
+own regex parser, and refused when
+
+- a repeat of variable count (`x*`, `x+`, `x{1,3}`) sits inside a repeat that iterates
+  (max > 1), unless it repeats a single character class and a mandatory character outside
+  that class follows it inside the same iteration: `(?:\\d{1,3},)+` is accepted, `(a+)+`,
+  `(a?){30}` and `(\\s*\\w+)*` are not;
+- an alternation inside an iterating repeat has branches that can begin with the same
+  character (`(a|aa)+`, `(\\w|\\d)+` once the classes are explicit);
+- groups nest deeper than MAX_REGEX_NESTING (which also bounds the recursion here).
+
+The rules are conservative (a refused pattern may in fact be harmless) and aim at the
+exponential shapes; polynomial ones such as `\\s*[\\r\\n]+`, used by real files, pass.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import UnsupportedError
+
+try:
+    from re import _parser as sre_parse  # Python >= 3.11
+except ImportError:  # pragma: no cover - older Pythons
+    import sre_parse
+
+# Groups, repeats, alternatives and lookarounds nested in each other; real patterns use < 5.
+MAX_REGEX_NESTING = 32
+
+REPEATS = tuple(getattr(sre_parse, name) for name in ("MAX_REPEAT", "MIN_REPEAT",
+                                                      "POSSESSIVE_REPEAT")
+                if hasattr(sre_parse, name))
+ATOMIC_GROUP = getattr(sre_parse, "ATOMIC_GROUP", None)
+SINGLE_CHARACTER = (sre_parse.LITERAL, sre_parse.NOT_LITERAL, sre_parse.IN, sre_parse.ANY,
+                    sre_parse.CATEGORY)
+LAST_CODE_POINT = 0x10FFFF
+# A character set is a tuple of disjoint sorted (first, last) ranges; UNKNOWN means "any
+# character, or a set too costly to work out": it overlaps with every non-empty set.
+UNKNOWN = None
+EMPTY = ()
+
+
+class CatastrophicPattern(Exception):
+    """Internal: carries the reason up to `check_pattern`, which raises UnsupportedError."""
+
+
+def parse_pattern(translated: str, pattern: str, where: str):
+    """Python's parse tree of `translated`; parse failures become UnsupportedError."""
+    try:
+        return sre_parse.parse(translated)
+    except (re.error, RecursionError, OverflowError, ValueError) as exc:
+        raise UnsupportedError(f"{where}: regex {pattern[:200]!r} cannot be run by Python's "
+                               f"re: {exc}") from None
+
+
+def check_pattern(translated: str, pattern: str, where: str) -> None:
+    """Raise UnsupportedError naming `where` when the pattern can backtrack exponentially."""
+    parsed = parse_pattern(translated, pattern, where)
+    _check_nesting(parsed, pattern, where)
+    ignorecase = bool(parsed.state.flags & re.IGNORECASE)
+    try:
+        _walk(parsed, EMPTY, False, ignorecase)
+    except CatastrophicPattern as exc:
+        raise UnsupportedError(
+            f"{where}: regex {pattern[:200]!r} can backtrack catastrophically (exponential "
+            f"time on some inputs): {exc}. Refused: no variable repeat inside a repeat unless "
+            f"a delimiter follows it, no alternatives that start alike inside a repeat"
+        ) from None
+
+
+# ---- the tree --------------------------------------------------------------------------
+
+def _children(op, av) -> list:
+    if op in REPEATS:
+        return [av[2]]
+    if op is sre_parse.SUBPATTERN:
+        return [av[3]]
+    if op is sre_parse.BRANCH:
+        return list(av[1])
+    if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+        return [av[1]]
+    if op is ATOMIC_GROUP:
+        return [av]
+    if op is sre_parse.GROUPREF_EXISTS:
+        return [branch for branch in av[1:] if branch is not None]
+    return []
+
+
+def _check_nesting(parsed, pattern: str, where: str) -> None:
+    """Iteratively, so that the recursive walk below is bounded by MAX_REGEX_NESTING."""
+    stack = [(parsed, 1)]
+    while stack:
+        subpattern, depth = stack.pop()
+        if depth > MAX_REGEX_NESTING:
+            raise UnsupportedError(f"{where}: regex {pattern[:200]!r} nests groups and "
+                                   f"repeats more than {MAX_REGEX_NESTING} levels deep")
+        for op, av in subpattern:
+            stack.extend((child, depth + 1) for child in _children(op, av))
+
+
+# ---- character sets --------------------------------------------------------------------
+
+def _merge(ranges) -> tuple:
+    merged = []
+    for first, last in sorted(ranges):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return tuple(merged)
+
+
+def _union(left, right):
+    if left is UNKNOWN or right is UNKNOWN:
+        return UNKNOWN
+    return _merge(left + right)
+
+
+def _overlap(left, right) -> bool:
+    if left is UNKNOWN or right is UNKNOWN:
+        return bool(left != EMPTY and right != EMPTY)
+    i = j = 0
+    while i < len(left) and j < len(right):
+        if left[i][1] < right[j][0]:
+            i += 1
+        elif right[j][1] < left[i][0]:
+            j += 1
+        else:
+            return True
+    return False
+
+
+def _class_set(items: list):
+    """The set of an IN node: literals and ranges, negated or not; categories are UNKNOWN."""
+    negated = False
+    ranges = []
+    for op, av in items:
+        if op is sre_parse.NEGATE:
+            negated = True
+        elif op is sre_parse.LITERAL:
+            ranges.append((av, av))
+        elif op is sre_parse.RANGE:
+            ranges.append(av)
+        else:
+            return UNKNOWN
+    merged = _merge(ranges)
+    if not negated:
+        return merged
+    complement = []
+    start = 0
+    for first, last in merged:
+        if first > start:
+            complement.append((start, first - 1))
+        start = last + 1
+    if start <= LAST_CODE_POINT:
+        complement.append((start, LAST_CODE_POINT))
+    return tuple(complement)
+
+
+def _character_set(op, av, ignorecase: bool):
+    """Set of one single-character node."""
+    if ignorecase or op in (sre_parse.ANY, sre_parse.NOT_LITERAL, sre_parse.CATEGORY):
+        return UNKNOWN
+    if op is sre_parse.LITERAL:
+        return ((av, av),)
+    return _class_set(av)
+
+
+def _group_flags(av, ignorecase: bool) -> bool:
+    _, add_flags, del_flags, _ = av
+    if add_flags & re.IGNORECASE:
+        return True
+    if del_flags & re.IGNORECASE:
+        return False
+    return ignorecase
+
+
+# ---- what a node can match first, and whether it can match nothing -----------------------
+
+def _nullable(subpattern) -> bool:
+    return all(_item_nullable(op, av) for op, av in subpattern)
+
+
+def _item_nullable(op, av) -> bool:
+    if op in SINGLE_CHARACTER:
+        return False
+    if op in REPEATS:
+        return av[0] == 0 or _nullable(av[2])
+    if op is sre_parse.SUBPATTERN:
+        return _nullable(av[3])
+    if op is ATOMIC_GROUP:
+        return _nullable(av)
+    if op is sre_parse.BRANCH:
+        return any(_nullable(branch) for branch in av[1])
+    return True  # anchors, lookarounds, back-references (which may be empty)
+
+
+def _first(subpattern, ignorecase: bool):
+    """Characters that can begin a match of `subpattern`."""
+    found = EMPTY
+    for op, av in subpattern:
+        found = _union(found, _item_first(op, av, ignorecase))
+        if not _item_nullable(op, av):
+            break
+    return found
+
+
+def _item_first(op, av, ignorecase: bool):
+    if op in SINGLE_CHARACTER:
+        return _character_set(op, av, ignorecase)
+    if op in REPEATS:
+        return EMPTY if av[1] == 0 else _first(av[2], ignorecase)
+    if op is sre_parse.SUBPATTERN:
+        return _first(av[3], _group_flags(av, ignorecase))
+    if op is ATOMIC_GROUP:
+        return _first(av, ignorecase)
+    if op is sre_parse.BRANCH:
+        found = EMPTY
+        for branch in av[1]:
+            found = _union(found, _first(branch, ignorecase))
+        return found
+    if op is sre_parse.GROUPREF or op is sre_parse.GROUPREF_EXISTS:
+        return UNKNOWN
+    return EMPTY  # anchors and lookarounds consume nothing
+
+
+def _single_character_body(subpattern, ignorecase: bool):
+    """The set when `subpattern` is exactly one single-character node (groups unwrapped),
+    else UNKNOWN."""
+    items = list(subpattern)
+    while len(items) == 1 and items[0][0] is sre_parse.SUBPATTERN:
+        ignorecase = _group_flags(items[0][1], ignorecase)
+        items = list(items[0][1][3])
+    if len(items) == 1 and items[0][0] in SINGLE_CHARACTER:
+        return _character_set(items[0][0], items[0][1], ignorecase)
+    return UNKNOWN
+
+
+# ---- the rules -------------------------------------------------------------------------
+
+def _walk(subpattern, follow, repeating: bool, ignorecase: bool) -> None:
+    """`follow`: characters that can come right after `subpattern` inside the current
+    iteration of the innermost iterating repeat (UNKNOWN at the end of an iteration)."""
+    items = list(subpattern)
+    after = [follow] * len(items)
+    if not repeating:
+        # Follow sets only matter inside an iterating repeat (which resets them): skip the
+        # work on the large classes of top-level alternatives.
+        for op, av in items:
+            _visit(op, av, UNKNOWN, repeating, ignorecase)
+        return
+    # Right to left: what can follow item i is the first set of the items after it, up to
+    # the first one that must consume a character.
+    for index in range(len(items) - 2, -1, -1):
+        op, av = items[index + 1]
+        first = _item_first(op, av, ignorecase)
+        after[index] = first if not _item_nullable(op, av) else _union(first, after[index + 1])
+    for (op, av), item_follow in zip(items, after):
+        _visit(op, av, item_follow, repeating, ignorecase)
+
+
+def _visit(op, av, follow, repeating: bool, ignorecase: bool) -> None:
+    if op in REPEATS:
+        _visit_repeat(av, follow, repeating, ignorecase)
+    elif op is sre_parse.BRANCH:
+        if repeating:
+            _check_alternatives(av[1], follow, ignorecase)
+        for branch in av[1]:
+            _walk(branch, follow, repeating, ignorecase)
+    elif op is sre_parse.SUBPATTERN:
+        _walk(av[3], follow, repeating, _group_flags(av, ignorecase))
+    elif op is ATOMIC_GROUP:
+        _walk(av, follow, repeating, ignorecase)
+    elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+        _walk(av[1], UNKNOWN, repeating, ignorecase)
+    elif op is sre_parse.GROUPREF_EXISTS:
+        for branch in av[1:]:
+            if branch is not None:
+                _walk(branch, follow, repeating, ignorecase)
+
+
+def _visit_repeat(av, follow, repeating: bool, ignorecase: bool) -> None:
+    low, high, body = av
+    if repeating and low != high and _first(body, ignorecase) != EMPTY:
+        repeated = _single_character_body(body, ignorecase)
+        if repeated is UNKNOWN or follow is UNKNOWN or _overlap(repeated, follow):
+            raise CatastrophicPattern("a repeat of variable count inside another repeat can "
+                                      "split the same text in exponentially many ways")
+    if high > 1:
+        # Inside an iterating repeat, the end of the body can be followed by anything.
+        _walk(body, UNKNOWN, True, ignorecase)
+    else:
+        _walk(body, follow, repeating, ignorecase)
+
+
+def _check_alternatives(branches, follow, ignorecase: bool) -> None:
+    seen = EMPTY
+    for branch in branches:
+        first = _first(branch, ignorecase)
+        if _nullable(branch):
+            first = _union(first, follow)
+        if _overlap(first, seen):
+            raise CatastrophicPattern("alternatives that can begin with the same character "
+                                      "inside a repeat can be tried in exponentially many "
+                                      "combinations")
+        seen = _union(seen, first)
