@@ -13,7 +13,7 @@ APT_PACKAGES := chromium espeak-ng sox ffmpeg
 
 export CANDLE_WEB_OFFLINE ?= 1
 
-.PHONY: demo test setup system-deps models web bench clean-venv
+.PHONY: demo test setup system-deps models web bench fuzz clean-venv
 
 # -- set-up -------------------------------------------------------------------------------
 # torch must be the CPU build: install it first, pinned, so no other package pulls a CUDA one.
@@ -73,6 +73,15 @@ demo: $(STAMP_DEV) models web
 bench: $(STAMP_DEV) models web
 	-PYTHON=$(PY) scripts/build_llama_cpp.sh
 	$(PY) bench/run_all.py
+
+# Every file parser fuzzed with mutated real files for FUZZ_SECONDS each (tests/fuzz/harness.py;
+# `make test` runs a short fixed-seed pass). Exits non-zero on any untyped exception, hang,
+# allocation beyond the 2 GiB cap or crash; inputs are saved in tests/fuzz/findings/ (git-ignored)
+# with the command that replays each.
+FUZZ_SECONDS ?= 60
+fuzz: export OPENBLAS_NUM_THREADS = 1
+fuzz: $(STAMP_DEV) models
+	$(PY) tests/fuzz/harness.py --seconds $(FUZZ_SECONDS)
 
 clean-venv:
 	rm -rf $(VENV)

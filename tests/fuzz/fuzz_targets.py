@@ -1,0 +1,274 @@
+"""The fuzz targets: one function per parser, called with one (mutated) input as bytes.
+
+A target calls the parser through the entry point a user calls, then uses the result the way
+the package does (encode and decode with a tokenizer, dequantize a tensor, build the model
+config), since many bugs only show once a lying header is believed. A case passes when the
+function returns or raises a CandleError; anything else is a finding (see harness.py).
+
+The functions run in the fuzzing child (fuzz_worker.py), under the address-space cap; they
+must not catch exceptions themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE_TEXT = "Hello world! It's 2024: naïve café, 日本語, emoji 😀, tabs\tand  spaces."
+SAMPLE_PAIR = "A second sentence."
+# Tensors above this many bytes are parsed but not materialised: the parser has already
+# checked that their bytes are present, and converting them would only cost time.
+MAX_MATERIALISED_BYTES = 1 << 20
+MAX_TENSORS_READ = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """``run(data)``: the case; ``seeds``: the fuzz_seeds builder; ``kind``: for config.json
+    targets, the seeds of this loader (others are used less often)."""
+
+    name: str
+    run: object
+    seeds: str
+    about: str
+    kind: str = ""
+
+
+# -- tokenizer.json ----------------------------------------------------------------------------
+def use_tokenizer(tokenizer) -> None:
+    """Encode and decode a short text and a pair, as the pipelines do."""
+    encoding = tokenizer.encode(SAMPLE_TEXT)
+    tokenizer.decode(encoding.ids)
+    tokenizer.decode(encoding.ids, skip_special_tokens=False)
+    tokenizer.encode(SAMPLE_TEXT, SAMPLE_PAIR)
+    tokenizer.get_vocab_size()
+    for token_id in encoding.ids[:4]:
+        tokenizer.id_to_token(token_id)
+
+
+def tokenizer_json(data: bytes) -> None:
+    from candle_web.tokenizers import Tokenizer
+
+    use_tokenizer(Tokenizer.from_bytes(data))
+
+
+# -- GGUF --------------------------------------------------------------------------------------
+def _first_small_tensor(gguf):
+    for name, info in gguf.tensors.items():
+        if info.nbytes <= MAX_MATERIALISED_BYTES:
+            return name
+    return None
+
+
+def gguf(data: bytes) -> None:
+    """Parse, read every metadata value and tensor info, dequantize the first small tensor,
+    build the embedded tokenizer and the LLaMA config, as Llama.from_gguf does."""
+    from candle_web.io.gguf import GgufFile
+    from candle_web.models.llama import LlamaConfig
+    from candle_web.tokenizers import Tokenizer
+
+    file = GgufFile(data)
+    for key in file.metadata:
+        file.get(key)
+    for info in file.tensors.values():
+        info.n_elements
+    name = _first_small_tensor(file)
+    if name is not None:
+        file.qtensor(name).dequantize()
+    use_tokenizer(Tokenizer.from_gguf_metadata(file.metadata))
+    LlamaConfig.from_gguf(file)
+
+
+# -- CTranslate2 -------------------------------------------------------------------------------
+def ct2(data: bytes) -> None:
+    """Parse, read small variables as float32 and scalars, resolve aliases, build Whisper."""
+    from candle_web.io.ct2 import read_ct2
+    from candle_web.models.whisper import Whisper
+
+    model = read_ct2(data)
+    for name in list(model.variables)[:MAX_TENSORS_READ]:
+        model.dtype_of(name)
+        array = model.variables[name]
+        if array.ndim == 0:
+            model.scalar(name)
+        elif array.nbytes <= MAX_MATERIALISED_BYTES:
+            model.get_f32(name)
+    for alias in model.aliases:
+        model[alias]
+    Whisper.from_ct2(data)
+
+
+# -- safetensors -------------------------------------------------------------------------------
+def safetensors(data: bytes) -> None:
+    from candle_web.io.safetensors import SafeTensors
+
+    file = SafeTensors(data)
+    file.metadata
+    for name in file.keys()[:MAX_TENSORS_READ]:
+        if file.info(name).nbytes <= MAX_MATERIALISED_BYTES:
+            file.get_numpy(name)
+            file.get(name)
+
+
+# -- npy / npz ---------------------------------------------------------------------------------
+def npy(data: bytes) -> None:
+    from candle_web.io.npz import load_npy, read_npy
+
+    read_npy(data)
+    load_npy(data)
+
+
+def npz(data: bytes) -> None:
+    from candle_web.io.npz import NpzFile
+
+    archive = NpzFile(data)
+    for name in archive.keys()[:MAX_TENSORS_READ]:
+        archive.info(name)
+        archive.get_numpy(name)
+        archive.get(name)
+
+
+# -- WAV ---------------------------------------------------------------------------------------
+def wav(data: bytes) -> None:
+    """The header alone (as the browser's streaming reader does), read_wav, then load_audio
+    (decode, downmix, resample to 16 kHz) as transcription does."""
+    from candle_web.audio import load_audio
+    from candle_web.io.wav import parse_wav_header, read_wav
+
+    parse_wav_header(data, allow_truncated=True)
+    read_wav(data)
+    load_audio(data, format="wav")
+
+
+# -- config.json -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _scratch_folder() -> Path:
+    """One folder per child process, rewritten every case (loaders take paths)."""
+    return Path(tempfile.mkdtemp(prefix="candle-web-fuzz-"))
+
+
+def _model_folder(config: bytes, weights: dict) -> Path:
+    folder = _scratch_folder()
+    for stale in folder.iterdir():
+        stale.unlink()
+    (folder / "config.json").write_bytes(config)
+    for name, content in weights.items():
+        (folder / name).write_bytes(content)
+    return folder
+
+
+@functools.lru_cache(maxsize=1)
+def _empty_safetensors() -> bytes:
+    """A valid safetensors file with no tensors: the loaders parse config.json before they
+    look for weights, so this reaches the config parsing and then fails with a typed error."""
+    from candle_web.io.safetensors import serialize
+
+    return serialize({})
+
+
+@functools.lru_cache(maxsize=1)
+def _small_whisper_bin() -> bytes:
+    import fuzz_seeds
+
+    built = fuzz_seeds.small_whisper_ct2_bytes()
+    if built is None:
+        raise RuntimeError("whisper-tiny.en model.bin is not in the cache")
+    return built[0]
+
+
+def config_bert(data: bytes) -> None:
+    from candle_web.models import bert
+
+    bert._read_config(str(_model_folder(data, {}) / "config.json"))
+
+
+def config_t5(data: bytes) -> None:
+    from candle_web.models import t5
+
+    t5._read_config(str(_model_folder(data, {}) / "config.json"))
+
+
+def config_llama(data: bytes) -> None:
+    from candle_web.models.llama import Llama
+
+    Llama.from_pretrained(_model_folder(data, {"model.safetensors": _empty_safetensors()}))
+
+
+def config_whisper_ct2(data: bytes) -> None:
+    """faster-whisper's config.json (suppress ids, alignment heads, language ids) next to a
+    small real model.bin, loaded the way Whisper.from_pretrained loads a CT2 folder."""
+    from candle_web.models.whisper import Whisper
+
+    Whisper.from_pretrained(_model_folder(data, {"model.bin": _small_whisper_bin()}))
+
+
+def config_whisper_hf(data: bytes) -> None:
+    from candle_web.models.whisper import Whisper
+
+    Whisper.from_pretrained(_model_folder(data, {"model.safetensors": _empty_safetensors()}))
+
+
+# -- deliberately broken targets (the harness's own tests) -------------------------------------
+def broken_key_error(data: bytes) -> None:
+    """Raises an untyped KeyError on about half the inputs; a CandleError on the others."""
+    from candle_web.errors import FormatError
+
+    if data and data[0] % 2:
+        raise KeyError("odd first byte")
+    raise FormatError("even first byte: a typed error, which passes")
+
+
+def broken_hang(data: bytes) -> None:
+    time.sleep(3600)
+
+
+def broken_regex_hang(data: bytes) -> None:
+    """Catastrophic backtracking: a hang inside re's C code, where no signal handler runs."""
+    re.match(r"(a+)+$", "a" * 64 + "b")
+
+
+def broken_allocation(data: bytes) -> None:
+    np.ones(3 << 30, dtype=np.uint8)  # 3 GiB: beyond the 2 GiB cap
+
+
+def broken_crash(data: bytes) -> None:
+    os.abort()
+
+
+TARGETS = {t.name: t for t in (
+    Target("tokenizer.json", tokenizer_json, "tokenizer",
+           "Tokenizer.from_bytes + encode/decode (BPE, WordPiece, Unigram)"),
+    Target("gguf", gguf, "gguf", "GgufFile + dequantize + embedded tokenizer + LlamaConfig"),
+    Target("ct2", ct2, "ct2", "read_ct2 + variables + Whisper.from_ct2"),
+    Target("safetensors", safetensors, "safetensors", "SafeTensors + get_numpy/get"),
+    Target("npy", npy, "npy", "read_npy + load_npy"),
+    Target("npz", npz, "npz", "NpzFile + get_numpy/get"),
+    Target("wav", wav, "wav", "parse_wav_header + read_wav + load_audio"),
+    Target("config.bert", config_bert, "config", "bert config.json", kind="bert"),
+    Target("config.t5", config_t5, "config", "t5 config.json", kind="t5"),
+    Target("config.llama", config_llama, "config", "llama config.json (Llama.from_pretrained)",
+           kind="llama"),
+    Target("config.whisper-ct2", config_whisper_ct2, "config",
+           "faster-whisper config.json (Whisper.from_pretrained)", kind="whisper-ct2"),
+    Target("config.whisper-hf", config_whisper_hf, "config",
+           "HF whisper config.json (Whisper.from_pretrained)", kind="whisper-hf"),
+)}
+
+BROKEN_TARGETS = {t.name: t for t in (
+    Target("broken.key-error", broken_key_error, "", "raises KeyError on odd first bytes"),
+    Target("broken.hang", broken_hang, "", "sleeps for an hour"),
+    Target("broken.regex-hang", broken_regex_hang, "", "backtracks in re for ages"),
+    Target("broken.allocation", broken_allocation, "", "allocates 3 GiB"),
+    Target("broken.crash", broken_crash, "", "aborts the process"),
+)}
+
+
+def find(name: str) -> Target:
+    return TARGETS.get(name) or BROKEN_TARGETS[name]
