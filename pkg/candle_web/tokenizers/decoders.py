@@ -11,7 +11,7 @@ import re
 from ..errors import FormatError, UnsupportedError
 from .fields import MAX_COUNT, SOURCE, Fields, as_list, as_object, check_nesting, describe
 from .normalizers import compile_split_pattern
-from .pre_tokenizers import unicode_to_byte
+from .byte_level import unicode_to_byte
 
 BYTE_TOKEN = re.compile(r"<0x\+?[0-9A-Fa-f]{1,2}>")
 REPLACEMENT_CHARACTER = "\ufffd"

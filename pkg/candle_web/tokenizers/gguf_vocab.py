@@ -10,6 +10,8 @@ tokens, so they are matched whole in text as HF and llama.cpp do.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..errors import FormatError, UnsupportedError
@@ -171,14 +173,13 @@ def _bos_eos_template(metadata: dict, tokens: list, add_bos_default: bool):
 
 
 def _gpt2_tokenizer(metadata: dict, tokens: list, token_types: list):
-    from .tokenizer import Tokenizer
     merges = _strings(metadata, "merges")
     vocab = {token: index for index, token in enumerate(tokens)}
     model = BPE(vocab, merges)
     pre = _string(metadata, "pre", False, "default")
-    return Tokenizer(model, None, _pre_tokenizer_for(pre),
-                     _bos_eos_template(metadata, tokens, add_bos_default=False),
-                     ByteLevelDecoder(), _added_tokens(tokens, token_types))
+    return TokenizerParts(model, None, _pre_tokenizer_for(pre),
+                          _bos_eos_template(metadata, tokens, add_bos_default=False),
+                          ByteLevelDecoder(), _added_tokens(tokens, token_types))
 
 
 def sentencepiece_merges(tokens: list, scores: list) -> list:
@@ -207,7 +208,6 @@ def sentencepiece_merges(tokens: list, scores: list) -> list:
 
 
 def _llama_tokenizer(metadata: dict, tokens: list, token_types: list):
-    from .tokenizer import Tokenizer
     scores = _scores(_as_list(_key(metadata, "scores"), "tokenizer.ggml.scores"),
                      "tokenizer.ggml.scores")
     if len(scores) != len(tokens):
@@ -227,12 +227,23 @@ def _llama_tokenizer(metadata: dict, tokens: list, token_types: list):
     decoder_steps = [ReplaceDecoder({"String": SPIECE_SPACE}, " "), ByteFallback(), Fuse()]
     if add_space_prefix:
         decoder_steps.append(Strip(" ", 1, 0))
-    return Tokenizer(model, NormalizerSequence(normalizers), None,
-                     _bos_eos_template(metadata, tokens, add_bos_default=True),
-                     DecoderSequence(decoder_steps), _added_tokens(tokens, token_types))
+    return TokenizerParts(model, NormalizerSequence(normalizers), None,
+                          _bos_eos_template(metadata, tokens, add_bos_default=True),
+                          DecoderSequence(decoder_steps), _added_tokens(tokens, token_types))
 
 
-def tokenizer_from_gguf_metadata(metadata: dict):
+class TokenizerParts(NamedTuple):
+    """What a Tokenizer is built from (Tokenizer.from_gguf_metadata builds it: this module
+    does not import the Tokenizer, which imports this module)."""
+    model: object
+    normalizer: object
+    pre_tokenizer: object
+    post_processor: object
+    decoder: object
+    added_tokens: list
+
+
+def tokenizer_parts_from_gguf_metadata(metadata: dict) -> TokenizerParts:
     """`metadata`: GGUF key -> value (strings, numbers, lists or numpy arrays)."""
     model_kind = _string(metadata, "model")
     tokens = _strings(metadata, "tokens")

@@ -10,7 +10,10 @@ from __future__ import annotations
 import unicodedata
 
 from ..errors import FormatError, UnsupportedError
+from .byte_level import bytes_to_unicode_text
 from .fields import SOURCE, Fields, as_list, as_object, as_string, check_nesting, describe
+from .normalizer_base import Normalizer
+from .precompiled import PrecompiledNormalizer
 from .unicode_classes import compile_pattern, is_whitespace, legacy_flip_set
 
 
@@ -20,22 +23,6 @@ def lowercase_per_char(text: str) -> str:
     if text.isascii():
         return text.lower()
     return "".join([char.lower() for char in text])
-
-
-class Normalizer:
-    def normalize(self, text: str) -> str:
-        raise NotImplementedError
-
-    def normalize_keeping_origin(self, text: str) -> tuple:
-        """(normalized text, whether its first character still comes from original offset 0).
-
-        HF tracks alignments; the only use here is Metaspace's prepend_scheme "first", which
-        needs to know whether leading characters were removed (Strip, clean_text...)."""
-        normalized = self.normalize(text)
-        return normalized, not self.drops_leading(text)
-
-    def drops_leading(self, text: str) -> bool:
-        return False
 
 
 def unicode_normalize(form: str, text: str) -> str:
@@ -205,7 +192,6 @@ class Nmt(Normalizer):
 
 class ByteLevelNormalizer(Normalizer):
     def normalize(self, text: str) -> str:
-        from .pre_tokenizers import bytes_to_unicode_text
         return bytes_to_unicode_text(text)
 
 
@@ -270,7 +256,6 @@ def _bert(fields: Fields) -> BertNormalizer:
 
 
 def _precompiled(fields: Fields):
-    from .precompiled import PrecompiledNormalizer
     return PrecompiledNormalizer.from_config(fields.config, fields.where)
 
 

@@ -7,9 +7,8 @@ Splitting follows HF's `SplitDelimiterBehavior` on a list of (start, stop, is_ma
 
 from __future__ import annotations
 
-import functools
-
 from ..errors import FormatError, UnsupportedError
+from .byte_level import bytes_to_unicode_text
 from .fields import SOURCE, Fields, as_list, as_object, check_nesting, describe
 from .normalizers import compile_split_pattern
 from .unicode_classes import compile_pattern, is_numeric, is_punctuation, is_whitespace
@@ -20,36 +19,6 @@ GPT2_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"
 WHITESPACE_PATTERN = r"\w+|[^\w\s]+"
 
 BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")
-
-
-@functools.lru_cache(maxsize=1)
-def byte_to_unicode() -> dict:
-    """GPT-2's reversible byte -> printable character table."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD))
-                 + list(range(0xAE, 0x100)))
-    table = {byte: chr(byte) for byte in printable}
-    shifted = 0
-    for byte in range(256):
-        if byte not in table:
-            table[byte] = chr(256 + shifted)
-            shifted += 1
-    return table
-
-
-@functools.lru_cache(maxsize=1)
-def unicode_to_byte() -> dict:
-    return {char: byte for byte, char in byte_to_unicode().items()}
-
-
-@functools.lru_cache(maxsize=1)
-def _byte_translation() -> list:
-    table = byte_to_unicode()
-    return [table[byte] for byte in range(256)]
-
-
-def bytes_to_unicode_text(text: str) -> str:
-    translation = _byte_translation()
-    return "".join([translation[byte] for byte in text.encode("utf-8")])
 
 
 def regex_spans(regex, text: str) -> list:

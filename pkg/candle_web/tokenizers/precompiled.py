@@ -27,7 +27,7 @@ from array import array
 
 from ..errors import FormatError
 from .graphemes import cluster_spans
-from .normalizers import Normalizer
+from .normalizer_base import Normalizer
 
 # A grapheme is looked up as a whole only below this many UTF-8 bytes (HF's rule).
 WHOLE_GRAPHEME_MAX_BYTES = 5

@@ -18,6 +18,7 @@ from .decoders import decoder_from_config
 from .encoding import (Encoding, PaddingParams, TruncationParams, pad_encodings,
                        truncate_encodings)
 from .fields import Fields, as_list
+from .gguf_vocab import tokenizer_parts_from_gguf_metadata
 from .models import model_from_config
 from .normalizers import normalizer_from_config
 from .post_processors import PostProcessor, post_processor_from_config
@@ -92,8 +93,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: dict) -> "Tokenizer":
-        from .gguf_vocab import tokenizer_from_gguf_metadata
-        return tokenizer_from_gguf_metadata(metadata)
+        return cls(*tokenizer_parts_from_gguf_metadata(metadata))
 
     # ---- vocabulary ---------------------------------------------------------------------
 
