@@ -381,7 +381,15 @@ def print_summary(reports: list, out=None) -> None:
 
 # -- replay ------------------------------------------------------------------------------------
 def replay(target_name: str, path: Path, memory_bytes: int) -> int:
-    """Run one saved input in this process (under the same cap) and show what happens."""
+    """Run one saved input in a child process under the same cap and show what happens; the
+    exit status is 1 when it still fails. A child, because the address-space cap cannot be
+    lifted again: set in a test process it broke every test after it."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--replay-here", target_name,
+               str(path), "--memory-mib", str(memory_bytes >> 20)]
+    return subprocess.run(command, check=False).returncode
+
+
+def _replay_here(target_name: str, path: Path, memory_bytes: int) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     target = fuzz_targets.find(target_name)
     data = Path(path).read_bytes()
@@ -407,6 +415,7 @@ def main(argv=None) -> int:
                         help="address-space cap of the child")
     parser.add_argument("--findings", type=Path, default=DEFAULT_FINDINGS)
     parser.add_argument("--replay", nargs=2, metavar=("TARGET", "FILE"))
+    parser.add_argument("--replay-here", nargs=2, help=argparse.SUPPRESS)  # replay's child
     parser.add_argument("--list", action="store_true", help="list the targets")
     args = parser.parse_args(argv)
     if args.list:
@@ -415,6 +424,8 @@ def main(argv=None) -> int:
         return 0
     if args.replay:
         return replay(args.replay[0], Path(args.replay[1]), args.memory_mib << 20)
+    if args.replay_here:
+        return _replay_here(args.replay_here[0], Path(args.replay_here[1]), args.memory_mib << 20)
     if args.seconds is None and args.cases is None:
         args.seconds = 60.0
     names = args.targets.split(",") if args.targets else list(fuzz_targets.TARGETS)

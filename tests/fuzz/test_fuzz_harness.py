@@ -8,6 +8,7 @@ allocation beyond the bound and a crash, each within the per-case limit, naming 
 from __future__ import annotations
 
 import json
+import resource
 import time
 
 import pytest
@@ -48,7 +49,10 @@ def test_untyped_exception_is_a_finding_and_a_candle_error_is_not(tmp_path):
     assert group.count + report.passed["typed"] == report.cases
     saved = group.saved[0]
     assert saved.exists() and saved.with_suffix(".txt").exists()
+    before = resource.getrlimit(resource.RLIMIT_AS)
     assert harness.replay("broken.key-error", saved, harness.DEFAULT_MEMORY_BYTES) == 1
+    # The cap applies to the replaying child only: this process runs the rest of the suite.
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
 
 
 @pytest.mark.parametrize("name, site", [("broken.hang", "broken_hang"),
