@@ -2,7 +2,7 @@
 // writes a continuation of the prompt, or a chat answer (the model's ChatML template), token
 // by token; sampling settings as in Candle's examples; Stop cancels. Started by app.js.
 
-import { JobStatus, describeLoad, fillModelSelect, formatSeconds, loadModel } from "./view_common.js";
+import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
 const MODEL_LABELS = { "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1)" };
@@ -75,11 +75,9 @@ export function setUpGenerate(client, ready) {
     ui.modelSelect.disabled = state.busy;
   }
 
-  function track(job) {
-    state.jobId = job.id;
-  }
+  const jobs = new ViewJobs({ client, status, state, refresh: refreshButtons });
 
-  async function ensureModel(model) {
+  async function ensureModel(model, track) {
     if (state.loadedModel === model) return;
     const reply = await loadModel(client, KIND, { model }, status, { label: MODEL_LABELS[model] || model, track, events: state.events });
     state.lastLoad = reply;
@@ -126,14 +124,13 @@ export function setUpGenerate(client, ready) {
     context_length: "the model's context length",
   };
 
-  async function run() {
-    if (state.busy) return;
-    status.clearError();
+  // The form's prompt and options as a job for `jobs`, or null after saying what is wrong.
+  function prepare() {
     const prompt = ui.prompt.value;
     if (prompt.trim() === "") {
       status.showError("Type a prompt first: a question (chat) or a text to continue.");
       ui.prompt.focus();
-      return;
+      return null;
     }
     let options;
     try {
@@ -141,68 +138,38 @@ export function setUpGenerate(client, ready) {
     } catch (error) {
       if (!(error instanceof OptionError)) throw error;
       status.showError(error.message);
-      return;
+      return null;
     }
     const model = ui.modelSelect.value;
     const chat = ui.chat.checked;
-    state.busy = true;
-    state.lastError = null;
-    state.events = [];
-    state.streamed = { tokens: 0, text: "" };
-    ui.output.textContent = "";
-    ui.stats.hidden = true;
-    ui.statPrompt.textContent = "–";
-    refreshButtons();
-    try {
-      await ensureModel(model);
-      status.set("running", "Reading the prompt…");
-      status.fraction(null);
-      const job = client.start("generate", { model, prompt, chat, options }, { onProgress: onGenerateProgress(options.maxTokens) });
-      track(job);
-      const result = await job.result;
-      state.lastResult = { ...result, model, prompt, chat, options };
-      state.runs += 1;
-      ui.output.textContent = result.text; // the final text (a held-back stop string removed)
-      showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
-      status.fraction(1);
-      status.set("done", `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.`);
-    } catch (error) {
-      state.lastError = { name: error.name, message: error.message };
-      if (error.name === "Cancelled") {
-        status.set("cancelled", `Stopped after ${state.streamed.tokens} tokens.`);
-      } else {
-        status.set("error", "Stopped by an error.");
-        status.showError(`${error.name}: ${error.message}`);
-        console.error(error.traceback || error);
-      }
-    } finally {
-      state.busy = false;
-      state.jobId = null;
-      refreshButtons();
-    }
+    return {
+      reset: () => {
+        state.streamed = { tokens: 0, text: "" };
+        ui.output.textContent = "";
+        ui.stats.hidden = true;
+        ui.statPrompt.textContent = "–";
+      },
+      load: (track) => ensureModel(model, track),
+      running: { text: "Reading the prompt…" },
+      command: "generate",
+      fields: () => ({ model, prompt, chat, options }),
+      onProgress: onGenerateProgress(options.maxTokens),
+      done: (result) => {
+        state.lastResult = { ...result, model, prompt, chat, options };
+        ui.output.textContent = result.text; // the final text (a held-back stop string removed)
+        showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
+        return `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.`;
+      },
+      cancelled: () => `Stopped after ${state.streamed.tokens} tokens.`,
+    };
   }
 
-  async function stop() {
-    if (state.jobId === null) return;
-    status.phase.textContent = "Stopping…";
-    await client.cancel(state.jobId);
-  }
+  const run = () => jobs.run(prepare);
+  const stop = () => jobs.stop();
 
   ui.button.addEventListener("click", run);
   ui.stop.addEventListener("click", stop);
-  ui.prompt.addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
-      event.preventDefault();
-      run();
-    }
-  });
-  ready.then(() => {
-    state.runtimeReady = true;
-    refreshButtons();
-    return fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS).catch((error) => console.warn("model list unavailable:", error));
-  }, (error) => {
-    status.showError(`The Python runtime failed to start, so nothing can be generated: ${error.message}`);
-  });
-  refreshButtons();
+  runOnCtrlEnter(ui.prompt, run);
+  jobs.whenReady(ready, "generated", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS));
   return { state, run, stop };
 }

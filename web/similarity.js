@@ -2,11 +2,11 @@
 // sentence embedder (all-MiniLM-L6-v2: mean pooling, L2-normalised), and their cosine
 // similarity matrix is shown as a coloured grid. Started by app.js with its WorkerClient.
 
-import { JobStatus, describeLoad, fillModelSelect, formatSeconds, loadModel } from "./view_common.js";
+import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "bert";
 const MODEL_LABELS = { "all-minilm-l6-v2": "all-MiniLM-L6-v2" };
-const MAX_SENTENCES = 64; // web/py/bert_session.py refuses more
+const MAX_SENTENCES = 64; // candle_web/worker/bert.py refuses more
 const LABEL_CHARS = 48; // row labels show the start of each sentence
 
 // Lines of the text box that hold something: the sentences to compare.
@@ -48,6 +48,7 @@ export function setUpSimilarity(client, ready) {
     lastResult: null, // the worker's reply + {sentences, model}; vectors as a Float32Array
     lastError: null,
     events: [],
+    jobId: null,
     runs: 0,
   };
 
@@ -56,9 +57,11 @@ export function setUpSimilarity(client, ready) {
     ui.modelSelect.disabled = state.busy;
   }
 
-  async function ensureModel(model) {
+  const jobs = new ViewJobs({ client, status, state, refresh: refreshButtons });
+
+  async function ensureModel(model, track) {
     if (state.loadedModel === model) return;
-    const reply = await loadModel(client, KIND, { model }, status, { label: MODEL_LABELS[model] || model, events: state.events });
+    const reply = await loadModel(client, KIND, { model }, status, { label: MODEL_LABELS[model] || model, track, events: state.events });
     state.lastLoad = reply;
     state.loadedModel = reply.key;
     ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).`;
@@ -131,62 +134,42 @@ export function setUpSimilarity(client, ready) {
       : `Closest pair: ${best.i + 1} and ${best.j + 1} (${best.value.toFixed(2)}).`;
   }
 
-  async function compare() {
-    if (state.busy) return;
-    status.clearError();
+  const plural = (count) => `${count} sentence${count === 1 ? "" : "s"}`;
+
+  // The sentences and model as a job for `jobs`, or null after saying what is wrong.
+  function prepare() {
     const sentences = sentencesFrom(ui.input.value);
     if (sentences.length === 0) {
       status.showError("Type at least one sentence to embed, one per line.");
       ui.input.focus();
-      return;
+      return null;
     }
     if (sentences.length > MAX_SENTENCES) {
       status.showError(`${sentences.length} sentences: at most ${MAX_SENTENCES} at once.`);
-      return;
+      return null;
     }
     const model = ui.modelSelect.value;
-    state.busy = true;
-    state.lastError = null;
-    state.events = [];
-    refreshButtons();
-    try {
-      await ensureModel(model);
-      status.set("running", `Embedding ${sentences.length} sentence${sentences.length === 1 ? "" : "s"}…`);
-      status.fraction(null);
-      const reply = await client.request("embed", { model, sentences });
-      const vectors = new Float32Array(reply.vectors);
-      state.lastResult = { ...reply, vectors, sentences, model };
-      state.runs += 1;
-      showNotice(reply);
-      showMatrix(reply, sentences);
-      status.fraction(1);
-      status.set("done", `Embedded ${reply.count} sentence${reply.count === 1 ? "" : "s"} (${reply.dims} dimensions) in ${formatSeconds(reply.elapsedMs / 1000)}.`);
-    } catch (error) {
-      state.lastError = { name: error.name, message: error.message };
-      status.set("error", "Stopped by an error.");
-      status.showError(`${error.name}: ${error.message}`);
-      console.error(error.traceback || error);
-    } finally {
-      state.busy = false;
-      refreshButtons();
-    }
+    return {
+      load: (track) => ensureModel(model, track),
+      running: { text: `Embedding ${plural(sentences.length)}…` },
+      command: "embed",
+      fields: () => ({ model, sentences }),
+      done: (reply) => {
+        const vectors = new Float32Array(reply.vectors);
+        state.lastResult = { ...reply, vectors, sentences, model };
+        showNotice(reply);
+        showMatrix(reply, sentences);
+        return `Embedded ${plural(reply.count)} (${reply.dims} dimensions) in ${formatSeconds(reply.elapsedMs / 1000)}.`;
+      },
+      // Nothing stops an embedding (no Stop button), but the worker may still say Cancelled.
+      cancelled: () => "Cancelled.",
+    };
   }
 
+  const compare = () => jobs.run(prepare);
+
   ui.button.addEventListener("click", compare);
-  // Ctrl+Enter in the text box compares, like submitting a form.
-  ui.input.addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
-      event.preventDefault();
-      compare();
-    }
-  });
-  ready.then(() => {
-    state.runtimeReady = true;
-    refreshButtons();
-    return fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS).catch((error) => console.warn("model list unavailable:", error));
-  }, (error) => {
-    status.showError(`The Python runtime failed to start, so nothing can be embedded: ${error.message}`);
-  });
-  refreshButtons();
+  runOnCtrlEnter(ui.input, compare);
+  jobs.whenReady(ready, "embedded", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS));
   return { state, compare };
 }

@@ -8,7 +8,7 @@
 // is still training it, the view says how far it got ("demo model still training: 40%") and
 // offers the model as soon as it is served, without a reload. Started by app.js.
 
-import { JobStatus, describeLoad, fillModelSelect, formatSeconds, loadModel } from "./view_common.js";
+import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "t5";
 const SOURCE_HUB = "hub";
@@ -29,7 +29,7 @@ const DEMO = {
 // How often the view asks how the demo model's training goes: it takes minutes, so a few
 // seconds is timely, and the two requests cost nothing.
 const TRAINING_POLL_MS = 3000;
-const MAX_TOKENS_LIMIT = 512; // web/py/t5_session.py refuses more
+const MAX_TOKENS_LIMIT = 512; // candle_web/worker/t5.py refuses more
 // What a Hub download failure means here, besides the worker's own message.
 const OFFLINE_ERRORS = new Set(["NetworkError", "ModelNotFound"]);
 
@@ -127,11 +127,9 @@ export function setUpText2text(client, ready) {
     return { fields: { model: ui.source.value }, label: ui.source.value };
   }
 
-  function track(job) {
-    state.jobId = job.id;
-  }
+  const jobs = new ViewJobs({ client, status, state, refresh: refreshButtons });
 
-  async function ensureModel({ fields, label }) {
+  async function ensureModel({ fields, label }, track) {
     const identity = JSON.stringify(fields);
     if (state.loadedSource === identity) return state.loadedKey;
     const reply = await loadModel(client, KIND, fields, status, { label, track, events: state.events });
@@ -173,14 +171,19 @@ export function setUpText2text(client, ready) {
     return value;
   }
 
-  async function run() {
-    if (state.busy) return;
-    status.clearError();
+  // What an error means here, besides the worker's own message: offline, where to get a T5.
+  function errorHelp(error) {
+    if (!OFFLINE_ERRORS.has(error.name) || !state.hint) return "";
+    return ui.hint.hidden ? `\n${state.hint.replaceAll("`", "")}` : "\nThe note above says how to get a T5 here.";
+  }
+
+  // The form's model, task and input as a job for `jobs`, or null after saying what is wrong.
+  function prepare() {
     const text = ui.input.value;
     if (text.trim() === "") {
       status.showError("Type a text first: it is sent with the task prefix chosen above.");
       ui.input.focus();
-      return;
+      return null;
     }
     let source;
     let maxTokens;
@@ -189,57 +192,36 @@ export function setUpText2text(client, ready) {
       maxTokens = readMaxTokens();
     } catch (error) {
       status.showError(error.message);
-      return;
+      return null;
     }
     const prompt = ui.task.value + text.trim();
-    state.busy = true;
-    state.lastError = null;
-    state.events = [];
-    state.streamed = { tokens: 0, text: "" };
-    ui.output.textContent = "";
-    ui.stats.hidden = true;
-    refreshButtons();
-    try {
-      const model = await ensureModel(source);
-      status.set("running", "Encoding the input…");
-      status.fraction(null);
-      const job = client.start("text2text", { model, prompt, options: { maxTokens } }, { onProgress: onProgress(maxTokens) });
-      track(job);
-      const result = await job.result;
-      state.lastResult = { ...result, model, prompt };
-      state.runs += 1;
-      ui.output.textContent = result.text;
-      showNotice(result);
-      ui.statInput.textContent = `${result.inputTokens} tokens`;
-      ui.statSpeed.textContent = `${result.timings.tokensPerSecond.toFixed(1)} tok/s`;
-      ui.stats.hidden = false;
-      status.fraction(1);
-      status.set("done", `Done: ${result.tokenIds.length} tokens in ${formatSeconds(result.timings.elapsedMs / 1000)}.`);
-    } catch (error) {
-      state.lastError = { name: error.name, message: error.message };
-      if (error.name === "Cancelled") {
-        status.set("cancelled", `Stopped after ${state.streamed.tokens} tokens.`);
-      } else {
-        status.set("error", "Stopped by an error.");
-        let help = "";
-        if (OFFLINE_ERRORS.has(error.name) && state.hint) {
-          help = ui.hint.hidden ? `\n${state.hint.replaceAll("`", "")}` : "\nThe note above says how to get a T5 here.";
-        }
-        status.showError(`${error.name}: ${error.message}${help}`);
-        console.error(error.traceback || error);
-      }
-    } finally {
-      state.busy = false;
-      state.jobId = null;
-      refreshButtons();
-    }
+    return {
+      reset: () => {
+        state.streamed = { tokens: 0, text: "" };
+        ui.output.textContent = "";
+        ui.stats.hidden = true;
+      },
+      load: (track) => ensureModel(source, track),
+      running: { text: "Encoding the input…" },
+      command: "text2text",
+      fields: (model) => ({ model, prompt, options: { maxTokens } }),
+      onProgress: onProgress(maxTokens),
+      done: (result, model) => {
+        state.lastResult = { ...result, model, prompt };
+        ui.output.textContent = result.text;
+        showNotice(result);
+        ui.statInput.textContent = `${result.inputTokens} tokens`;
+        ui.statSpeed.textContent = `${result.timings.tokensPerSecond.toFixed(1)} tok/s`;
+        ui.stats.hidden = false;
+        return `Done: ${result.tokenIds.length} tokens in ${formatSeconds(result.timings.elapsedMs / 1000)}.`;
+      },
+      cancelled: () => `Stopped after ${state.streamed.tokens} tokens.`,
+      errorHelp,
+    };
   }
 
-  async function stop() {
-    if (state.jobId === null) return;
-    status.phase.textContent = "Stopping…";
-    await client.cancel(state.jobId);
-  }
+  const run = () => jobs.run(prepare);
+  const stop = () => jobs.stop();
 
   // Is the demo model served here? A HEAD request for its config (404 when it is not).
   async function demoServed() {
@@ -339,20 +321,8 @@ export function setUpText2text(client, ready) {
   }
   ui.button.addEventListener("click", run);
   ui.stop.addEventListener("click", stop);
-  ui.input.addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
-      event.preventDefault();
-      run();
-    }
-  });
+  runOnCtrlEnter(ui.input, run);
   showSourceFields();
-  ready.then(() => {
-    state.runtimeReady = true;
-    refreshButtons();
-    return showModels().catch((error) => console.warn("model list unavailable:", error));
-  }, (error) => {
-    status.showError(`The Python runtime failed to start, so nothing can be generated: ${error.message}`);
-  });
-  refreshButtons();
+  jobs.whenReady(ready, "generated", showModels);
   return { state, run, stop };
 }

@@ -2,6 +2,8 @@
 // the page, load the Whisper model in the worker (downloaded once into the Cache API), then
 // stream the transcript in segment by segment. Started by app.js with its WorkerClient.
 
+import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatBytes, formatSeconds } from "./view_common.js";
+
 const SAMPLE_RATE = 16000;
 const SAMPLES_MANIFEST_URL = new URL("vendor/samples/manifest.json", import.meta.url);
 const SAMPLES_BASE_URL = new URL("vendor/samples/", import.meta.url);
@@ -16,24 +18,15 @@ const MODEL_LABELS = {
   "whisper-tiny.en": "Whisper tiny.en (English)",
   "whisper-base": "Whisper base (multilingual)",
 };
+const KIND = "whisper";
 const FILE_PHASES = { "model.bin": "weights", "config.json": "config", "tokenizer.json": "tokenizer" };
 
 // --- formatting -----------------------------------------------------------------------------
-
-function formatBytes(bytes) {
-  if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(bytes >= 1e8 ? 0 : 1)} MB`;
-  if (bytes >= 1e3) return `${(bytes / 1e3).toFixed(0)} kB`;
-  return `${bytes} B`;
-}
 
 function formatClock(seconds) {
   const minutes = Math.floor(seconds / 60);
   const rest = seconds - minutes * 60;
   return `${minutes}:${rest.toFixed(2).padStart(5, "0")}`;
-}
-
-function formatSeconds(seconds) {
-  return `${seconds.toFixed(seconds < 10 ? 2 : 1)} s`;
 }
 
 // --- audio ------------------------------------------------------------------------------------
@@ -117,21 +110,7 @@ export function setUpTranscribe(client, ready) {
     runs: 0,
   };
   const exportUrls = [];
-
-  function setJobState(name, text) {
-    ui.job.dataset.state = name;
-    if (text !== undefined) ui.phase.textContent = text;
-  }
-
-  function showError(message) {
-    ui.error.textContent = message;
-    ui.error.hidden = false;
-  }
-
-  function clearError() {
-    ui.error.textContent = "";
-    ui.error.hidden = true;
-  }
+  const status = new JobStatus({ job: ui.job, progress: ui.progress, phase: ui.phase, error: ui.error });
 
   function refreshButtons() {
     ui.transcribeButton.disabled = state.busy || !state.runtimeReady || state.clip === null;
@@ -139,16 +118,18 @@ export function setUpTranscribe(client, ready) {
     ui.modelSelect.disabled = state.busy;
   }
 
+  const jobs = new ViewJobs({ client, status, state, refresh: refreshButtons, stoppingText: "Cancelling…" });
+
   // -- choosing a clip -------------------------------------------------------------------------
 
   async function useClip(name, arrayBufferPromise, playbackUrl, ownsUrl) {
-    clearError();
+    status.clearError();
     let samples;
     try {
       samples = await decodeToMono16k(await arrayBufferPromise, name);
     } catch (error) {
       if (ownsUrl) URL.revokeObjectURL(playbackUrl);
-      showError(error instanceof AudioInputError ? error.message : `${name}: ${error.message}`);
+      status.showError(error instanceof AudioInputError ? error.message : `${name}: ${error.message}`);
       return false;
     }
     if (state.clip?.objectUrl) URL.revokeObjectURL(state.clip.objectUrl);
@@ -157,7 +138,7 @@ export function setUpTranscribe(client, ready) {
     ui.clipDuration.textContent = `(${formatSeconds(state.clip.seconds)})`;
     ui.player.src = playbackUrl;
     ui.clip.hidden = false;
-    if (!state.busy) setJobState("idle", `Ready to transcribe ${name}.`);
+    if (!state.busy) status.set("idle", `Ready to transcribe ${name}.`);
     refreshButtons();
     return true;
   }
@@ -233,7 +214,7 @@ export function setUpTranscribe(client, ready) {
     ui.dropZone.classList.remove("dragging");
     const files = event.dataTransfer?.files;
     if (!files || files.length === 0) {
-      showError("Nothing to use in that drop: drop an audio file.");
+      status.showError("Nothing to use in that drop: drop an audio file.");
       return;
     }
     useFile(files[0]);
@@ -245,26 +226,12 @@ export function setUpTranscribe(client, ready) {
 
   // -- models -----------------------------------------------------------------------------------
 
+  // The registry's Whisper models with their sizes; options it does not list go.
   async function showModelSizes() {
-    try {
-      const { models } = await client.request("models");
-      const known = new Set();
-      for (const model of models) {
-        known.add(model.name);
-        let option = ui.modelSelect.querySelector(`option[value="${CSS.escape(model.name)}"]`);
-        if (!option) {
-          option = document.createElement("option");
-          option.value = model.name;
-          ui.modelSelect.append(option);
-        }
-        option.textContent = `${MODEL_LABELS[model.name] || model.name} · ${formatBytes(model.size)}`;
-        option.dataset.size = String(model.size);
-      }
-      for (const option of [...ui.modelSelect.options]) {
-        if (!known.has(option.value)) option.remove();
-      }
-    } catch (error) {
-      console.warn("model list unavailable:", error);
+    const { models } = await fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS);
+    const known = new Set(models.map((model) => model.name));
+    for (const option of [...ui.modelSelect.options]) {
+      if (!known.has(option.value)) option.remove();
     }
   }
 
@@ -286,16 +253,15 @@ export function setUpTranscribe(client, ready) {
     }
   }
 
-  async function ensureModel(model) {
+  async function ensureModel(model, track = jobs.track) {
     if (state.loadedModel === model) return;
-    setJobState("loading", `Loading ${model}…`);
+    status.set("loading", `Loading ${model}…`);
     const job = client.start("load", { model }, { onProgress: onLoadProgress });
-    state.jobId = job.id;
+    track(job);
     const reply = await job.result;
     state.lastLoad = reply;
     state.loadedModel = reply.key;
-    const source = reply.cached ? "from this browser's cache, no download" : `${formatBytes(reply.downloadedBytes)} downloaded`;
-    ui.modelNote.textContent = `${model} loaded (${source}); built in ${formatSeconds(reply.timingsMs.build / 1000)}.`;
+    ui.modelNote.textContent = `${model} loaded (${describeLoad(reply)}).`;
   }
 
   // -- transcribing -----------------------------------------------------------------------------
@@ -376,56 +342,37 @@ export function setUpTranscribe(client, ready) {
     ui.exports.hidden = false;
   }
 
-  async function transcribe() {
-    if (state.busy || state.clip === null) return;
-    const model = ui.modelSelect.value;
+  // The chosen clip and model as a job for `jobs`, or null when there is no clip yet.
+  function prepare() {
     const clip = state.clip;
-    state.busy = true;
-    state.lastError = null;
-    state.events = [];
-    state.streamed = { windows: 0, tokens: 0, segments: 0 };
-    clearError();
-    resetTranscript();
-    refreshButtons();
-    ui.progress.value = 0;
-    try {
-      await ensureModel(model);
-      setJobState("transcribing", `Transcribing ${clip.name}…`);
-      ui.progress.value = 0;
+    if (clip === null) return null;
+    const model = ui.modelSelect.value;
+    return {
+      reset: () => {
+        state.streamed = { windows: 0, tokens: 0, segments: 0 };
+        resetTranscript();
+        status.fraction(0);
+      },
+      load: (track) => ensureModel(model, track),
+      running: { state: "transcribing", text: `Transcribing ${clip.name}…`, fraction: 0 },
+      command: "transcribe",
       // The worker gets its own copy (transferred, not cloned): the clip stays playable and
       // can be transcribed again.
-      const samples = clip.samples.slice();
-      const job = client.start("transcribe", { model, samples, options: {} },
-        { onProgress: onTranscribeProgress(clip.seconds), transfer: [samples.buffer] });
-      state.jobId = job.id;
-      const result = await job.result;
-      state.lastResult = { ...result, clip: clip.name, model };
-      state.runs += 1;
-      showResult(result);
-      ui.progress.value = 1;
-      setJobState("done", `Done: ${clip.name} in ${formatSeconds(result.timings.elapsedMs / 1000)} (${result.timings.rtf.toFixed(2)}× real time).`);
-    } catch (error) {
-      state.lastError = { name: error.name, message: error.message };
-      if (error.name === "Cancelled") {
-        setJobState("cancelled", "Cancelled. Choose a clip or press Transcribe to start again.");
-      } else {
-        setJobState("error", "Stopped by an error.");
-        showError(`${error.name}: ${error.message}`);
-        console.error(error.traceback || error);
-      }
-      ui.liveText.textContent = "";
-    } finally {
-      state.busy = false;
-      state.jobId = null;
-      refreshButtons();
-    }
+      fields: () => ({ model, samples: clip.samples.slice(), options: {} }),
+      transfer: (fields) => [fields.samples.buffer],
+      onProgress: onTranscribeProgress(clip.seconds),
+      done: (result) => {
+        state.lastResult = { ...result, clip: clip.name, model };
+        showResult(result);
+        return `Done: ${clip.name} in ${formatSeconds(result.timings.elapsedMs / 1000)} (${result.timings.rtf.toFixed(2)}× real time).`;
+      },
+      cancelled: () => "Cancelled. Choose a clip or press Transcribe to start again.",
+      cleanup: () => { ui.liveText.textContent = ""; },
+    };
   }
 
-  async function cancel() {
-    if (state.jobId === null) return;
-    ui.phase.textContent = "Cancelling…";
-    await client.cancel(state.jobId);
-  }
+  const transcribe = () => jobs.run(prepare);
+  const cancel = () => jobs.stop();
 
   async function copyText() {
     const text = state.lastResult?.exports?.txt ?? "";
@@ -454,13 +401,6 @@ export function setUpTranscribe(client, ready) {
   });
 
   showSamples();
-  ready.then(() => {
-    state.runtimeReady = true;
-    refreshButtons();
-    return showModelSizes();
-  }, (error) => {
-    showError(`The Python runtime failed to start, so nothing can be transcribed: ${error.message}`);
-  });
-  refreshButtons();
+  jobs.whenReady(ready, "transcribed", showModelSizes);
   return { state, transcribe, cancel, useFile, ensureModel };
 }

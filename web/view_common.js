@@ -1,6 +1,7 @@
-// What the text views (Similarity, Generate, Text-to-text) share: number formatting, the
-// job status line (progress bar + phase text) and loading a model into the worker with
-// byte-level progress. The Transcribe view keeps its own copies (it came first).
+// What the views share: number formatting, the job status line (progress bar + phase text),
+// the life of a job (ViewJobs), and, for the text views (Similarity, Generate, Text-to-text),
+// loading a model into the worker with byte-level progress (Transcribe names its files its
+// own way).
 
 export function formatBytes(bytes) {
   if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(bytes >= 1e8 ? 0 : 1)} MB`;
@@ -43,6 +44,106 @@ export class JobStatus {
     this.error.textContent = "";
     this.error.hidden = true;
   }
+}
+
+// The life of one view's jobs, the same in every view: while a job runs, `state.busy` is
+// true (the view's `refresh` disables its controls), `state.jobId` is the worker job that Stop
+// cancels, and the status line says what happens; a typed error goes to the error box, a
+// cancel is not an error. The view says what a run does: `jobs.run(prepare)` calls
+// prepare(), which checks the form and returns null (after showing what is wrong) or a spec:
+//   reset()                  clears the view's output for the new run
+//   load(track) -> model     makes sure the model is loaded (track(job): Stop cancels it too)
+//   command, fields(model)   the worker command and its fields; transfer(fields)? the
+//                            buffers to transfer rather than copy
+//   running: {state?, text, fraction?}  the status once the command starts (default state
+//                            "running", fraction null: indeterminate)
+//   onProgress(message)      the command's partial results
+//   done(result, model)      shows the final result; returns the status line's text
+//   cancelled()              the status line's text after Stop
+//   errorHelp(error)?        text added after the error message; cleanup()? after a failure
+export class ViewJobs {
+  constructor({ client, status, state, refresh, stoppingText = "Stopping…" }) {
+    this.client = client;
+    this.status = status;
+    this.state = state;
+    this.refresh = refresh;
+    this.stoppingText = stoppingText;
+    this.track = (job) => { state.jobId = job.id; };
+  }
+
+  async run(prepare) {
+    const { state, status } = this;
+    if (state.busy) return;
+    status.clearError();
+    const spec = prepare();
+    if (spec === null) return;
+    state.busy = true;
+    state.lastError = null;
+    state.events = [];
+    spec.reset?.();
+    this.refresh();
+    try {
+      const model = await spec.load(this.track);
+      status.set(spec.running.state || "running", spec.running.text);
+      status.fraction(spec.running.fraction ?? null);
+      const fields = spec.fields(model);
+      const job = this.client.start(spec.command, fields, { onProgress: spec.onProgress, transfer: spec.transfer?.(fields) || [] });
+      this.track(job);
+      const result = await job.result;
+      const text = spec.done(result, model);
+      state.runs += 1;
+      status.fraction(1);
+      status.set("done", text);
+    } catch (error) {
+      state.lastError = { name: error.name, message: error.message };
+      if (error.name === "Cancelled") {
+        status.set("cancelled", spec.cancelled());
+      } else {
+        status.set("error", "Stopped by an error.");
+        status.showError(`${error.name}: ${error.message}${spec.errorHelp?.(error) || ""}`);
+        console.error(error.traceback || error);
+      }
+      spec.cleanup?.();
+    } finally {
+      state.busy = false;
+      state.jobId = null;
+      this.refresh();
+    }
+  }
+
+  async stop() {
+    if (this.state.jobId === null) return;
+    this.status.phase.textContent = this.stoppingText;
+    await this.client.cancel(this.state.jobId);
+  }
+
+  // Once the runtime is up the view's controls work and fillModels() asks for the model list
+  // (the view keeps the options it has when that fails); if the runtime never starts, the
+  // error box says so: "... so nothing can be <what>".
+  whenReady(ready, what, fillModels) {
+    ready.then(async () => {
+      this.state.runtimeReady = true;
+      this.refresh();
+      try {
+        await fillModels?.();
+      } catch (error) {
+        console.warn("model list unavailable:", error);
+      }
+    }, (error) => {
+      this.status.showError(`The Python runtime failed to start, so nothing can be ${what}: ${error.message}`);
+    });
+    this.refresh();
+  }
+}
+
+// Ctrl+Enter (Cmd+Enter) in a text box runs the view, like submitting a form.
+export function runOnCtrlEnter(element, run) {
+  element.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      run();
+    }
+  });
 }
 
 // Loads a model of `kind` (fields: {model} | {hf_repo, revision} | {url}) and reports its

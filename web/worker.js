@@ -6,8 +6,9 @@
  *   {type: "result",   id, ...}                 exactly one on success
  *   {type: "error",    id, error: {name, message, traceback?}}  exactly one on failure
  * Commands: init, eval_twin, models, load, transcribe, embed, generate, text2text, cancel
- * (the COMMANDS table below). `kind` picks the model family and its Python session module
- * (SESSION_MODULES): whisper (the default), bert, llama, t5.
+ * (the COMMANDS table below). `kind` picks the model family and its Python session
+ * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
+ * t5; each run command belongs to one kind (RUN_COMMANDS).
  *   models {kind?}              -> {models: [{name, description, size}], hint?} (the registry's
  *                                  browser models of that kind; hint: how to get one if none)
  *   load {kind?, model} | {kind?, hf_repo, revision} | {kind, url} (a folder on this origin)
@@ -48,14 +49,6 @@ const BASE_URL = new URL("./", self.location.href);
 const PYODIDE_INDEX_URL = new URL("vendor/pyodide/", BASE_URL).href;
 const WHEEL_DIR_URL = new URL("vendor/wheels/", BASE_URL).href;
 const WHEEL_MANIFEST_URL = new URL("manifest.json", WHEEL_DIR_URL).href;
-// Python helpers shipped next to this file and imported by name inside Pyodide.
-const PYTHON_MODULES = ["py/twin_check.py", "py/whisper_session.py", "py/model_files.py",
-  "py/bert_session.py", "py/llama_session.py", "py/t5_session.py"];
-// Model kind -> the Python module that loads and runs it (each has manifest_json,
-// allocate_file, discard_incoming, build_model and browser_models).
-const SESSION_MODULES = { whisper: "whisper_session", bert: "bert_session", llama: "llama_session", t5: "t5_session" };
-const DEFAULT_KIND = "whisper";
-const PYTHON_MODULE_DIR = "/home/pyodide/candle_web_worker";
 const WHEEL_FS_DIR = "/tmp/candle_web_wheels";
 const TWIN_ARGUMENTS = ["seed", "m", "k", "n", "repeat"];
 
@@ -73,6 +66,7 @@ const DOWNLOAD_PROGRESS_BYTES = 1 << 20; // at most one progress message per MiB
 importScripts(PYODIDE_INDEX_URL + "pyodide.js");
 
 let pyodide = null;
+let pythonWorker = null; // the candle_web.worker module: every Python call goes through it
 let runtimePromise = null;
 let controlSlots = null; // Int32Array over the page's SharedArrayBuffer, or null
 const queuedJobs = new Set(); // ids waiting for their turn in Python
@@ -157,16 +151,6 @@ async function installCandleWheel() {
   return manifest;
 }
 
-async function writePythonModules() {
-  pyodide.FS.mkdirTree(PYTHON_MODULE_DIR);
-  for (const relativePath of PYTHON_MODULES) {
-    const source = await (await fetchChecked(new URL(relativePath, BASE_URL).href, "python module")).text();
-    const fileName = relativePath.split("/").pop();
-    pyodide.FS.writeFile(`${PYTHON_MODULE_DIR}/${fileName}`, source);
-  }
-  pyodide.runPython(`import sys\nif ${JSON.stringify(PYTHON_MODULE_DIR)} not in sys.path: sys.path.insert(0, ${JSON.stringify(PYTHON_MODULE_DIR)})`);
-}
-
 function pythonVersions() {
   const versions = pyodide.runPython(`
 import sys, numpy, scipy, candle_web
@@ -205,8 +189,7 @@ async function startRuntime(id) {
   phases.wheel = await timedPhase(id, "wheel", async () => {
     await pyodide.loadPackage("micropip", quietLoaderOptions());
     manifest = await installCandleWheel();
-    await writePythonModules();
-    pyodide.runPython("import candle_web");
+    pythonWorker = pyodide.pyimport("candle_web.worker");
     return { wheel: manifest.wheel };
   });
   return {
@@ -284,6 +267,45 @@ function numpyToArrayBuffer(arrayProxy) {
   }
 }
 
+// A Python reply (result JSON, {name: numpy array}) as {payload, transfer}: each array becomes
+// an ArrayBuffer under its name in the payload, transferred to the page rather than copied.
+function takeReply(reply) {
+  const payload = JSON.parse(reply.get(0));
+  const arrays = reply.get(1);
+  const transfer = [];
+  try {
+    for (const name of arrays) {
+      const array = arrays.get(name);
+      try {
+        payload[name] = numpyToArrayBuffer(array);
+      } finally {
+        array.destroy();
+      }
+      transfer.push(payload[name]);
+    }
+  } finally {
+    arrays.destroy();
+  }
+  return { payload, transfer };
+}
+
+// Destroys the PyProxies a job made (null where it never got that far).
+function destroyAll(...proxies) {
+  for (const proxy of proxies) {
+    if (proxy !== null && proxy !== undefined && typeof proxy.destroy === "function") proxy.destroy();
+  }
+}
+
+function isCancelRequested(id) {
+  return controlSlots !== null && Atomics.load(controlSlots, SLOT_CANCEL_ID) === id;
+}
+
+// The Python session of a model kind (undefined or null: the default kind); unknown kinds
+// raise UnsupportedError there. A PyProxy: destroy it after use.
+function sessionFor(kind) {
+  return pythonWorker.session_for(kind ?? null);
+}
+
 // --- commands -------------------------------------------------------------------------------
 
 async function handleInit(message) {
@@ -297,71 +319,27 @@ async function handleInit(message) {
 async function handleEvalTwin(message) {
   await ensureRuntime(message.id);
   return runPythonJob(message.id, async () => {
-    const twin = pyodide.pyimport("twin_check");
-    const onProgress = throttledProgress(message.id, "eval_twin");
-    let result = null;
+    let request = null;
+    let reply = null;
     try {
-      // Only the fields the page set: twin_check.run_twin owns the defaults.
-      const kwargs = { on_progress: onProgress };
-      for (const name of TWIN_ARGUMENTS) {
-        if (message[name] !== undefined) kwargs[name] = message[name];
-      }
-      result = twin.run_twin.callKwargs(kwargs);
-      const output = result.get("output");
-      let buffer;
-      try {
-        buffer = numpyToArrayBuffer(output);
-      } finally {
-        output.destroy();
-      }
-      const shape = result.get("shape").toJs();
-      const timingsMs = result.get("timings_ms").toJs();
-      return {
-        payload: {
-          dtype: result.get("dtype"),
-          shape,
-          inputsSha256: result.get("inputs_sha256"),
-          timingsMs,
-          output: buffer,
-        },
-        transfer: [buffer],
-      };
+      // Only the fields the page set: run_twin owns the defaults.
+      const fields = TWIN_ARGUMENTS.filter((name) => message[name] !== undefined).map((name) => [name, message[name]]);
+      request = pyodide.toPy(Object.fromEntries(fields));
+      reply = pythonWorker.eval_twin(request, throttledProgress(message.id, "eval_twin"));
+      return takeReply(reply);
     } finally {
-      if (result !== null) result.destroy();
-      twin.destroy();
+      destroyAll(reply, request);
     }
   });
 }
 
-// --- Whisper: models, load, transcribe ----------------------------------------------------------
-
-function isCancelRequested(id) {
-  return controlSlots !== null && Atomics.load(controlSlots, SLOT_CANCEL_ID) === id;
-}
-
-function whisperSession() {
-  return pyodide.pyimport("whisper_session");
-}
-
-function sessionFor(kind) {
-  const name = SESSION_MODULES[kind ?? DEFAULT_KIND];
-  if (name === undefined) {
-    throw new TypedError("UnsupportedError", `unknown model kind ${JSON.stringify(kind)}; known: ${Object.keys(SESSION_MODULES).join(", ")}`);
-  }
-  return pyodide.pyimport(name);
-}
-
-function callJson(session, name, ...args) {
-  return JSON.parse(session[name](...args));
-}
+// --- models and load (every kind) -----------------------------------------------------------
 
 async function handleModels(message) {
   await ensureRuntime(message.id);
   const session = sessionFor(message.kind);
   try {
-    const payload = { models: callJson(session, "browser_models") };
-    if (session.how_to_get_a_model !== undefined) payload.hint = session.how_to_get_a_model();
-    return { payload };
+    return { payload: JSON.parse(session.models_json()) };
   } finally {
     session.destroy();
   }
@@ -505,10 +483,8 @@ async function handleLoad(message) {
     const session = sessionFor(message.kind);
     let key = null;
     try {
-      const naming = [message.model ?? null, message.hf_repo ?? null, message.revision ?? null];
-      // Whisper loads by registry name or Hub repo; the text models also from a folder URL.
-      if ((message.kind ?? DEFAULT_KIND) !== "whisper") naming.push(message.url ?? null);
-      const manifest = callJson(session, "manifest_json", ...naming);
+      const manifest = JSON.parse(session.manifest_json(message.model ?? null, message.hf_repo ?? null,
+                                                        message.revision ?? null, message.url ?? null));
       key = manifest.key;
       const cache = await openModelCache();
       const timingsMs = {};
@@ -525,7 +501,7 @@ async function handleLoad(message) {
       if (isCancelRequested(id)) throw new CancelledError("load cancelled before the build");
       let summary = null;
       timingsMs.build = await timedPhase(id, "build", async () => {
-        summary = callJson(session, "build_model", key);
+        summary = JSON.parse(session.build_model(key));
       });
       const verified = manifest.files.every((file) => Boolean(file.sha256));
       return { payload: { key, cached: allCached, verified, downloadedBytes, source: manifest.source, timingsMs, model: summary } };
@@ -538,98 +514,77 @@ async function handleLoad(message) {
   });
 }
 
-async function handleTranscribe(message) {
-  await ensureRuntime(message.id);
-  const id = message.id;
-  const samples = message.samples;
-  if (!(samples instanceof Float32Array)) {
-    throw new TypedError("FormatError", "transcribe: `samples` must be a Float32Array of 16 kHz mono audio");
+// --- run commands: transcribe (Whisper), embed (BERT), generate (LLaMA), text2text (T5) -----
+
+// Copies the page's samples into a float32 numpy array the session allocates: one copy into
+// the wasm heap (unavoidable), which Python then reads in place.
+function samplesIntoPython(session, samples) {
+  const target = session.allocate_samples(samples.length);
+  const view = target.getBuffer("u8");
+  try {
+    view.data.set(new Uint8Array(samples.buffer, samples.byteOffset, samples.byteLength));
+  } finally {
+    view.release();
   }
-  return runPythonJob(id, async () => {
-    const session = whisperSession();
-    let target = null;
-    let options = null;
-    // The event's own fields go under `data`: a segment has an `id` of its own.
-    const onEvent = (kind, json) => progress(id, { phase: "transcribe", event: kind, data: JSON.parse(json) });
-    try {
-      // One copy into the wasm heap (unavoidable), into a numpy array Python reads in place.
-      target = session.allocate_samples(samples.length);
-      const view = target.getBuffer("u8");
-      try {
-        view.data.set(new Uint8Array(samples.buffer, samples.byteOffset, samples.byteLength));
-      } finally {
-        view.release();
-      }
-      options = message.options ? pyodide.toPy(message.options) : null;
-      const result = JSON.parse(session.transcribe.callKwargs(message.model, target, options, onEvent,
-                                                             { profile: message.profile === true }));
-      return { payload: result };
-    } finally {
-      if (target !== null) target.destroy();
-      if (options !== null && options.destroy) options.destroy();
-      session.destroy();
-    }
-  });
+  return target;
 }
 
-// --- text models: embed (BERT), generate (LLaMA), text2text (T5) ------------------------------
+// Each run command: its session's kind, a check of the message's JS types (made before the
+// runtime is awaited), and the request: the keyword arguments of the session's compute.
+const RUN_COMMANDS = {
+  transcribe: {
+    kind: "whisper",
+    check: (m) => {
+      if (!(m.samples instanceof Float32Array)) {
+        throw new TypedError("FormatError", "transcribe: `samples` must be a Float32Array of 16 kHz mono audio");
+      }
+    },
+    request: (m) => ({ options: m.options || null, profile: m.profile === true }),
+    samples: true,
+  },
+  embed: {
+    kind: "bert",
+    check: (m) => {
+      if (!Array.isArray(m.sentences)) throw new TypedError("FormatError", "embed: `sentences` must be an array of strings");
+    },
+    request: (m) => ({ sentences: m.sentences }),
+  },
+  generate: {
+    kind: "llama",
+    request: (m) => ({ prompt: m.prompt ?? null, chat: m.chat === true, options: m.options || null }),
+  },
+  text2text: {
+    kind: "t5",
+    request: (m) => ({ prompt: m.prompt ?? null, options: m.options || null }),
+  },
+};
 
-async function handleEmbed(message) {
+// Runs a model with its session: Python calls onEvent(kind, json) per streamed event, which
+// becomes a progress message {phase: the command, event, data}; the reply is the result.
+async function handleRun(message) {
+  const command = RUN_COMMANDS[message.type];
+  command.check?.(message);
   await ensureRuntime(message.id);
-  if (!Array.isArray(message.sentences)) {
-    throw new TypedError("FormatError", "embed: `sentences` must be an array of strings");
-  }
-  return runPythonJob(message.id, async () => {
-    const session = sessionFor("bert");
-    let sentences = null;
+  const id = message.id;
+  return runPythonJob(id, async () => {
+    const session = sessionFor(command.kind);
+    let request = null;
+    let samples = null;
     let reply = null;
+    // The event's own fields go under `data`: a segment has an `id` of its own.
+    const onEvent = (event, json) => progress(id, { phase: message.type, event, data: JSON.parse(json) });
     try {
-      sentences = pyodide.toPy(message.sentences);
-      reply = session.embed(message.model, sentences);
-      const vectorsProxy = reply.get(0);
-      let vectors;
-      try {
-        vectors = numpyToArrayBuffer(vectorsProxy);
-      } finally {
-        vectorsProxy.destroy();
+      request = pyodide.toPy(command.request(message));
+      if (command.samples) {
+        samples = samplesIntoPython(session, message.samples);
+        request.set("samples", samples);
       }
-      const summary = JSON.parse(reply.get(1));
-      return { payload: { ...summary, vectors }, transfer: [vectors] };
+      reply = session.run(message.model ?? null, request, onEvent);
+      return takeReply(reply);
     } finally {
-      if (reply !== null) reply.destroy();
-      if (sentences !== null && sentences.destroy) sentences.destroy();
-      session.destroy();
+      destroyAll(reply, samples, request, session);
     }
   });
-}
-
-// Runs a streaming text job: Python calls onEvent(kind, json) per event, which becomes a
-// progress message {phase, event, data}; the return value is the final result's JSON.
-async function runStreamingTextJob(message, kind, phase, call) {
-  await ensureRuntime(message.id);
-  const id = message.id;
-  return runPythonJob(id, async () => {
-    const session = sessionFor(kind);
-    let options = null;
-    const onEvent = (event, json) => progress(id, { phase, event, data: JSON.parse(json) });
-    try {
-      options = message.options ? pyodide.toPy(message.options) : null;
-      return { payload: JSON.parse(call(session, options, onEvent)) };
-    } finally {
-      if (options !== null && options.destroy) options.destroy();
-      session.destroy();
-    }
-  });
-}
-
-function handleGenerate(message) {
-  return runStreamingTextJob(message, "llama", "generate",
-    (session, options, onEvent) => session.generate(message.model, message.prompt, message.chat === true, options, onEvent));
-}
-
-function handleText2text(message) {
-  return runStreamingTextJob(message, "t5", "text2text",
-    (session, options, onEvent) => session.text2text(message.model, message.prompt, options, onEvent));
 }
 
 // Cancels a job that has not reached Python yet (the running one is stopped by the page
@@ -648,10 +603,10 @@ const COMMANDS = {
   eval_twin: handleEvalTwin,
   models: handleModels,
   load: handleLoad,
-  transcribe: handleTranscribe,
-  embed: handleEmbed,
-  generate: handleGenerate,
-  text2text: handleText2text,
+  transcribe: handleRun,
+  embed: handleRun,
+  generate: handleRun,
+  text2text: handleRun,
   cancel: handleCancel,
 };
 

@@ -58,6 +58,19 @@ def test_wheel_is_pure_and_holds_only_candle_web(built):
         assert sorted(n for n in names if n.startswith("candle_web/")) == source_files
 
 
+def test_wheel_carries_the_worker_sessions(built):
+    """web/worker.js imports candle_web.worker from the installed wheel (no loose modules)."""
+    out, manifest = built
+    with zipfile.ZipFile(out / manifest["wheel"]) as wheel:
+        names = set(wheel.namelist())
+    worker_dir = REPO_ROOT / "pkg" / "candle_web" / "worker"
+    sources = sorted(path.name for path in worker_dir.glob("*.py"))
+    assert {"__init__.py", "session.py", "whisper.py", "llama.py", "bert.py", "t5.py",
+            "twin_check.py"} <= set(sources)
+    assert {f"candle_web/worker/{name}" for name in sources} <= names
+    assert not (REPO_ROOT / "web" / "py").exists()
+
+
 def test_wheel_record_hashes_every_file(built):
     out, manifest = built
     with zipfile.ZipFile(out / manifest["wheel"]) as wheel:

@@ -1,7 +1,7 @@
 """The native side of the text-model twin checks (Similarity, Generate, Text-to-text views),
 run as a subprocess by the UI tests and by bench/browser.py: build each model from the very
-file bytes the browser gets, through the same web/py session code, with the numpy backend,
-and print one JSON object.
+file bytes the browser gets, through the same session code (candle_web.worker), with the
+numpy backend, and print one JSON object.
 
     CANDLE_WEB_BACKEND=numpy python tests/ui/native_text_models.py JOBS.json
 
@@ -24,43 +24,40 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO_ROOT / "pkg"), str(REPO_ROOT / "web" / "py")]
+sys.path.insert(0, str(REPO_ROOT / "pkg"))
 
-import bert_session  # noqa: E402  (web/py, after the path is set)
-import llama_session  # noqa: E402
-import model_files  # noqa: E402
-import t5_session  # noqa: E402
+from candle_web.worker import session_for  # noqa: E402  (after the path is set)
+from candle_web.worker.session import files_from_folder  # noqa: E402
+
+
+def run_session(kind: str, folder, request: dict, names=None) -> tuple:
+    """(payload, load seconds, run seconds): the browser's build and compute, natively, from
+    the files `names` of `folder` (by default the files the session requires)."""
+    session = session_for(kind)
+    started = time.perf_counter()
+    model = session.build(files_from_folder(folder, names or session.required_files))
+    loaded = time.perf_counter()
+    payload = session.compute(model, **request)
+    return payload, loaded - started, time.perf_counter() - loaded
 
 
 def run_embed(job: dict) -> tuple:
-    started = time.perf_counter()
-    files = model_files.file_bytes_from_folder(job["folder"], bert_session.REQUIRED_FILES)
-    embedder = bert_session.build_embedder(files)
-    loaded = time.perf_counter()
-    vectors, summary = bert_session.embed_sentences(embedder, job["sentences"])
+    payload, load_s, run_s = run_session("bert", job["folder"], {"sentences": job["sentences"]})
+    vectors = payload.pop("vectors")
     # float(f32) is exact in a double, and JSON writes doubles round-trip exactly.
-    payload = {"vectors": [[float(x) for x in row] for row in vectors], "summary": summary}
-    return payload, loaded - started, time.perf_counter() - loaded
+    return ({"vectors": [[float(x) for x in row] for row in vectors], "summary": payload},
+            load_s, run_s)
 
 
 def run_generate(job: dict) -> tuple:
-    started = time.perf_counter()
     gguf = Path(job["gguf"])
-    model, tokenizer = llama_session.build_generator(
-        model_files.file_bytes_from_folder(gguf.parent, [gguf.name])[gguf.name])
-    loaded = time.perf_counter()
-    payload = llama_session.run_generation(model, tokenizer, job["prompt"], job["chat"],
-                                           job.get("options"))
-    return payload, loaded - started, time.perf_counter() - loaded
+    return run_session("llama", gguf.parent, {"prompt": job["prompt"], "chat": job["chat"],
+                                              "options": job.get("options")}, [gguf.name])
 
 
 def run_text2text(job: dict) -> tuple:
-    started = time.perf_counter()
-    files = model_files.file_bytes_from_folder(job["folder"], t5_session.REQUIRED_FILES)
-    generator = t5_session.build_generator(files)
-    loaded = time.perf_counter()
-    payload = t5_session.run_text2text(generator, job["prompt"], job.get("options"))
-    return payload, loaded - started, time.perf_counter() - loaded
+    return run_session("t5", job["folder"], {"prompt": job["prompt"],
+                                             "options": job.get("options")})
 
 
 TASKS = {"embed": run_embed, "generate": run_generate, "text2text": run_text2text}

@@ -5,7 +5,7 @@ bench/browser.py: transcribe WAV files with the numpy backend and print one JSON
 
 A separate process because the backend is chosen once per process (CANDLE_WEB_BACKEND, read
 when Device.cpu() first resolves) and because it then runs next to the browser on the other
-core. Each clip gets the payload web/py/whisper_session.py builds in the browser (same
+core. Each clip gets the payload candle_web.worker.whisper builds in the browser (same
 segments, token ids, text), the sha256 of its float32 samples (to prove both sides decoded the
 same input) and its wall time; stdout carries only the JSON.
 
@@ -21,23 +21,13 @@ bits. bench/browser.py uses it too.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO_ROOT / "pkg"), str(REPO_ROOT / "web" / "py")]  # model_files
-
-
-def load_session_module():
-    path = REPO_ROOT / "web" / "py" / "whisper_session.py"
-    spec = importlib.util.spec_from_file_location("whisper_session", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+sys.path.insert(0, str(REPO_ROOT / "pkg"))
 
 CHROMIUM_PCM_FLAG = "--chromium-pcm"
 
@@ -67,8 +57,8 @@ def main(argv: list[str]) -> int:
     from candle_web.audio import load_audio
     from candle_web.models.whisper_decode import transcribe
     from candle_web.pipelines import load_whisper
+    from candle_web.worker.whisper import transcribe_options, transcript_payload
 
-    session = load_session_module()
     model_name, clip_paths = argv[0], argv[1:]
     started = time.perf_counter()
     model, tokenizer = load_whisper(model_name)
@@ -77,9 +67,9 @@ def main(argv: list[str]) -> int:
     for clip_path in clip_paths:
         samples = chromium_pcm16(clip_path) if chromium_pcm else load_audio(clip_path)
         started = time.perf_counter()
-        transcript = transcribe(model, tokenizer, samples, session.transcribe_options({}))
+        transcript = transcribe(model, tokenizer, samples, transcribe_options({}))
         elapsed = time.perf_counter() - started
-        payload = session.transcript_payload(transcript)
+        payload = transcript_payload(transcript)
         payload.pop("exports")
         payload["seconds"] = elapsed
         payload["sha256"] = hashlib.sha256(samples.astype("<f4").tobytes()).hexdigest()

@@ -4,7 +4,7 @@ Real inputs only: the registry's SmolLM2-135M-Instruct Q4_1 GGUF (tokenizer and 
 template inside), served by `candle-web serve` and downloaded by the worker into the Cache API.
 
 Twin check: the greedy tokens of the view for the ChatML prompt "What is the capital of
-France?" must equal those of a native run of the same session code (web/py/llama_session.py,
+France?" must equal those of a native run of the same session code (candle_web.worker.llama,
 numpy backend, built from the same GGUF bytes) in a subprocess started with the module. Greedy
 picks the argmax: the browser's sgemm and native BLAS add in different orders, so the logits
 differ in the last bits, but the ids must be equal -- a flip would be a near-tie worth looking

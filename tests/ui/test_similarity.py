@@ -4,7 +4,7 @@ Real inputs only: the registry's all-MiniLM-L6-v2 files (safetensors, config, to
 served by `candle-web serve` and downloaded by the worker into the Cache API.
 
 The twin check compares the browser's sentence vectors, transferred as float32 bits, with a
-native run of the same session code (web/py/bert_session.py, numpy backend) on the same
+native run of the same session code (candle_web.worker.bert, numpy backend) on the same
 sentences, in a subprocess started when the module starts. Tolerance 1e-5 per component: the
 vectors are L2-normalised (components ~0.05); the browser's matmuls are scipy's sgemm for
 wasm32 and native ones numpy's OpenBLAS, which add the same f32 products in different orders,

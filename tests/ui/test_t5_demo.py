@@ -5,7 +5,7 @@ folder as /models/local/t5-spell-numbers/. Here a short run of the same script (
 of training, same files) is served the same way, and a new page (whose view probes the server
 when it starts) must pick it as the labelled default with the "spell out: " task. Twin check:
 the browser's greedy ids and text equal a native run of the same session code
-(web/py/t5_session.py, numpy backend, same file bytes). That the files themselves generate
+(candle_web.worker.t5, numpy backend, same file bytes). That the files themselves generate
 the same ids in transformers is tests/examples/test_t5_spell_numbers.py's job.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ No T5 weights can be fetched here, so the view is tested two ways:
     `candle-web serve --local-model DIR` does.
 
 Twin check: the browser's greedy tokens equal a native run of the same session code
-(web/py/t5_session.py, numpy backend, same file bytes) and the tokens transformers generated
+(candle_web.worker.t5, numpy backend, same file bytes) and the tokens transformers generated
 for that model and prompt (tests/reference/t5_reference.json, recorded by record_t5.py; the
 smallest top-1/top-2 logit margin of that generation is 6e-3, far above f32 rounding noise).
 """

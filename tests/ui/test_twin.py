@@ -1,10 +1,10 @@
 """The twin check: the same candle_web computation in the browser worker and natively.
 
-softmax(a @ b) with a [64, 128], b [128, 128] from web/py/twin_check.py (the very module the
-worker imports). The inputs must be bit-identical (same SHA-256). The outputs need not be:
-in Pyodide candle_web's matmul is scipy's sgemm (OpenBLAS for wasm32, no SIMD), natively it is
-numpy's matmul (OpenBLAS with AVX kernels); both are correct f32 matmuls that add the 128
-products in different orders, so most outputs differ in the last bits.
+softmax(a @ b) with a [64, 128], b [128, 128] from candle_web.worker.twin_check (the very
+module the worker imports). The inputs must be bit-identical (same SHA-256). The outputs need
+not be: in Pyodide candle_web's matmul is scipy's sgemm (OpenBLAS for wasm32, no SIMD),
+natively it is numpy's matmul (OpenBLAS with AVX kernels); both are correct f32 matmuls that
+add the 128 products in different orders, so most outputs differ in the last bits.
 
 Tolerance. A k-term f32 dot product is off by about sqrt(k) * 2**-24 * sum|a_i b_i| (here
 sum|a_i b_i| ~ 8, so ~5e-6 at worst, ~1.5e-6 measured natively against float64), and softmax
@@ -17,13 +17,10 @@ ground truth) and browser vs native within TWIN_ATOL; the measured numbers are p
 from __future__ import annotations
 
 import base64
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TWIN_SEED = 20250101
 TWIN_SHAPE = {"m": 64, "k": 128, "n": 128}
 TWIN_ATOL = 1e-6
@@ -34,11 +31,9 @@ pytestmark = pytest.mark.ui
 
 
 def load_twin_module():
-    path = REPO_ROOT / "web" / "py" / "twin_check.py"
-    spec = importlib.util.spec_from_file_location("twin_check", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from candle_web.worker import twin_check
+
+    return twin_check
 
 
 def eval_twin_in_browser(page, **fields) -> dict:

@@ -11,7 +11,8 @@ wasm32); natively it is numpy's matmul (OpenBLAS with SIMD kernels). Both are co
 matmuls that sum in different orders, so the products may differ in the last bits; the test
 states its tolerance against a float64 reference.
 
-Imported by web/worker.js (written into Pyodide's file system) and by tests/ui natively.
+The worker's `eval_twin` command calls `eval_twin`; tests/ui/test_twin.py calls `run_twin`
+natively and compares.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import hashlib
 import time
 
 import numpy as np
+
+from candle_web.worker.session import python_value, split_reply
 
 # murmur3's 32-bit finaliser: a bijection on uint32 that mixes every input bit into every
 # output bit, so consecutive counters give unrelated values.
@@ -109,3 +112,12 @@ def run_twin(seed: int = 0, m: int = 64, k: int = 128, n: int = 128, repeat: int
         "dtype": "f32",
         "timings_ms": timings_ms,
     }
+
+
+def eval_twin(request=None, on_progress=None) -> tuple:
+    """The worker's `eval_twin`: run_twin with the fields the page set (run_twin owns the
+    defaults), as (result JSON, {"output": f32 array}) for the worker to transfer."""
+    result = run_twin(**(python_value(request) or {}), on_progress=on_progress)
+    return split_reply({"dtype": result["dtype"], "shape": result["shape"],
+                        "inputsSha256": result["inputs_sha256"],
+                        "timingsMs": result["timings_ms"], "output": result["output"]})

@@ -1,0 +1,107 @@
+"""The Generate view's session: a LLaMA-family model from one GGUF file (its tokenizer and chat
+template from the GGUF's own metadata), then generation with streamed tokens.
+
+In Pyodide the numpy backend dequantizes the weights to float32 once at load
+(quantized/qmatmul.py): SmolLM2-135M's 98 MB of Q4_1 blocks become ~540 MB of f32, each array
+far below wasm32's 2 GiB limit, and every decode step is then BLAS matmuls.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from candle_web.errors import CandleError, FormatError, ModelNotFound
+from candle_web.worker.session import Session, checked_text, generation_options
+
+# Bounds of one request, so a mistyped field cannot start an endless job.
+MAX_NEW_TOKENS_LIMIT = 2048
+MAX_PROMPT_CHARS = 32_000
+PAGE_OPTIONS = ("maxTokens", "temperature", "topK", "topP", "seed", "repeatPenalty",
+                "repeatLastN")
+
+
+class LlamaSession(Session):
+    kind = "llama"
+    command = "generate"
+
+    def manifest(self, model=None, hf_repo=None, revision=None, url=None) -> dict:
+        # A GGUF has no fixed file name, so only registry models (which list theirs) are loaded.
+        if model is None:
+            raise ModelNotFound("load (llama): choose a registry model, e.g. "
+                                "smollm2-135m-instruct; Hub repos and folders are not supported "
+                                "for LLaMA in the page (natively: candle-web generate --model "
+                                "FILE.gguf)")
+        manifest = super().manifest(model=model)
+        names = [f["name"] for f in manifest["files"]]
+        if sum(name.endswith(".gguf") for name in names) != 1:
+            raise ModelNotFound(f"load: registry model {model!r} must list exactly one .gguf "
+                                f"file for the page, it lists {names}")
+        return manifest
+
+    def build(self, files: dict) -> tuple:
+        """(Llama, Tokenizer) from the one .gguf file among `files`."""
+        from candle_web.io.gguf import GgufFile
+        from candle_web.models.llama import Llama
+        from candle_web.tokenizers import Tokenizer
+
+        ggufs = [name for name in files if name.endswith(".gguf")]
+        if len(ggufs) != 1:
+            raise FormatError(f"load: expected one .gguf file, received {sorted(files)}")
+        gguf = GgufFile(memoryview(files[ggufs[0]]))
+        return Llama.from_gguf(gguf), Tokenizer.from_gguf_metadata(gguf.metadata)
+
+    def describe(self, model) -> dict:
+        from candle_web.chat_templates import chat_template_for
+
+        llama, tokenizer = model
+        try:
+            chat_format = chat_template_for(llama, tokenizer).format
+        except CandleError:
+            chat_format = None  # no template, or one the renderer does not know: plain prompts
+        cfg = llama.config
+        return {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
+                "context": cfg.max_position_embeddings, "chatFormat": chat_format,
+                "blockWeightBytes": sum(_weight_bytes(block) for block in llama.blocks)}
+
+    def compute(self, model, prompt=None, chat: bool = False, options=None,
+                on_event=None) -> dict:
+        """Generate; on_event(kind, payload) sees "prompt", "token" and "done" (see
+        candle_web.generation.decode_loop). The payload is what the page shows and the twin
+        check compares."""
+        from candle_web.chat_templates import chat_template_for
+        from candle_web.generation import generate
+
+        llama, tokenizer = model
+        chat = bool(chat)
+        # A chat template places BOS itself (chat_templates.py).
+        opts = generation_options(options, "generate", PAGE_OPTIONS, MAX_NEW_TOKENS_LIMIT,
+                                  add_special_tokens=not chat)
+        rendered = checked_text(prompt, "generate: the prompt", MAX_PROMPT_CHARS,
+                                "; type something to continue from")
+        if chat:
+            rendered = chat_template_for(llama, tokenizer).render(
+                [{"role": "user", "content": prompt}])
+        started = time.perf_counter()
+        result = generate(llama, tokenizer, rendered, opts, on_event=on_event)
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        return {
+            "text": result.text, "tokenIds": [int(t) for t in result.token_ids],
+            "promptIds": [int(t) for t in result.prompt_ids], "renderedPrompt": rendered,
+            "stopReason": result.stop_reason, "stopString": result.stop_string,
+            "timings": {"elapsedMs": elapsed_ms, "promptMs": result.prompt_seconds * 1000.0,
+                        "decodeMs": result.decode_seconds * 1000.0,
+                        "tokensPerSecond": result.tokens_per_second,
+                        "promptTokensPerSecond": result.prompt_tokens_per_second},
+        }
+
+
+def _weight_bytes(block) -> int:
+    """Bytes held by a block's matmul weights (f32 when dequantized at load)."""
+    total = 0
+    for layer in (block.attn.qkv, block.attn.out, block.mlp.gate_up, block.mlp.down):
+        if layer.weight is not None:
+            total += int(np.prod(layer.weight.dims())) * 4
+        else:
+            total += sum(np.asarray(q.data).nbytes for q in layer.qweights)
+    return total

@@ -1,0 +1,221 @@
+"""The Transcribe view's session: Whisper (CTranslate2 model.bin + config.json + tokenizer.json)
+built from the staged files, then transcription of float32 16 kHz mono samples with streamed
+language, window, token and segment events.
+
+Audio arrives like the model files: `allocate_samples` hands the worker a float32 array, the
+worker copies the page's transferred samples into it, and `compute` reads it in place.
+Natively, tests/ui/native_whisper.py (and bench/browser.py through it) uses
+`transcribe_options` and `transcript_payload` to build the very payload the browser shows.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+
+from candle_web.errors import FormatError, UnsupportedError
+from candle_web.worker.session import (CONFIG_FILE, TOKENIZER_FILE, Session, json_file,
+                                       python_value, tokenizer_file)
+
+MODEL_FILE = "model.bin"
+SAMPLE_RATE = 16_000
+MAX_AUDIO_SECONDS = 4 * 60 * 60  # 4 h of f32 samples is 920 MB: beyond that, refuse early
+TRANSCRIBE_OPTION_NAMES = (
+    "language", "task", "beam_size", "best_of", "patience", "compression_ratio_threshold",
+    "logprob_threshold", "no_speech_threshold", "condition_on_previous_text",
+    "initial_prompt", "without_timestamps", "temperatures",
+)
+EXPORT_FORMATS = ("txt", "srt", "vtt", "json")
+PROFILE_TOP_FUNCTIONS = 25
+
+
+class WhisperSession(Session):
+    kind = "whisper"
+    command = "transcribe"
+    # What a Hub repo the registry does not know must hold: a faster-whisper CT2 export.
+    required_files = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE)
+
+    def build(self, files: dict) -> tuple:
+        from candle_web.models.whisper import Whisper
+
+        model = Whisper.from_ct2(memoryview(files[MODEL_FILE]), json_file(files))
+        return model, tokenizer_file(files)
+
+    def describe(self, model) -> dict:
+        cfg = model[0].config
+        return {"multilingual": cfg.is_multilingual, "nMels": cfg.n_mels, "dModel": cfg.d_model,
+                "vocab": cfg.n_vocab, "audioLayers": cfg.n_audio_layer,
+                "textLayers": cfg.n_text_layer}
+
+    @staticmethod
+    def allocate_samples(count) -> np.ndarray:
+        """A float32 buffer for `count` samples, which the worker fills from the page's array."""
+        if isinstance(count, bool) or not isinstance(count, (int, float)) \
+                or count != int(count) or not 0 < int(count) <= MAX_AUDIO_SECONDS * SAMPLE_RATE:
+            raise FormatError(f"transcribe: {count!r} samples: expected 1..{MAX_AUDIO_SECONDS} s "
+                              "of 16 kHz audio")
+        return np.empty(int(count), dtype=np.float32)
+
+    def compute(self, model, samples=None, options=None, profile: bool = False,
+                on_event=None) -> dict:
+        """Transcribe the samples (bytes-like, float32). on_event(kind, payload) sees
+        "language", "window", "token" (with the token's text) and "segment" events.
+        profile=True runs under cProfile (slower) and adds the top functions by own time
+        (bench/browser.py)."""
+        from candle_web.models.whisper_decode import transcribe
+
+        whisper, tokenizer = model
+        opts = transcribe_options(options)
+        samples = samples_from_buffer(samples)
+        digest = hashlib.sha256(samples.tobytes()).hexdigest()
+        timed = TimedWhisper(whisper)
+        forward = _event_forwarder(tokenizer, on_event)
+        profiler = None
+        if profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        started = time.perf_counter()
+        try:
+            transcript = transcribe(timed, tokenizer, samples, opts, on_event=forward)
+        finally:
+            if profiler is not None:
+                profiler.disable()
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        result = transcript_payload(transcript)
+        if profiler is not None:
+            result["profile"] = profile_report(profiler)
+        duration = transcript.duration
+        result["timings"] = {
+            "elapsedMs": elapsed_ms, "audioSeconds": duration,
+            "rtf": (elapsed_ms / 1000.0) / duration if duration > 0 else None,
+            "encodeMs": timed.encode_ms, "decodeMs": timed.decode_ms,
+            "decoderCalls": timed.decoder_calls, "windows": len(transcript.windows),
+        }
+        result["input"] = {"samples": int(samples.size), "sha256": digest}
+        return result
+
+
+def transcribe_options(options):
+    """TranscribeOptions from the page's plain dict; unknown names are refused."""
+    from candle_web.models.whisper_decode import TranscribeOptions
+
+    options = dict(python_value(options) or {})
+    unknown = sorted(set(options) - set(TRANSCRIBE_OPTION_NAMES))
+    if unknown:
+        raise UnsupportedError(f"transcribe: unknown option(s) {', '.join(unknown)}; known: "
+                               f"{', '.join(TRANSCRIBE_OPTION_NAMES)}")
+    if "temperatures" in options:
+        options["temperatures"] = tuple(float(t) for t in options["temperatures"])
+    return TranscribeOptions(**{k: v for k, v in options.items() if v is not None})
+
+
+def samples_from_buffer(buffer) -> np.ndarray:
+    """float32 samples over bytes (a memoryview of the transferred buffer), validated."""
+    if buffer is None:
+        raise FormatError("transcribe: no audio samples (empty buffer)")
+    view = memoryview(buffer).cast("B")
+    if view.nbytes == 0:
+        raise FormatError("transcribe: no audio samples (empty buffer)")
+    if view.nbytes % 4:
+        raise FormatError(f"transcribe: {view.nbytes} bytes is not a whole number of float32 "
+                          "samples")
+    count = view.nbytes // 4
+    if count > MAX_AUDIO_SECONDS * SAMPLE_RATE:
+        raise FormatError(f"transcribe: {count / SAMPLE_RATE:.0f} s of audio is more than the "
+                          f"{MAX_AUDIO_SECONDS} s the page accepts")
+    samples = np.frombuffer(view, dtype="<f4")
+    if not np.all(np.isfinite(samples)):
+        raise FormatError("transcribe: the samples contain NaN or infinity")
+    return samples
+
+
+def _event_forwarder(tokenizer, on_event):
+    """whisper_decode's events as the page's: segments as payloads, tokens with their text."""
+    if on_event is None:
+        return None
+    timestamp_begin = tokenizer.token_to_id("<|notimestamps|>") + 1
+    eot = tokenizer.token_to_id("<|endoftext|>")
+
+    def forward(kind, payload):
+        if kind == "segment":
+            message = segment_payload(payload)
+        elif kind == "token":
+            token = int(payload["token"])
+            text = ""
+            if token < eot:  # text pieces only: no timestamps or special tokens
+                text = tokenizer.decode([token], skip_special_tokens=True)
+            message = {"step": int(payload["step"]), "token": token, "text": text,
+                       "timestamp": token >= timestamp_begin}
+        else:
+            message = dict(payload)
+        on_event(kind, message)
+
+    return forward
+
+
+class TimedWhisper:
+    """The model seen by whisper_decode, timing the encoder and each decoder call.
+
+    transcribe() and WindowDecoder use only config, device, encode, start_decoding and logits."""
+
+    def __init__(self, model):
+        self._model = model
+        self.config = model.config
+        self.device = model.device  # whisper_decode creates its inputs on the model's device
+        self.encode_ms = 0.0
+        self.decode_ms = 0.0
+        self.decoder_calls = 0
+
+    def _timed(self, total: str, call, *args):
+        """call(*args), its milliseconds added to the counter named `total`."""
+        started = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            setattr(self, total, getattr(self, total) + (time.perf_counter() - started) * 1000.0)
+
+    def encode(self, mel):
+        return self._timed("encode_ms", self._model.encode, mel)
+
+    def start_decoding(self, audio_features):
+        return self._timed("decode_ms", self._model.start_decoding, audio_features)
+
+    def logits(self, tokens, state, positions=None):
+        self.decoder_calls += 1
+        # positions: only the rows decoding reads; the model's default when absent
+        args = (tokens, state) if positions is None else (tokens, state, positions)
+        return self._timed("decode_ms", self._model.logits, *args)
+
+
+def segment_payload(segment) -> dict:
+    return {"id": segment.id, "start": segment.start, "end": segment.end,
+            "text": segment.text, "tokens": [int(t) for t in segment.tokens],
+            "temperature": segment.temperature, "avgLogprob": segment.avg_logprob,
+            "noSpeechProb": segment.no_speech_prob}
+
+
+def transcript_payload(transcript) -> dict:
+    """The parts of a Transcript the page shows and the tests compare (also used natively)."""
+    from candle_web import subtitles
+
+    return {"text": transcript.text, "language": transcript.language,
+            "duration": transcript.duration,
+            "segments": [segment_payload(s) for s in transcript.segments],
+            "exports": {fmt: subtitles.render(transcript, fmt) for fmt in EXPORT_FORMATS}}
+
+
+def profile_report(profiler) -> list:
+    """The functions with the most own time: [{function, calls, ownMs, cumulativeMs}]."""
+    import pstats
+
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (file_name, line, name), (_, calls, own, cumulative, _) in stats.stats.items():
+        short_file = file_name.replace("\\", "/").split("/site-packages/")[-1]
+        rows.append({"function": f"{short_file}:{line}({name})", "calls": calls,
+                     "ownMs": own * 1000.0, "cumulativeMs": cumulative * 1000.0})
+    rows.sort(key=lambda row: row["ownMs"], reverse=True)
+    return rows[:PROFILE_TOP_FUNCTIONS]
