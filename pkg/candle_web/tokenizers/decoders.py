@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from ..errors import FormatError, UnsupportedError
-from .fields import MAX_COUNT, SOURCE, Fields, as_list, as_object, check_nesting, describe
+from .fields import MAX_COUNT, SOURCE, Fields, check_nesting, describe, sequence_steps
 from .normalizers import compile_split_pattern
 from .byte_level import unicode_to_byte
 
@@ -214,13 +214,7 @@ def _ctc(fields: Fields) -> CTC:
 
 
 def _sequence(fields: Fields, depth: int) -> Sequence:
-    children = as_list(fields.get("decoders"), fields.path("decoders"))
-    steps = []
-    for index, child in enumerate(children):
-        where = f"{fields.where}.decoders[{index}]"
-        # A null step would be skipped by the loader but called by encode: refuse it.
-        steps.append(decoder_from_config(as_object(child, where), where, depth + 1))
-    return Sequence(steps)
+    return Sequence(sequence_steps(fields, "decoders", decoder_from_config, depth))
 
 
 # type -> builder(fields); Sequence is handled apart (it recurses).

@@ -152,3 +152,14 @@ class Fields:
 
     def object(self, key: str, default=REQUIRED):
         return self._checked(key, default, as_object)
+
+
+def sequence_steps(fields: "Fields", key: str, build, depth: int) -> list:
+    """The steps of a Sequence component (normalizers, pre-tokenizers, decoders, post-
+    processors): each item of the `key` list built by `build(config, where, depth + 1)`. A
+    null step would be skipped by the loader but called by encode: it is refused."""
+    steps = []
+    for index, child in enumerate(as_list(fields.get(key), fields.path(key))):
+        where = f"{fields.where}.{key}[{index}]"
+        steps.append(build(as_object(child, where), where, depth + 1))
+    return steps

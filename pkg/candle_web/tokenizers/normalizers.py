@@ -11,7 +11,7 @@ import unicodedata
 
 from ..errors import FormatError, UnsupportedError
 from .byte_level import bytes_to_unicode_text
-from .fields import SOURCE, Fields, as_list, as_object, as_string, check_nesting, describe
+from .fields import SOURCE, Fields, as_string, check_nesting, describe, sequence_steps
 from .normalizer_base import Normalizer
 from .precompiled import PrecompiledNormalizer
 from .unicode_classes import compile_pattern, is_whitespace, legacy_flip_set
@@ -231,13 +231,7 @@ def compile_split_pattern(pattern, field: str):
 
 
 def _sequence(fields: Fields, depth: int) -> Sequence:
-    children = as_list(fields.get("normalizers"), fields.path("normalizers"))
-    steps = []
-    for index, child in enumerate(children):
-        where = f"{fields.where}.normalizers[{index}]"
-        # A null step would be skipped by the loader but called by encode: refuse it.
-        steps.append(normalizer_from_config(as_object(child, where), where, depth + 1))
-    return Sequence(steps)
+    return Sequence(sequence_steps(fields, "normalizers", normalizer_from_config, depth))
 
 
 def _strip(fields: Fields) -> Strip:

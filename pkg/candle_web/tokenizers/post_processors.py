@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import FormatError, UnsupportedError
 from .encoding import Encoding
 from .fields import (SOURCE, Fields, as_int, as_list, as_object, as_string, check_nesting,
-                     describe)
+                     describe, sequence_steps)
 
 SEQUENCE_NAMES = ("A", "B")
 
@@ -224,13 +224,7 @@ def _token_pair(fields: Fields, key: str) -> tuple:
 
 
 def _sequence(fields: Fields, depth: int) -> Sequence:
-    children = as_list(fields.get("processors"), fields.path("processors"))
-    steps = []
-    for index, child in enumerate(children):
-        where = f"{fields.where}.processors[{index}]"
-        # A null step would be skipped by the loader but called by encode: refuse it.
-        steps.append(post_processor_from_config(as_object(child, where), where, depth + 1))
-    return Sequence(steps)
+    return Sequence(sequence_steps(fields, "processors", post_processor_from_config, depth))
 
 
 # type -> builder(fields); Sequence is handled apart (it recurses).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import FormatError, UnsupportedError
 from .byte_level import bytes_to_unicode_text
-from .fields import SOURCE, Fields, as_list, as_object, check_nesting, describe
+from .fields import SOURCE, Fields, check_nesting, describe, sequence_steps
 from .normalizers import compile_split_pattern
 from .unicode_classes import compile_pattern, is_numeric, is_punctuation, is_whitespace
 
@@ -255,13 +255,7 @@ def _punctuation(fields: Fields) -> PredicateSplit:
 
 
 def _sequence(fields: Fields, depth: int) -> Sequence:
-    children = as_list(fields.get("pretokenizers"), fields.path("pretokenizers"))
-    steps = []
-    for index, child in enumerate(children):
-        where = f"{fields.where}.pretokenizers[{index}]"
-        # A null step would be skipped by the loader but called by encode: refuse it.
-        steps.append(pre_tokenizer_from_config(as_object(child, where), where, depth + 1))
-    return Sequence(steps)
+    return Sequence(sequence_steps(fields, "pretokenizers", pre_tokenizer_from_config, depth))
 
 
 # type -> builder(fields); Sequence is handled apart (it recurses).
