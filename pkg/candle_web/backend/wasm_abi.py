@@ -1,0 +1,139 @@
+"""The ABI of `web/vendor/kernels.wasm`, as data.
+
+One table, `EXPORTS`, names every function the kernel module exports and the kind of each
+argument, in order. The C side (web/kernels/) implements exactly these signatures; the build
+script checks the module's exports against this table; the hosts (`wasm_hosts`) read it to
+know which arguments are arrays and which way to copy them; the wasm backend calls them.
+
+Conventions (fixed; both sides follow them):
+- The module imports its memory as `env.memory` and nothing else; it exports only `EXPORTS`.
+- Pointers are i32 byte offsets into that memory; counts and strides are i32, strides in
+  ELEMENTS; scalars are f32. A pointer 0 means "absent" where the argument is `optional`.
+- f16 data are raw IEEE half bits (uint16); GGML blocks are the raw GGUF bytes (uint8).
+- No kernel touches `__stack_pointer`; temporary storage comes from the `scratch` argument: one
+  16-byte-aligned buffer of `scratch_bytes()` bytes, allocated once by the host and passed to
+  every call that declares it. Callers of a host never pass `scratch` themselves: the host
+  inserts it where the table says.
+
+Argument kinds:
+- IN: an array the kernel only reads; INOUT: reads and writes; OUT: only writes (not read).
+- INT: an i32 (count, stride, enum); FLOAT: an f32 scalar; SCRATCH: the host's scratch buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ABI_VERSION = 1
+
+IN = "in"
+OUT = "out"
+INOUT = "inout"
+INT = "int"
+FLOAT = "float"
+SCRATCH = "scratch"
+ARRAY_KINDS = (IN, OUT, INOUT)
+KINDS = (IN, OUT, INOUT, INT, FLOAT, SCRATCH)
+
+# The module's only import: (module, name, kind).
+IMPORTS = (("env", "memory", "memory"),)
+
+# Unary op codes of `unary_f32`.
+UNARY_OPS = {"gelu": 0, "gelu_erf": 1, "silu": 2, "exp": 3, "tanh": 4, "sigmoid": 5, "erf": 6}
+
+# GGML type ids (candle_web.quantized.ggml_dtype.GgmlDType values) that `linear_q` implements.
+LINEAR_Q_TYPES = (2, 3, 6, 7, 8, 10, 11, 12, 13, 14)  # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    kind: str
+    dtype: str = ""  # arrays: "f32", "f16" (uint16 bits) or "u8" (GGML blocks)
+    optional: bool = False  # arrays: a null pointer (None from Python) means "absent"
+
+
+@dataclass(frozen=True)
+class Export:
+    name: str
+    args: tuple
+    result: str | None = None  # "i32" or None (void)
+    doc: str = ""
+
+    @property
+    def array_args(self) -> tuple:
+        return tuple(i for i, a in enumerate(self.args) if a.kind in ARRAY_KINDS)
+
+    def wasm_params(self) -> tuple:
+        """The wasm value types of the parameters, for checking the module's signature."""
+        return tuple("f32" if a.kind == FLOAT else "i32" for a in self.args)
+
+
+def _i(name):
+    return Arg(name, INT)
+
+
+def _f(name):
+    return Arg(name, FLOAT)
+
+
+def _in(name, dtype="f32", optional=False):
+    return Arg(name, IN, dtype, optional)
+
+
+def _out(name, dtype="f32"):
+    return Arg(name, OUT, dtype)
+
+
+def _inout(name, dtype="f32"):
+    return Arg(name, INOUT, dtype)
+
+
+_SCRATCH = Arg("scratch", SCRATCH, "u8")
+
+EXPORTS = (
+    Export("abi_version", (), "i32", "returns ABI_VERSION"),
+    Export("scratch_bytes", (), "i32", "bytes of scratch any kernel may use; constant"),
+    Export("gemm_f32",
+           (_i("batch"), _i("m"), _i("n"), _i("k"),
+            _in("a"), _i("a_bs"), _i("a_rs"), _i("a_cs"),
+            _in("b"), _i("b_bs"), _i("b_rs"), _i("b_cs"),
+            _inout("c"), _i("c_bs"), _i("c_rs"),
+            _f("beta"), _SCRATCH),
+           doc="C[b,m,n] = sum_k A[b*a_bs+m*a_rs+k*a_cs] * B[b*b_bs+k*b_rs+n*b_cs] "
+               "(+ beta*C, beta 0 or 1; 0: C is not read); C[b,m,n] at b*c_bs+m*c_rs+n"),
+    Export("linear_f16",
+           (_i("m"), _i("n"), _i("k"), _in("x"), _i("x_rs"), _in("w", "f16"),
+            _out("y"), _i("y_rs"), _SCRATCH),
+           doc="Y[m,n] = sum_k X[m*x_rs+k] * half(W[n*K+k]); W contiguous [N,K] uint16"),
+    Export("linear_q",
+           (_i("type"), _i("m"), _i("n"), _i("k"), _in("x"), _i("x_rs"), _in("w", "u8"),
+            _out("y"), _i("y_rs"), _SCRATCH),
+           doc="as linear_f16 with W = N rows of K/blocksize GGML blocks of `type`"),
+    Export("softmax_rows", (_i("rows"), _i("n"), _in("x"), _out("y")),
+           doc="Y may equal X"),
+    Export("log_softmax_rows", (_i("rows"), _i("n"), _in("x"), _out("y"))),
+    Export("layer_norm_rows",
+           (_i("rows"), _i("n"), _in("x"), _in("w", optional=True), _in("b", optional=True),
+            _f("eps"), _out("y"))),
+    Export("rms_norm_rows",
+           (_i("rows"), _i("n"), _in("x"), _in("w", optional=True), _f("eps"), _out("y"))),
+    Export("unary_f32", (_i("op"), _i("n"), _in("x"), _out("y")),
+           doc="op: UNARY_OPS"),
+    Export("silu_mul", (_i("n"), _in("g"), _in("u"), _out("y")),
+           doc="Y = silu(G) * U"),
+    Export("rope_f32",
+           (_i("interleaved"), _i("bh"), _i("t"), _i("d"), _in("x"), _in("cos"), _in("sin"),
+            _out("y")),
+           doc="X,Y [bh,t,d] contiguous; COS,SIN [t,d/2]; 0: halves, 1: pairs"),
+    Export("attention_f32",
+           (_i("bh"), _i("tq"), _i("tk"), _i("d"),
+            _in("q"), _i("q_bs"), _in("k"), _i("k_bs"), _in("v"), _i("v_bs"),
+            _in("mask", optional=True), _i("mask_bs"), _f("scale"),
+            _out("o"), _i("o_bs"), _SCRATCH),
+           doc="O = softmax(Q K^T * scale + MASK) V; rows of stride d; MASK [tq,tk] per "
+               "batch at b*mask_bs (0: shared)"),
+)
+
+EXPORTS_BY_NAME = {e.name: e for e in EXPORTS}
+EXPORT_NAMES = tuple(e.name for e in EXPORTS)
