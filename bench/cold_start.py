@@ -49,7 +49,7 @@ QUESTION = "What is the capital of France?"
 CANDLE_LLAMA = textwrap.dedent("""
     import json, sys
     from candle_web import Device
-    from candle_web.chat_templates import chat_template_for
+    from candle_web.generation.chat_templates import chat_template_for
     from candle_web.pipelines import load_llama
     model, tokenizer = load_llama(sys.argv[1], device=Device.cpu(backend=sys.argv[2]))
     prompt = chat_template_for(model, tokenizer).render([{"role": "user", "content": sys.argv[3]}])
@@ -143,7 +143,8 @@ def prepare_whisper(work: Path) -> tuple:
     import torch
 
     import record_whisper as reference
-    from candle_web import audio, hub
+    from candle_web import hub
+    from candle_web.io import audio
 
     model_bin = hub.fetch(WHISPER_MODEL, "model.bin")
     model = reference.load_openai_model(model_bin)

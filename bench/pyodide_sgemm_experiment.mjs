@@ -34,7 +34,7 @@ const report = pyodide.runPython(`
 import sys, time, json
 sys.path.insert(0, "/repo_pkg")
 import numpy as np
-from candle_web.audio import load_audio
+from candle_web.io.audio import load_audio
 from candle_web.models.whisper import Whisper
 from candle_web.models.whisper_decode import transcribe, TranscribeOptions
 from candle_web.tokenizers import Tokenizer

@@ -135,7 +135,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     import record_whisper as reference
-    from candle_web import audio, hub
+    from candle_web import hub
+    from candle_web.io import audio
 
     engines = [CandleEngine(b.strip(), args.model) for b in args.backends.split(",") if b.strip()]
     torch_version = "skipped"

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pkg"))
 
 from candle_web import hub  # noqa: E402
-from candle_web.errors import CandleError  # noqa: E402
+from candle_web.core.errors import CandleError  # noqa: E402
 
 DEFAULT_MODELS = (
     "whisper-tiny.en",

@@ -9,7 +9,7 @@
    model files, so none of the work below has to come first.
 2. Then, in the background, one step at a time, each in a subprocess whose output lines are
    printed prefixed "[demo <step>]" (readable next to the server's request log):
-     warm-up     python -m candle_native.warm: the numba kernels, compiled into the kernel
+     warm-up     python -m candle_native.numba.warm: the numba kernels, compiled into the kernel
                  cache (~30 s cold, a few seconds warm), so later native runs start quickly
      transcribe  candle-web transcribe of a LibriVox clip from the cache: its text is the
                  demo's proof that the native twin works
@@ -73,7 +73,7 @@ def step_command(step: str, t5_steps) -> tuple[list, str]:
     if step == "warm-up":
         if importlib.util.find_spec("numba") is None:
             return [], "numba is not installed (the `native` extra): nothing to compile"
-        return [python, "-m", "candle_native.warm"], ""
+        return [python, "-m", "candle_native.numba.warm"], ""
     if step == "transcribe":
         clip = hub.cache_dir() / PROOF_CLIP
         if not clip.is_file():

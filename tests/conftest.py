@@ -23,7 +23,7 @@ def model_file():
     Never downloads (cache only): a missing file fails the test with the command to run."""
     # Imported here, not at the top, so that a broken package fails only the tests using it.
     from candle_web import hub
-    from candle_web.errors import CandleError
+    from candle_web.core.errors import CandleError
 
     found: dict[tuple[str, str], Path] = {}
 

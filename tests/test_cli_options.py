@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candle_web import cli, option_limits
-from candle_web.errors import CandleError, InvalidOption
+from candle_web import cli
+from candle_web.core import option_limits
+from candle_web.core.errors import CandleError, InvalidOption
 
 BEAM_RANGE = f"an integer from 1 to {option_limits.MAX_BEAM_SIZE}"
 

@@ -40,7 +40,7 @@ F32_TINY = float(np.finfo(np.float32).tiny)
 # the tests meet: numpy's own f32 accuracy contract (numpy/_core/tests/data/
 # umath-validation-set-*.csv: exp 3, log 4, sin/cos/tanh 2), CUDA's expf/sinf/cosf/tanhf 2 and
 # logf 1 (CUDA C Programming Guide, single-precision maximum ulp error), glibc's <= 2, and
-# numba's vectorised exp_f32 (relative 3e-7, 2.5 ulps; candle_native/numba_kernels/vector_math).
+# numba's vectorised exp_f32 (relative 3e-7, 2.5 ulps; candle_native/numba/kernels/vector_math).
 LIBM_ULPS = 4
 # Absolute error of one erf, in eps (|erf| <= 1, so ulps of the result would not do near 0,
 # where numpy's f32 fit computes 1 - erfc and cancels). f32: the fit's 1.2e-7 (candle_web

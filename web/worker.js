@@ -625,7 +625,7 @@ function describeError(error) {
     if (error.type === "KeyboardInterrupt") {
       return { name: "Cancelled", message: "cancelled by the page", traceback: error.message };
     }
-    // "candle_web.errors.ModelNotFound: text" -> "text": the type is already in `name`.
+    // "candle_web.core.errors.ModelNotFound: text" -> "text": the type is already in `name`.
     const qualified = /^([\w.]+): ([\s\S]*)$/.exec(lastLine);
     const message = qualified && qualified[1].split(".").pop() === error.type ? qualified[2] : lastLine;
     return { name: error.type, message, traceback: error.message };

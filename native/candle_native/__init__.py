@@ -19,7 +19,7 @@ from pathlib import Path
 
 from candle_web.backend import parts, register_backend
 from candle_web.backend.parts import register_part
-from candle_web.errors import BackendUnavailable
+from candle_web.core.errors import BackendUnavailable
 
 NUMBA_EXTRA_HINT = "pip install 'candle-web[native]'"
 CUPY_EXTRA_HINT = "pip install 'candle-web[gpu]'"
@@ -69,32 +69,32 @@ def _numba_factory():
     except ImportError as e:
         raise BackendUnavailable(
             f"the numba backend needs the numba package: {NUMBA_EXTRA_HINT} ({e})") from None
-    from .numba_backend import NumbaBackend
+    from .numba.backend import NumbaBackend
 
     return NumbaBackend()
 
 
 def _cupy_factory():
-    from .cupy_backend import make_cupy_backend
+    from .cupy.backend import make_cupy_backend
 
     return make_cupy_backend()
 
 
 # -- accelerated parts (candle_web.backend.parts): whole model steps on the numba backend ----
 def _whisper_encoder_part(weights):
-    from .whisper_encoder import FusedWhisperEncoder
+    from .parts.whisper_encoder import FusedWhisperEncoder
 
     return FusedWhisperEncoder.build(weights)
 
 
 def _whisper_decoder_step_part(weights):
-    from .whisper_decoder import FusedWhisperDecoder
+    from .parts.whisper_decoder import FusedWhisperDecoder
 
     return FusedWhisperDecoder.build(weights)
 
 
 def _llama_decoder_step_part(weights):
-    from .llama_decoder import FusedLlamaDecoder
+    from .parts.llama_decoder import FusedLlamaDecoder
 
     return FusedLlamaDecoder.build(weights)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from candle_web.errors import ShapeError, UnsupportedError
+from candle_web.core.errors import ShapeError, UnsupportedError
 from candle_web.quantized import GgmlDType
 from candle_web.quantized.blocks_k import unpack_k4_scales
 

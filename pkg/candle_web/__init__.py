@@ -4,24 +4,25 @@ The same package runs in a Pyodide web worker and natively; at import time it ne
 standard library and numpy.
 """
 
-from . import dtype
-from ._lazy import lazy_submodules
-from .autograd import GradStore, no_grad
-from .device import Device
-from .dtype import DType, bf16, f16, f32, f64, i64, u8, u32
-from .errors import (BackendUnavailable, Cancelled, CandleError, DeviceMismatch, DTypeMismatch,
-                     FormatError, HashMismatch, IndexOutOfRange, ModelNotFound, ShapeError,
-                     ShapeMismatch, UnsupportedError)
-from .shape import Shape
-from .tensor import Tensor, Var, custom_op, manual_seed
+from .core import dtype
+from .core._lazy import lazy_submodules
+from .core.autograd import GradStore, no_grad
+from .core.device import Device
+from .core.dtype import DType, bf16, f16, f32, f64, i64, u8, u32
+from .core.errors import (BackendUnavailable, Cancelled, CandleError, DeviceMismatch,
+                          DTypeMismatch, FormatError, HashMismatch, IndexOutOfRange, ModelNotFound,
+                          ShapeError, ShapeMismatch, UnsupportedError)
+from .core.shape import Shape
+from .core.tensor import Tensor, Var, custom_op, manual_seed
 
 __version__ = "0.1.0"
 
 # Subpackages reachable as attributes (`cw.nn`, `cw.io.safetensors`), imported on first use so
 # that `import candle_web` still loads only the standard library and numpy.
+# `cw.audio` is the name the audio decoding had before it moved into io/.
 __getattr__, __dir__ = lazy_submodules(__name__, (
-    "nn", "io", "quantized", "tokenizers", "generation", "models", "hub", "pipelines", "audio",
-    "backend", "cli", "serve"), globals())
+    "core", "nn", "io", "quantized", "tokenizers", "generation", "models", "hub", "pipelines",
+    "worker", "backend", "cli", "serve"), globals(), aliases={"audio": "candle_web.io.audio"})
 
 __all__ = [
     "Tensor", "Var", "custom_op", "Device", "DType", "Shape", "GradStore", "no_grad", "manual_seed", "cat",

@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import option_limits as limits
-from .errors import CandleError
+from .core import option_limits as limits
+from .core.errors import CandleError
 
 
 class ProgressBar:
@@ -70,8 +70,8 @@ def _download_progress():
 
 # -- transcribe ----------------------------------------------------------------------------
 def cmd_transcribe(args) -> int:
-    from . import subtitles
-    from .audio import load_audio
+    from .pipelines import subtitles
+    from .io.audio import load_audio
     from .models.whisper_decode import TranscribeOptions, transcribe
     from .pipelines import load_whisper
 
@@ -127,7 +127,7 @@ def _audio_error(path: str, error: Exception) -> str:
 
 # -- generate ------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
-    from .chat_templates import chat_template_for
+    from .generation.chat_templates import chat_template_for
     from .generation import GenerationOptions, generate
     from .pipelines import load_llama
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from candle_web import audio
-from candle_web.errors import CandleError, FormatError, UnsupportedError
+from candle_web.io import audio
+from candle_web.core.errors import CandleError, FormatError, UnsupportedError
 from candle_web.io.wav import encode_wav, read_raw_int16, read_wav
 
 soundfile = pytest.importorskip("soundfile")

@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from candle_web import audio
-from candle_web.errors import DTypeMismatch, FormatError, ShapeError
+from candle_web.io import audio
+from candle_web.core.errors import DTypeMismatch, FormatError, ShapeError
 from candle_web.io.wav import read_raw_int16, read_wav
 
 torch = pytest.importorskip("torch")

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from candle_web import audio
-from candle_web.errors import DTypeMismatch, ShapeError, UnsupportedError
+from candle_web.io import audio
+from candle_web.core.errors import DTypeMismatch, ShapeError, UnsupportedError
 
 signal = pytest.importorskip("scipy.signal")
 

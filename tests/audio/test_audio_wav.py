@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from candle_web.errors import CandleError, FormatError, ShapeError, UnsupportedError
+from candle_web.core.errors import CandleError, FormatError, ShapeError, UnsupportedError
 from candle_web.io.wav import (
     encode_wav,
     parse_wav_header,

@@ -9,8 +9,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from candle_web import audio
-from candle_web.errors import FormatError
+from candle_web.io import audio
+from candle_web.core.errors import FormatError
 from candle_web.io import wav
 from candle_web.io.wav import encode_wav, read_wav
 

@@ -6,7 +6,7 @@ import pytest
 
 import candle_web
 from candle_web import Device, Tensor, bf16, f16, f32, f64, i64, u8, u32
-from candle_web.dtype import ALL, f32_to_bf16_bits
+from candle_web.core.dtype import ALL, f32_to_bf16_bits
 
 TORCH_DTYPE_NAMES = {"u8": "uint8", "u32": "uint32", "i64": "int64", "f16": "float16",
                      "bf16": "bfloat16", "f32": "float32", "f64": "float64"}

@@ -23,7 +23,7 @@ import zipfile
 import numpy as np
 
 from candle_web import hub
-from candle_web.errors import CandleError
+from candle_web.core.errors import CandleError
 from fuzz_mutators import IntField, Seed, mutate_json_value
 
 SEED_PREFIX_BYTES = 256 * 1024

@@ -139,7 +139,7 @@ def npz(data: bytes) -> None:
 def wav(data: bytes) -> None:
     """The header alone (as the browser's streaming reader does), read_wav, then load_audio
     (decode, downmix, resample to 16 kHz) as transcription does."""
-    from candle_web.audio import load_audio
+    from candle_web.io.audio import load_audio
     from candle_web.io.wav import parse_wav_header, read_wav
 
     parse_wav_header(data, allow_truncated=True)
@@ -218,7 +218,7 @@ def config_whisper_hf(data: bytes) -> None:
 # -- deliberately broken targets (the harness's own tests) -------------------------------------
 def broken_key_error(data: bytes) -> None:
     """Raises an untyped KeyError on about half the inputs; a CandleError on the others."""
-    from candle_web.errors import FormatError
+    from candle_web.core.errors import FormatError
 
     if data and data[0] % 2:
         raise KeyError("odd first byte")

@@ -85,7 +85,7 @@ def describe(error: BaseException, outcome: str) -> dict:
 
 
 def run_case(run, data: bytes) -> dict:
-    from candle_web.errors import CandleError
+    from candle_web.core.errors import CandleError
 
     try:
         run(data)

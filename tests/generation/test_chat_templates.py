@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from candle_web.chat_templates import CHATML, LLAMA2, LLAMA3, ChatTemplate, render_chat
-from candle_web.errors import CandleError, UnsupportedError
+from candle_web.generation.chat_templates import CHATML, LLAMA2, LLAMA3, ChatTemplate, render_chat
+from candle_web.core.errors import CandleError, UnsupportedError
 
 # The Llama 3 chat format (Meta's Llama 3 instruct models), written as a Jinja template.
 LLAMA3_TEMPLATE = (

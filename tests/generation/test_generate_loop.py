@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candle_web.errors import Cancelled, CandleError
+from candle_web.core.errors import Cancelled, CandleError
 from candle_web.generation import GenerationOptions, apply_repeat_penalty, generate
 
 PROMPT = "The weather today is"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candle_web.errors import CandleError, ShapeError
+from candle_web.core.errors import CandleError, ShapeError
 from candle_web.generation import LogitsProcessor, Sampling, top_k_mask, top_p_mask
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candle_web.errors import CandleError
+from candle_web.core.errors import CandleError
 from candle_web.generation import apply_repeat_penalty, penalty_window
 
 

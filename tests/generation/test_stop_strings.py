@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from candle_web.errors import CandleError
+from candle_web.core.errors import CandleError
 from candle_web.generation import StopStringMatcher
 
 

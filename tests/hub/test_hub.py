@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from candle_web import hub
-from candle_web.errors import CandleError, HashMismatch, ModelNotFound
+from candle_web.core.errors import CandleError, HashMismatch, ModelNotFound
 from hub_testlib import REVISION, file_entry, registry_data
 
 REPO = "test-org/tiny-model"
@@ -184,8 +184,8 @@ def test_changed_file_is_not_trusted_and_verify_catches_silent_corruption(cache,
     # Corruption that leaves every recorded attribute alone (bit rot on the disk; simulated
     # by re-stamping the damaged file's state) passes the cheap check; verify re-hashes.
     edit_in_place_keeping_size_and_mtime(path)
-    hub._write_stamp(REPO, REVISION, "config.json", hashlib.sha256(CONFIG).hexdigest(), True,
-                     None)
+    hub.cache.write_stamp(REPO, REVISION, "config.json", hashlib.sha256(CONFIG).hexdigest(),
+                          True, None)
     assert hub.is_cached("tiny", "config.json", registry=registry)
     assert hub.verify_cached("tiny", registry=registry)["config.json"] == "corrupt"
     assert not path.exists()
@@ -200,7 +200,7 @@ def test_unchanged_content_with_a_new_state_is_rehashed_and_restamped(cache, fak
     serve_all(fake_hub)
     registry = hf_registry()
     path = hub.fetch("tiny", "config.json", registry=registry)
-    stamp_path = hub._stamp_path(REPO, REVISION, "config.json")
+    stamp_path = hub.cache.stamp_path(REPO, REVISION, "config.json")
     if change == "touch":
         os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     elif change == "copy_over":

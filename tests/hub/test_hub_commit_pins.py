@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from candle_web import hub
-from candle_web.errors import FormatError, HashMismatch, ModelNotFound
-from candle_web.hub_content import GIT_BLOB_SHA1, AnnouncedContent, ContentChecker
+from candle_web.core.errors import FormatError, HashMismatch, ModelNotFound
+from candle_web.hub.content import GIT_BLOB_SHA1, AnnouncedContent, ContentChecker
 from hub_testlib import REVISION, registry_data
 
 REPO = "test-org/tiny-t5"

@@ -64,7 +64,9 @@ def test_models_verify_rehashes_every_file_and_fails_on_corruption(cache, fake_h
                           [{"hf": {"repo": "test-org/other", "revision": REVISION}}])
     data["models"] += other["models"]
     registry = hub.Registry.from_dict(data)
+    # The package and its cache module each look the default registry up.
     monkeypatch.setattr(hub, "default_registry", lambda: registry)
+    monkeypatch.setattr(hub.cache, "default_registry", lambda: registry)
     monkeypatch.setattr(hub, "list_models", lambda: list(registry))
     paths = hub.fetch_model("verify-me")
 
@@ -75,8 +77,8 @@ def test_models_verify_rehashes_every_file_and_fails_on_corruption(cache, fake_h
 
     # Damage the bytes and forge the stamp to match the damaged file's state.
     paths["weights.bin"].write_bytes(b"W" + weights[1:])
-    hub._write_stamp(repo, REVISION, "weights.bin", file_entry("weights.bin", weights)["sha256"],
-                     True, None)
+    hub.cache.write_stamp(repo, REVISION, "weights.bin",
+                          file_entry("weights.bin", weights)["sha256"], True, None)
     assert hub.is_cached("verify-me", "weights.bin")  # the cheap check is fooled
     assert cli.main(["models", "--verify"]) == 1
     captured = capsys.readouterr()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from candle_web import hub
-from candle_web.errors import HashMismatch, ModelNotFound
+from candle_web.core.errors import HashMismatch, ModelNotFound
 from hub_testlib import REVISION, file_entry, registry_data
 
 VERSION = "1.0.0"

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from candle_web import hub
-from candle_web.errors import FormatError, ModelNotFound
+from candle_web.core.errors import FormatError, ModelNotFound
 from hub_testlib import REVISION, file_entry, registry_data
 
 # sha256 of the main weight files as published upstream (DESIGN.md section 6), an independent

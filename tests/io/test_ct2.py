@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from candle_web.errors import CandleError, FormatError, ModelNotFound, UnsupportedError
+from candle_web.core.errors import CandleError, FormatError, ModelNotFound, UnsupportedError
 from candle_web.io.ct2 import read_ct2
 
 # ------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from candle_web.errors import CandleError, FormatError, ModelNotFound, UnsupportedError
+from candle_web.core.errors import CandleError, FormatError, ModelNotFound, UnsupportedError
 from candle_web.io.gguf import GgufFile, GgufValueType, read_gguf, write_gguf
 from candle_web.quantized import GgmlDType, QTensor
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from candle_web.errors import CandleError, FormatError
+from candle_web.core.errors import CandleError, FormatError
 from candle_web.io.gguf import GgufFile, GgufValueType, write_gguf
 from candle_web.quantized import QTensor
 

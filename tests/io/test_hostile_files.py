@@ -16,7 +16,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from candle_web.errors import CandleError, FormatError
+from candle_web.core.errors import CandleError, FormatError
 from candle_web.io import ct2, gguf, npz
 from candle_web.io.gguf import GgufFile, GgufValueType, write_gguf
 

@@ -12,8 +12,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from candle_web.errors import CandleError, DTypeMismatch, FormatError, ModelNotFound
-from candle_web.errors import UnsupportedError
+from candle_web.core.errors import CandleError, DTypeMismatch, FormatError, ModelNotFound
+from candle_web.core.errors import UnsupportedError
 from candle_web.io import npz
 
 try:

@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from candle_web.errors import CandleError
+from candle_web.core.errors import CandleError
 from candle_web.io import npz
 
 MEMORY_PER_INPUT_BYTE = 64

@@ -15,8 +15,8 @@ import safetensors.numpy as ref_numpy
 import safetensors.torch as ref_torch
 import torch
 
-from candle_web.errors import CandleError, DTypeMismatch, FormatError, ModelNotFound
-from candle_web.errors import UnsupportedError
+from candle_web.core.errors import CandleError, DTypeMismatch, FormatError, ModelNotFound
+from candle_web.core.errors import UnsupportedError
 from candle_web.io import safetensors as st
 
 try:

@@ -17,7 +17,7 @@ import safetensors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from candle_web.errors import CandleError, UnsupportedError
+from candle_web.core.errors import CandleError, UnsupportedError
 from candle_web.io import safetensors as st
 
 FUZZ_DTYPES = ["BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64", "F16", "BF16",

@@ -20,7 +20,7 @@ def whisper_reference():
 def speech_clips(model_file):
     """name -> float32 16 kHz samples of the pocketsphinx test speech (as recorded)."""
     from candle_web import hub
-    from candle_web.audio import load_audio
+    from candle_web.io.audio import load_audio
     from candle_web.io.wav import read_raw_int16
 
     speech = hub.cache_dir() / "testdata" / "speech"

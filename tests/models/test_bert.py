@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from candle_web.errors import FormatError, ShapeMismatch, UnsupportedError
+from candle_web.core.errors import FormatError, ShapeMismatch, UnsupportedError
 from candle_web.models.bert import (BertConfig, BertModel, SentenceEmbedder, cosine_similarity,
                                     load_sentence_embedder, mean_pool)
 from candle_web.tokenizers import Tokenizer

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from llama_testlib import TINY_CONFIG, random_state, to_gguf
 
-from candle_web.errors import CandleError, FormatError
+from candle_web.core.errors import CandleError, FormatError
 
 # -- Whisper, CTranslate2 ---------------------------------------------------------------------
 TINY_EN_VOCAB = 51864  # decoder/embeddings/weight rows of whisper-tiny.en

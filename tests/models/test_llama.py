@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from llama_testlib import one_blas_thread
 
-from candle_web.chat_templates import CHATML, chat_template_for
-from candle_web.errors import Cancelled
+from candle_web.generation.chat_templates import CHATML, chat_template_for
+from candle_web.core.errors import Cancelled
 from candle_web.generation import GenerationOptions, generate
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "llama_reference.json"

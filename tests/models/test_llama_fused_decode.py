@@ -1,4 +1,4 @@
-"""The numba backend's fused LLaMA decode step (native/candle_native/llama_decoder.py) against
+"""The numba backend's fused LLaMA decode step (native/candle_native/parts/llama_decoder.py) against
 the generic tensor path of the same model on the same backend.
 
 Both multiply the same unpacked weights; the fused kernels only re-associate f32 sums (row
@@ -21,7 +21,7 @@ from llama_testlib import TINY_CONFIG, dequantized_state, random_state, to_gguf,
 from tolerances import assert_near_truth
 
 from candle_web import Device
-from candle_web.errors import BackendUnavailable
+from candle_web.core.errors import BackendUnavailable
 from candle_web.models.llama import Llama
 from candle_web.quantized import GgmlDType
 

@@ -16,7 +16,7 @@ from llama_testlib import (TINY_CONFIG, dequantized_state, gguf_metadata, one_bl
 from tolerances import assert_near_truth
 
 from candle_web import Tensor, bf16
-from candle_web.errors import (FormatError, IndexOutOfRange, ShapeMismatch, UnsupportedError)
+from candle_web.core.errors import (FormatError, IndexOutOfRange, ShapeMismatch, UnsupportedError)
 from candle_web.io.gguf import write_gguf
 from candle_web.models.llama import Llama, LlamaConfig
 from candle_web.quantized import GgmlDType
@@ -238,7 +238,7 @@ def test_gguf_from_bytes_as_in_the_browser(state, tmp_path, hf_model):
 
 
 def test_load_llama_folder_needs_a_tokenizer(state, tmp_path):
-    from candle_web.errors import ModelNotFound
+    from candle_web.core.errors import ModelNotFound
     from candle_web.pipelines import load_llama
 
     with pytest.raises(ModelNotFound, match="tokenizer.json"):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from candle_web.errors import FormatError, ShapeMismatch, UnsupportedError
+from candle_web.core.errors import FormatError, ShapeMismatch, UnsupportedError
 from candle_web.models.t5 import (GenerationOptions, T5Config, T5TextGenerator, load_t5,
                                   load_t5_safetensors, relative_position_bucket)
 from candle_web.tokenizers import Tokenizer
@@ -201,7 +201,7 @@ def test_text_generator_decodes_streams_and_samples(models, tokenizer, reference
 
 
 def test_generation_can_be_cancelled_and_stopped(models, tokenizer, reference):
-    from candle_web.errors import Cancelled
+    from candle_web.core.errors import Cancelled
 
     generator = T5TextGenerator(models["v1_0"], tokenizer)
     text = reference["models"]["v1_0"]["prompts"][0]["text"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from candle_web.errors import FormatError, ShapeMismatch, UnsupportedError
+from candle_web.core.errors import FormatError, ShapeMismatch, UnsupportedError
 from candle_web.io.gguf import write_gguf
 from candle_web.models.t5 import (GenerationOptions, llama_cpp_name, load_t5, load_t5_gguf)
 from candle_web.quantized.qtensor import QTensor

@@ -117,7 +117,8 @@ def test_beam_search_tokens_equal_openai_whisper(whisper_models, speech_clips, w
 
 def test_without_timestamps_tokens(whisper_models, speech_clips, whisper_reference):
     from candle_web.models.whisper_decode import DecodingOptions, WhisperTokenizer, WindowDecoder
-    from candle_web import Tensor, audio
+    from candle_web import Tensor
+    from candle_web.io import audio
 
     model, tokenizer = whisper_models("whisper-tiny.en")
     tk = WhisperTokenizer(tokenizer, multilingual=False)
@@ -129,7 +130,8 @@ def test_without_timestamps_tokens(whisper_models, speech_clips, whisper_referen
 
 
 def test_language_detection_on_english_speech(whisper_models, speech_clips):
-    from candle_web import Tensor, audio
+    from candle_web import Tensor
+    from candle_web.io import audio
     from candle_web.models.whisper_decode import WhisperTokenizer, detect_language
 
     model, tokenizer = whisper_models("whisper-base")

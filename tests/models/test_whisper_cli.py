@@ -74,7 +74,7 @@ def test_models_lists_registry_and_cache_state():
 
 def test_eight_channel_96k_audio_transcribes(tmp_path, speech_clips, whisper_models):
     """Multichannel high-rate input is downmixed and resampled, then transcribed."""
-    from candle_web.audio import load_audio
+    from candle_web.io.audio import load_audio
     from candle_web.io.wav import write_wav
     from candle_web.models.whisper_decode import TranscribeOptions, transcribe
 

@@ -106,7 +106,8 @@ def test_logits_match_transformers(hf_checkpoint, speech_clips):
     Logits are O(10); f32 sums over 384-1536 terms in different orders differ by ~1e-4."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from candle_web import Tensor, audio
+    from candle_web import Tensor
+    from candle_web.io import audio
 
     folder, config = hf_checkpoint
     reference = transformers.WhisperForConditionalGeneration.from_pretrained(str(folder)).eval()

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from candle_web import subtitles
+from candle_web.pipelines import subtitles
 from candle_web.models.whisper_decode import TranscribeOptions, transcribe
 
 SILENCE_S = 6.0  # also exercises windows that start in silence

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candle_web.errors import BackendUnavailable
+from candle_web.core.errors import BackendUnavailable
 
 NO_CUDA_MESSAGE = "no CUDA device present"
 

@@ -31,7 +31,7 @@ def rng():
 
 
 def kernel_weight_tuple(qtensor):
-    from candle_native.numba_backend import kernel_weight
+    from candle_native.numba.backend import kernel_weight
 
     w = kernel_weight(qtensor)
     return (w.levels, w.scales, w.offsets, bool(w.use_offsets), int(w.group))
@@ -41,7 +41,7 @@ def kernel_weight_tuple(qtensor):
 @pytest.mark.parametrize("rows", ROW_COUNTS)
 @pytest.mark.parametrize("quant", ["Q4_0", "Q4_1", "Q8_0"])
 def test_matvec_matches_the_dequantized_product(numba_backend, quant, rows, parallel, rng):
-    from candle_native.numba_kernels import decoder_step as nk
+    from candle_native.numba.kernels import decoder_step as nk
     from candle_web.quantized.qtensor import QTensor
 
     # An offset in the weights makes Q4_1's per-group minimum matter.
@@ -76,7 +76,7 @@ ATTENTION_CASES = [(9, 3, 64, 141), (4, 2, 20, 37), (2, 1, 64, 1)]
 @pytest.mark.parametrize("parallel", [True, False], ids=["threads", "serial"])
 @pytest.mark.parametrize("case", ATTENTION_CASES, ids=str)
 def test_attention_matches_softmax_reference(numba_backend, case, parallel, rng):
-    from candle_native.numba_kernels import decoder_step as nk
+    from candle_native.numba.kernels import decoder_step as nk
 
     n_heads, n_kv, head_dim, length = case
     capacity = length + 5  # positions past `length` must be ignored: fill them with garbage

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candle_native.numba_backend import (FUSED_ATTENTION_MAX_QUERIES, PARALLEL_MIN_ELEMENTS,
+from candle_native.numba.backend import (FUSED_ATTENTION_MAX_QUERIES, PARALLEL_MIN_ELEMENTS,
                                          SOFTMAX_NUMBA_MAX_ELEMENTS)
 
 from native_testing import rope_bound
@@ -150,7 +150,7 @@ def test_f64_goes_to_the_reference_unchanged(numba_backend, ref, rng):
 
 def test_tensor_ops_through_a_numba_device(rng):
     from candle_web import Device, Tensor
-    from candle_web.errors import BackendUnavailable
+    from candle_web.core.errors import BackendUnavailable
     from candle_web.nn import ops
 
     try:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
 
-from candle_web.errors import UnsupportedError
+from candle_web.core.errors import UnsupportedError
 from candle_web.quantized import GgmlDType, QTensor
-from candle_native import numba_backend as nb
+from candle_native.numba import backend as nb
 
 from tolerances import assert_within, dot_bound
 

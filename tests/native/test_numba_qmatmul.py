@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candle_web.errors import ShapeMismatch
+from candle_web.core.errors import ShapeMismatch
 from candle_web.quantized import GgmlDType, QTensor
-from candle_native.numba_backend import QMATMUL_BLAS_MIN_ROWS, kernel_weight
+from candle_native.numba.backend import QMATMUL_BLAS_MIN_ROWS, kernel_weight
 
 from native_testing import qmatmul_bound
 from tolerances import assert_within

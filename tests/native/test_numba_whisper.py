@@ -30,7 +30,7 @@ EXP_REL = 5e-7
 
 @pytest.fixture(scope="module")
 def vector_math(numba_backend):
-    from candle_native.numba_kernels import vector_math
+    from candle_native.numba.kernels import vector_math
 
     return vector_math
 

@@ -1,4 +1,4 @@
-"""The numba backend's fused Whisper encoder (candle_native/whisper_encoder.py) against the tensor
+"""The numba backend's fused Whisper encoder (candle_native/parts/whisper_encoder.py) against the tensor
 path of the numpy reference backend.
 
 Tolerance: measured against the same encoder run in float64 on the numpy backend
@@ -108,8 +108,8 @@ def test_fused_encoder_matches_the_reference(numba_backend, rng, frames):
 
 def test_fused_encoder_stands_aside(numba_backend, rng, monkeypatch):
     from candle_web import Device, Tensor
-    from candle_web.errors import ShapeMismatch
-    from candle_web.tensor import Var
+    from candle_web.core.errors import ShapeMismatch
+    from candle_web.core.tensor import Var
 
     numba_device = Device.cpu(backend="numba")
     fused, reference, truth = _same_encoders(rng)
@@ -134,7 +134,8 @@ def test_fused_encoder_stands_aside(numba_backend, rng, monkeypatch):
 
 
 def test_real_tiny_encoder_matches_numpy(numba_backend, model_file):
-    from candle_web import Device, Tensor, audio
+    from candle_web import Device, Tensor
+    from candle_web.io import audio
     from candle_web.models.whisper import Whisper
 
     model_dir = model_file("whisper-tiny.en", "model.bin").parent
@@ -154,7 +155,7 @@ def test_real_tiny_encoder_matches_numpy(numba_backend, model_file):
 
 def _first_librivox_clip():
     from candle_web import hub
-    from candle_web.audio import load_audio
+    from candle_web.io.audio import load_audio
 
     clips = sorted((hub.cache_dir() / "testdata" / "speech" / "librivox").glob("*.wav"))
     if not clips:

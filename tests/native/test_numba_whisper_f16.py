@@ -28,7 +28,7 @@ from tolerances import assert_near_truth
 
 @pytest.fixture(scope="module")
 def half(numba_backend):
-    from candle_native.numba_kernels import half
+    from candle_native.numba.kernels import half
 
     return half
 

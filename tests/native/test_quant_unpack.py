@@ -8,7 +8,7 @@ import gc
 import numpy as np
 import pytest
 
-from candle_web.errors import ShapeError, UnsupportedError
+from candle_web.core.errors import ShapeError, UnsupportedError
 from candle_web.quantized import GgmlDType, QTensor
 from candle_native.quant_unpack import UNPACKABLE, PerWeightCache, unpack, unpacked
 

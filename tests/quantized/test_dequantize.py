@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-from candle_web.errors import FormatError, ShapeError, UnsupportedError
+from candle_web.core.errors import FormatError, ShapeError, UnsupportedError
 from candle_web.io.gguf import GgufFile
 from candle_web.quantized import GgmlDType, dequantize
 

@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 import pytest
 
-from candle_web.errors import FormatError, ShapeError, ShapeMismatch
+from candle_web.core.errors import FormatError, ShapeError, ShapeMismatch
 from candle_web.quantized import GgmlDType, QTensor, qmatmul_ref
 from candle_web.quantized import qtensor as qtensor_module
 from tolerances import assert_within, dot_bound

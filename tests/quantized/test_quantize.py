@@ -20,7 +20,7 @@ import gguf
 import numpy as np
 import pytest
 
-from candle_web.errors import DTypeMismatch, ShapeError, UnsupportedError
+from candle_web.core.errors import DTypeMismatch, ShapeError, UnsupportedError
 from candle_web.quantized import GgmlDType, dequantize, quantize
 from candle_web.quantized.blocks_k import unpack_k4_scales
 

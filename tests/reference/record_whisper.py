@@ -116,7 +116,7 @@ def load_openai_model(model_bin: Path):
 
 def speech_clips(speech_dir: Path) -> dict:
     """name -> float32 16 kHz samples, for every clip the tests use."""
-    from candle_web.audio import load_audio
+    from candle_web.io.audio import load_audio
     from candle_web.io.wav import read_raw_int16
 
     clips = {}

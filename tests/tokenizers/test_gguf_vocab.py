@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from candle_web.errors import FormatError, UnsupportedError
+from candle_web.core.errors import FormatError, UnsupportedError
 from candle_web.io.gguf import read_gguf
 from candle_web.tokenizers import Tokenizer
 from comparison import corpus_for, differences, report

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from candle_web.errors import CandleError, FormatError, UnsupportedError
+from candle_web.core.errors import CandleError, FormatError, UnsupportedError
 from candle_web.tokenizers import Tokenizer
 from candle_web.tokenizers.fields import MAX_PADDED_LENGTH, MAX_SEQUENCE_NESTING
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from candle_web.errors import CandleError, FormatError, UnsupportedError
+from candle_web.core.errors import CandleError, FormatError, UnsupportedError
 from candle_web.tokenizers import Tokenizer
 
 MINIMAL = {

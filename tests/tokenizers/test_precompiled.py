@@ -18,7 +18,7 @@ import struct
 
 import pytest
 
-from candle_web.errors import CandleError, FormatError
+from candle_web.core.errors import CandleError, FormatError
 from candle_web.tokenizers import Tokenizer
 from candle_web.tokenizers import _grapheme_table
 from candle_web.tokenizers.precompiled import (LABEL_MASK, LEAF_FLAG_SHIFT,

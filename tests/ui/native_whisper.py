@@ -12,7 +12,7 @@ same input) and its wall time; stdout carries only the JSON.
 Input samples. Chromium's decodeAudioData turns 16-bit PCM into floats asymmetrically:
 positive values times float32(1/32767), negative ones times float32(1/32768) (so +32767 maps
 to 1.0; checked bit for bit on the LibriVox clips), while
-candle_web.audio.load_audio divides everything by 32768 (as openai-whisper and ffmpeg do). The
+candle_web.io.audio.load_audio divides everything by 32768 (as openai-whisper and ffmpeg do). The
 two differ by at most 1/32767 - 1/32768 of full scale (~1e-9 per unit, 3e-5 at most). The
 twin check is about the model's computation, so with --chromium-pcm the clip is converted the
 way the browser does it, and the sha256 of the samples proves both sides start from the same
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     from candle_web import Device
-    from candle_web.audio import load_audio
+    from candle_web.io.audio import load_audio
     from candle_web.models.whisper_decode import transcribe
     from candle_web.pipelines import load_whisper
     from candle_web.worker.whisper import transcribe_options, transcript_payload

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from candle_web import hub
-from candle_web.errors import (CandleError, FormatError, InvalidOption, ModelNotFound,
+from candle_web.core.errors import (CandleError, FormatError, InvalidOption, ModelNotFound,
                                UnsupportedError)
 from candle_web.worker import (BertSession, LlamaSession, Session, T5Session, WhisperSession,
                                eval_twin, session_for)

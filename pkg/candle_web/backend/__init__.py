@@ -8,7 +8,7 @@ load lazily, on the first op of a device, and fail with a message naming the mis
 
 from __future__ import annotations
 
-from ..errors import BackendUnavailable
+from ..core.errors import BackendUnavailable
 from .base import Backend
 from .settings import settings
 

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from ..dtype import float_to_int_saturating
+from ..core.dtype import float_to_int_saturating
 from .base import Backend
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

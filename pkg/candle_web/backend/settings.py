@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import CandleError, UnsupportedError
+from ..core.errors import CandleError, UnsupportedError
 
 BACKEND_VARIABLE = "CANDLE_WEB_BACKEND"
 FUSED_WHISPER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CandleError, ShapeError
+from ..core.errors import CandleError, ShapeError
 
 # Candle's examples use the speed of light as their default seed; so do we.
 DEFAULT_SEED = 299792458

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CandleError
+from ..core.errors import CandleError
 
 DEFAULT_REPEAT_LAST_N = 64
 

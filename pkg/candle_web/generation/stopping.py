@@ -8,7 +8,7 @@ rest is dropped.
 
 from __future__ import annotations
 
-from ..errors import CandleError
+from ..core.errors import CandleError
 
 
 class StopStringMatcher:

@@ -3,7 +3,7 @@
 Submodules are imported on demand (`from candle_web.io import safetensors`, or
 `candle_web.io.safetensors` after `import candle_web`), so importing the package costs nothing."""
 
-from .._lazy import lazy_submodules
+from ..core._lazy import lazy_submodules
 
 __getattr__, __dir__ = lazy_submodules(__name__, ("safetensors", "npz", "gguf", "ct2", "wav"),
                                        globals())

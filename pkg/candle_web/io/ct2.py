@@ -30,7 +30,7 @@ import struct
 
 import numpy as np
 
-from ..errors import FormatError, ModelNotFound, UnsupportedError
+from ..core.errors import FormatError, ModelNotFound, UnsupportedError
 
 NEWEST_BINARY_VERSION = 6
 # name: (dtype id, numpy little-endian storage dtype)
@@ -91,7 +91,7 @@ class Ct2Model:
         """The variable widened to float32 (float16 and bfloat16 exactly; integers as values)."""
         array = self[name]
         if self.dtype_of(name) == "bfloat16":
-            from ..dtype import bf16_bits_to_f32
+            from ..core.dtype import bf16_bits_to_f32
 
             return bf16_bits_to_f32(array)
         return array.astype(np.float32)
@@ -113,15 +113,15 @@ class Ct2Model:
             raise FormatError(f"CTranslate2 variable {name!r} has shape {array.shape}, "
                               f"not a scalar")
         if self.dtype_of(name) == "bfloat16":
-            from ..dtype import bf16_bits_to_f32
+            from ..core.dtype import bf16_bits_to_f32
 
             return bf16_bits_to_f32(array).reshape(()).item()
         return array.reshape(()).item()
 
     def tensor(self, name: str, device=None):
         """The variable as a candle_web Tensor (float32, float16 or bfloat16 only)."""
-        from ..dtype import bf16
-        from ..tensor import Tensor
+        from ..core.dtype import bf16
+        from ..core.tensor import Tensor
 
         real_name = self.resolve(name)
         ct2_type = self.dtypes[real_name]

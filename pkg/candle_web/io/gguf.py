@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DTypeMismatch, FormatError, ModelNotFound, ShapeError, UnsupportedError
+from ..core.errors import DTypeMismatch, FormatError, ModelNotFound, ShapeError, UnsupportedError
 from ..quantized.ggml_dtype import GgmlDType
 from ..quantized.qtensor import QTensor
 

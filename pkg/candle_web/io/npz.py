@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dtype as cdt
-from ..errors import (CandleError, DTypeMismatch, FormatError, ModelNotFound,
+from ..core import dtype as cdt
+from ..core.errors import (CandleError, DTypeMismatch, FormatError, ModelNotFound,
                       UnsupportedError)
 from .safetensors import (MAX_NUMPY_DIMS, _NUMPY_TO_STORED, _as_byte_view, _make_tensor,
                           _read_file, to_candle_storage)

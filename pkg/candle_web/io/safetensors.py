@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dtype as cdt
-from ..errors import DTypeMismatch, FormatError, ModelNotFound, UnsupportedError
+from ..core import dtype as cdt
+from ..core.errors import DTypeMismatch, FormatError, ModelNotFound, UnsupportedError
 
 HEADER_LENGTH_BYTES = 8
 MAX_HEADER_BYTES = 100_000_000  # the reference library's cap on the JSON header

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FormatError, ShapeError, UnsupportedError
+from ..core.errors import FormatError, ShapeError, UnsupportedError
 
 WAVE_FORMAT_PCM = 0x0001
 WAVE_FORMAT_IEEE_FLOAT = 0x0003

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import dtype as dt
-from ..device import Device
-from ..errors import FormatError, ModelNotFound, ShapeMismatch
+from ..core import dtype as dt
+from ..core.device import Device
+from ..core.errors import FormatError, ModelNotFound, ShapeMismatch
 from ..nn import ops
 from ..nn.layers import Activation, LayerNorm, Linear
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 from .inputs import additive_padding_mask, token_ids
 

@@ -20,7 +20,7 @@ import math
 import os
 from pathlib import Path
 
-from ..errors import FormatError
+from ..core.errors import FormatError
 
 REQUIRED = object()  # the default of a field that must be present
 

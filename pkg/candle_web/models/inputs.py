@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtype as dt
-from ..errors import ShapeMismatch
-from ..tensor import Tensor
+from ..core import dtype as dt
+from ..core.errors import ShapeMismatch
+from ..core.tensor import Tensor
 
 # Added to the scores of padded positions: the most negative f32, so softmax gives them 0
 # without producing NaN when a whole row is masked (as -inf would).

@@ -28,7 +28,7 @@ shuffled at load; `LlamaConfig.rope_interleaved` records which layout the checkp
 
 Decode steps (batch 1, one new token) go to the accelerated part `llama.decoder_step`
 (backend/parts.py) when the backend has one (numba: one machine-code call per block, see
-native/candle_native/llama_decoder.py), writing the same KV caches as the tensor path; the
+native/candle_native/parts/llama_decoder.py), writing the same KV caches as the tensor path; the
 result is the same up to f32 summation order.
 Prompts, batches and other backends take the tensor path below.
 
@@ -46,17 +46,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import dtype as dt
+from ..core import dtype as dt
 from ..backend import parts
-from ..device import Device
-from ..errors import FormatError, IndexOutOfRange, ModelNotFound, ShapeMismatch, UnsupportedError
+from ..core.device import Device
+from ..core.errors import FormatError, IndexOutOfRange, ModelNotFound, ShapeMismatch, UnsupportedError
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import RmsNorm
 from ..nn.rotary import rope, rope_frequencies, rope_i
 from ..quantized.qmatmul import QMatMul
 from ..quantized.qtensor import QTensor
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 from .inputs import token_ids
 

@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import dtype as dt
-from ..device import Device
-from ..errors import Cancelled, FormatError, ModelNotFound, ShapeMismatch, UnsupportedError
+from ..core import dtype as dt
+from ..core.device import Device
+from ..core.errors import Cancelled, FormatError, ModelNotFound, ShapeMismatch, UnsupportedError
 from ..generation import (STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, GenerationOptions,
                           LogitsProcessor, StopStringMatcher, TokenOutputStream,
                           apply_repeat_penalty, penalty_window)
@@ -53,7 +53,7 @@ from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import Activation, RmsNorm
 from ..quantized.qmatmul import QMatMul
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 from .inputs import additive_padding_mask, token_ids
 

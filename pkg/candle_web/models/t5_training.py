@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtype as dt
-from ..errors import ShapeMismatch, UnsupportedError
+from ..core import dtype as dt
+from ..core.errors import ShapeMismatch, UnsupportedError
 from ..nn import init as nn_init
 from ..nn.layers import Linear
 from ..nn.loss import cross_entropy
 from ..nn.var_builder import VarBuilder, VarMap
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from .t5 import T5Config, T5ForConditionalGeneration, _Weights, build_t5
 
 LM_HEAD = "lm_head.weight"
@@ -71,7 +71,7 @@ class _VarMapWeights(_Weights):
 def trainable_t5(config: T5Config, varmap: VarMap, device=None) -> T5ForConditionalGeneration:
     """A T5 whose weights are the Vars of `varmap` under HF names (created when missing,
     drawn from the device's generator: seed it with `manual_seed` for a repeatable start)."""
-    from ..device import Device
+    from ..core.device import Device
 
     device = Device.parse(device)
     return build_t5(config, _VarMapWeights(config, varmap, device), device)

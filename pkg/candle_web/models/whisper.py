@@ -24,14 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import dtype as dt
-from ..autograd import is_tracking
+from ..core import dtype as dt
+from ..core.autograd import is_tracking
 from ..backend import parts
-from ..errors import FormatError, ShapeMismatch
+from ..core.errors import FormatError, ShapeMismatch
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import LayerNorm, Linear
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 
 N_AUDIO_CTX = 1500  # encoder positions for one 30 s window (3000 mel frames / stride 2)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import audio as audio_mod
-from .. import option_limits as limits
-from ..errors import Cancelled, CandleError, InvalidOption, UnsupportedError
-from ..tensor import Tensor
+from ..io import audio as audio_mod
+from ..core import option_limits as limits
+from ..core.errors import Cancelled, CandleError, InvalidOption, UnsupportedError
+from ..core.tensor import Tensor
 
 TIME_PRECISION = 0.02  # seconds per timestamp token: 30 s / 1500 encoder positions
 INPUT_STRIDE = 2  # mel frames per encoder position

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 
 
 class Init:

@@ -6,8 +6,8 @@ costs O(new tokens) instead of re-concatenating the whole history (O(n^2) over a
 
 from __future__ import annotations
 
-from ..errors import ShapeMismatch
-from ..tensor import Tensor
+from ..core.errors import ShapeMismatch
+from ..core.tensor import Tensor
 
 
 class Cache:

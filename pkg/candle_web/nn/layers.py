@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ShapeMismatch, UnsupportedError
-from ..tensor import Tensor
+from ..core.errors import ShapeMismatch, UnsupportedError
+from ..core.tensor import Tensor
 from . import init as nn_init
 from . import ops
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import ShapeMismatch
-from ..tensor import Tensor
+from ..core.errors import ShapeMismatch
+from ..core.tensor import Tensor
 from . import ops
 
 

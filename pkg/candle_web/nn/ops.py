@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
-from ..autograd import is_tracking
-from ..errors import CandleError, ShapeMismatch
-from ..tensor import Tensor, custom_op
+from ..core.autograd import is_tracking
+from ..core.errors import CandleError, ShapeMismatch
+from ..core.tensor import Tensor, custom_op
 
 
 def _is_last_dim(x: Tensor, dim: int) -> bool:

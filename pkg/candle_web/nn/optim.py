@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import partial
 
-from ..autograd import no_grad
-from ..tensor import custom_op
+from ..core.autograd import no_grad
+from ..core.tensor import custom_op
 
 
 class Optimizer:

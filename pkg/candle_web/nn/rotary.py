@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import is_tracking
-from ..errors import ShapeMismatch
-from ..tensor import Tensor, custom_op
+from ..core.autograd import is_tracking
+from ..core.errors import ShapeMismatch
+from ..core.tensor import Tensor, custom_op
 
 
 def rope_frequencies(head_dim: int, max_positions: int, theta: float = 10000.0,

@@ -8,11 +8,11 @@ the shape, and converts dtype and device at load time. Sources are read lazily p
 
 from __future__ import annotations
 
-from .. import dtype as dt
-from ..device import Device
-from ..dtype import DType
-from ..errors import ModelNotFound, ShapeMismatch
-from ..tensor import Tensor, Var
+from ..core import dtype as dt
+from ..core.device import Device
+from ..core.dtype import DType
+from ..core.errors import ModelNotFound, ShapeMismatch
+from ..core.tensor import Tensor, Var
 
 
 class _DictSource:

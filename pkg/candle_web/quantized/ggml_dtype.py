@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-from ..errors import FormatError, ShapeError
+from ..core.errors import FormatError, ShapeError
 
 QK_K = 256  # elements per super-block of the k-quants
 QK_LEGACY = 32  # elements per block of Q4_0 ... Q8_1

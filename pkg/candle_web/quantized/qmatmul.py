@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtype as dt
-from ..device import Device
-from ..errors import ShapeError, ShapeMismatch
-from ..tensor import Tensor
+from ..core import dtype as dt
+from ..core.device import Device
+from ..core.errors import ShapeError, ShapeMismatch
+from ..core.tensor import Tensor
 from .ggml_dtype import GgmlDType
 from .qtensor import QTensor
 

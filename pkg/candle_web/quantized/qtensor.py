@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from ..dtype import bf16_bits_to_f32, f32_to_bf16_bits
-from ..errors import DTypeMismatch, FormatError, ShapeError, ShapeMismatch, UnsupportedError
+from ..core.dtype import bf16_bits_to_f32, f32_to_bf16_bits
+from ..core.errors import DTypeMismatch, FormatError, ShapeError, ShapeMismatch, UnsupportedError
 from . import blocks_k, blocks_legacy
 from .ggml_dtype import DEQUANTIZABLE, QUANTIZABLE, GgmlDType
 

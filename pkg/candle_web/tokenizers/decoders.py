@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import FormatError, UnsupportedError
+from ..core.errors import FormatError, UnsupportedError
 from .fields import MAX_COUNT, SOURCE, Fields, check_nesting, describe, sequence_steps
 from .normalizers import compile_split_pattern
 from .byte_level import unicode_to_byte

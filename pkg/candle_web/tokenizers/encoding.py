@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import CandleError, FormatError
+from ..core.errors import CandleError, FormatError
 from .fields import MAX_COUNT, MAX_PADDED_LENGTH, Fields, as_int, describe
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import reprlib
 
-from ..errors import FormatError
+from ..core.errors import FormatError
 
 # HF stores token ids and type ids as u32.
 MAX_ID = 2**32 - 1

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import FormatError, UnsupportedError
+from ..core.errors import FormatError, UnsupportedError
 from .added_vocabulary import AddedToken
 from .decoders import ByteFallback, ByteLevel as ByteLevelDecoder, Fuse
 from .decoders import Replace as ReplaceDecoder, Sequence as DecoderSequence, Strip

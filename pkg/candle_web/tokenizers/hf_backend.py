@@ -5,7 +5,7 @@ Never imported at module level by the package: Pyodide has no HF `tokenizers`.
 
 from __future__ import annotations
 
-from ..errors import BackendUnavailable, FormatError
+from ..core.errors import BackendUnavailable, FormatError
 from .encoding import Encoding
 
 

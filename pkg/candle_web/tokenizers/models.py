@@ -10,7 +10,7 @@ Each model caches the result per word: words repeat a lot in real text.
 
 from __future__ import annotations
 
-from ..errors import FormatError, UnsupportedError
+from ..core.errors import FormatError, UnsupportedError
 from .fields import MAX_COUNT, MAX_ID, Fields, as_int, as_list, as_number, as_string, describe
 
 # Words longer than this (in characters) are not cached, as in HF (MAX_LENGTH 256 bytes).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from ..errors import FormatError, UnsupportedError
+from ..core.errors import FormatError, UnsupportedError
 from .byte_level import bytes_to_unicode_text
 from .fields import SOURCE, Fields, as_string, check_nesting, describe, sequence_steps
 from .normalizer_base import Normalizer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import FormatError, UnsupportedError
+from ..core.errors import FormatError, UnsupportedError
 from .encoding import Encoding
 from .fields import (SOURCE, Fields, as_int, as_list, as_object, as_string, check_nesting,
                      describe, sequence_steps)

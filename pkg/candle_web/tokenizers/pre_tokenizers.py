@@ -7,7 +7,7 @@ Splitting follows HF's `SplitDelimiterBehavior` on a list of (start, stop, is_ma
 
 from __future__ import annotations
 
-from ..errors import FormatError, UnsupportedError
+from ..core.errors import FormatError, UnsupportedError
 from .byte_level import bytes_to_unicode_text
 from .fields import SOURCE, Fields, check_nesting, describe, sequence_steps
 from .normalizers import compile_split_pattern

@@ -25,7 +25,7 @@ import struct
 import sys
 from array import array
 
-from ..errors import FormatError
+from ..core.errors import FormatError
 from .graphemes import cluster_spans
 from .normalizer_base import Normalizer
 

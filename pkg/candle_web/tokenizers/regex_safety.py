@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
 
 try:
     from re import _parser as sre_parse  # Python >= 3.11

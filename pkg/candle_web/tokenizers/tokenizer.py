@@ -12,7 +12,7 @@ import os
 import re
 import sys
 
-from ..errors import CandleError, FormatError
+from ..core.errors import CandleError, FormatError
 from .added_vocabulary import AddedToken, AddedVocabulary
 from .decoders import decoder_from_config
 from .encoding import (Encoding, PaddingParams, TruncationParams, pad_encodings,

@@ -21,7 +21,7 @@ import functools
 import re
 import unicodedata
 
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
 
 MAX_CODE_POINT = 0x10FFFF
 

@@ -3,7 +3,7 @@
 The worker imports this package once and calls through it: `session_for(kind)` gives the
 session of a model kind (models, load, and the kind's run command; session.py says how), and
 `eval_twin` runs the twin check. The sessions' module-level imports are the standard library,
-numpy and candle_web.errors: each loads its model code when it first builds a model, so the
+numpy and candle_web.core.errors: each loads its model code when it first builds a model, so the
 page's start pays only for these few files.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ _sessions: dict = {}
 
 def session_for(kind=None) -> Session:
     """The worker's session for model `kind` (None: DEFAULT_KIND)."""
-    from candle_web.errors import UnsupportedError
+    from candle_web.core.errors import UnsupportedError
 
     kind = DEFAULT_KIND if kind is None else kind
     if not isinstance(kind, str) or kind not in SESSION_CLASSES:

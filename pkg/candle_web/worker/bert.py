@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 
-from candle_web.errors import CandleError
+from candle_web.core.errors import CandleError
 from candle_web.worker.session import (CONFIG_FILE, TOKENIZER_FILE, Session, checked_text,
                                        json_file, python_value, tokenizer_file)
 

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from candle_web.errors import CandleError, FormatError, ModelNotFound
+from candle_web.core.errors import CandleError, FormatError, ModelNotFound
 from candle_web.worker.session import Session, checked_text, generation_options
 
 # Bounds of one request, so a mistyped field cannot start an endless job.
@@ -52,7 +52,7 @@ class LlamaSession(Session):
         return Llama.from_gguf(gguf), Tokenizer.from_gguf_metadata(gguf.metadata)
 
     def describe(self, model) -> dict:
-        from candle_web.chat_templates import chat_template_for
+        from candle_web.generation.chat_templates import chat_template_for
 
         llama, tokenizer = model
         try:
@@ -69,7 +69,7 @@ class LlamaSession(Session):
         """Generate; on_event(kind, payload) sees "prompt", "token" and "done" (see
         candle_web.generation.decode_loop). The payload is what the page shows and the twin
         check compares."""
-        from candle_web.chat_templates import chat_template_for
+        from candle_web.generation.chat_templates import chat_template_for
         from candle_web.generation import generate
 
         llama, tokenizer = model

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from candle_web.errors import CandleError, FormatError, ModelNotFound
+from candle_web.core.errors import CandleError, FormatError, ModelNotFound
 
 HF_ENDPOINT = "https://huggingface.co"
 # One wasm32 array must stay under 2 GiB; a file announced larger is refused before allocating.

@@ -48,7 +48,7 @@ def hashed_uniform(seed: int, count: int) -> np.ndarray:
 
 
 def _checked_count(name: str, value, limit: int) -> int:
-    from candle_web.errors import ShapeError
+    from candle_web.core.errors import ShapeError
 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
             or not 1 <= int(value) <= limit:

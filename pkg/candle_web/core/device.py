@@ -29,7 +29,7 @@ class Device:
         if backend is None:
             return CPU
         if backend not in _CPU_BY_BACKEND:
-            from .backend import get_backend
+            from ..backend import get_backend
 
             device = Device("cpu")
             device._backend = get_backend(backend)
@@ -58,7 +58,7 @@ class Device:
     def backend(self):
         """The kernel backend for this device (resolved once, on first use)."""
         if self._backend is None:
-            from .backend import backend_for
+            from ..backend import backend_for
 
             self._backend = backend_for(self)
         return self._backend

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .errors import FormatError, ModelNotFound
+from ..core.errors import FormatError, ModelNotFound
 
 # Models without a Hub source are cached under this organisation.
 REGISTRY_ORG = "candle-web"
@@ -27,8 +27,8 @@ REGISTRY_PATH = Path(__file__).with_name("registry.json")
 SUPPORTED_REGISTRY_SCHEMA = 1
 MODEL_KINDS = ("whisper", "llama", "bert", "t5", "test-input")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_REVISION_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+REVISION_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -181,7 +181,7 @@ def _pinned_to_one_hub_commit(sources: list) -> bool:
 def _parse_file(item: object, where: str, hub_commit_only: bool) -> FileEntry:
     if not isinstance(item, dict):
         raise FormatError(f"{where}: file entry {item!r:.80} is not an object")
-    name = _checked_relative_name(item.get("name"), where)
+    name = checked_relative_name(item.get("name"), where)
     sha = item.get("sha256")
     size = item.get("size")
     if (sha is None or size is None) and not hub_commit_only:
@@ -203,8 +203,8 @@ def _check_source(source: object, where: str, file_names: set[str]) -> None:
         if not isinstance(spec, str) or not spec:
             raise FormatError(f"{where}: local source needs a path string, got {spec!r}")
     elif kind == "hf":
-        _check_hf_repo(spec.get("repo") if isinstance(spec, dict) else None, where)
-        _check_revision(spec.get("revision"), where)
+        check_hf_repo(spec.get("repo") if isinstance(spec, dict) else None, where)
+        check_revision(spec.get("revision"), where)
     elif kind == "pypi":
         if not isinstance(spec, dict) or not isinstance(spec.get("packages"), list):
             raise FormatError(f"{where}: pypi source needs a 'packages' list")
@@ -215,7 +215,7 @@ def _check_source(source: object, where: str, file_names: set[str]) -> None:
             ) or not isinstance(package.get("members"), dict):
                 raise FormatError(f"{where}: pypi package {package!r:.80} needs name, version, members")
             for local_name in package["members"]:
-                _checked_relative_name(local_name, where)
+                checked_relative_name(local_name, where)
                 member_names.add(local_name)
         for join in spec.get("join", []):
             parts = join.get("parts") if isinstance(join, dict) else None
@@ -228,7 +228,7 @@ def _check_source(source: object, where: str, file_names: set[str]) -> None:
         raise FormatError(f"{where}: unknown source kind {kind!r} (local, hf, pypi)")
 
 
-def _checked_relative_name(name: object, where: str) -> str:
+def checked_relative_name(name: object, where: str) -> str:
     """A file name inside a snapshot: relative, forward slashes, no '..' (nothing may escape)."""
     if not isinstance(name, str) or not name:
         raise FormatError(f"{where}: file name {name!r} is not a non-empty string")
@@ -238,14 +238,14 @@ def _checked_relative_name(name: object, where: str) -> str:
     return name
 
 
-def _check_hf_repo(repo: object, where: str) -> str:
-    if not isinstance(repo, str) or not _REPO_RE.match(repo) or ".." in repo:
+def check_hf_repo(repo: object, where: str) -> str:
+    if not isinstance(repo, str) or not REPO_RE.match(repo) or ".." in repo:
         raise FormatError(f"{where}: Hub repo {repo!r} is not of the form org/name")
     return repo
 
 
-def _check_revision(revision: object, where: str) -> str:
-    if not isinstance(revision, str) or not _REVISION_RE.match(revision) or ".." in revision:
+def check_revision(revision: object, where: str) -> str:
+    if not isinstance(revision, str) or not REVISION_RE.match(revision) or ".." in revision:
         raise FormatError(f"{where}: Hub revision {revision!r} is not a commit hash or branch")
     return revision
 

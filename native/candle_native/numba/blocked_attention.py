@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .numba_kernels.vector_math import exp_shifted_rows
+from .kernels.vector_math import exp_shifted_rows
 
 # Whole heads up to 2048 query rows (bounds the scratch to 2048 x tk). Smaller blocks that fit
 # L2 (128-256 rows) were as fast with single-threaded BLAS but 2.5x slower with two OpenBLAS

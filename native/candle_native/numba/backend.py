@@ -14,11 +14,11 @@ import numpy as np
 
 from candle_web.backend.numpy_backend import NumpyBackend
 from candle_web.backend.settings import PROMPT_WEIGHTS_MB_VARIABLE, settings  # noqa: F401 (tests name it here)
-from candle_web.errors import ShapeMismatch
+from candle_web.core.errors import ShapeMismatch
 
-from . import numba_kernels as nk
-from .numba_kernels import vector_math
-from .quant_unpack import UNPACKABLE, PerWeightCache, kernel_weight, unpack
+from . import kernels as nk
+from .kernels import vector_math
+from ..quant_unpack import UNPACKABLE, PerWeightCache, kernel_weight, unpack
 
 # Below this many elements a fused op runs its serial kernel: waking the thread pool costs more
 # than the whole op on a decode step's small tensors.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import hub
-from .errors import ModelNotFound
+from .. import hub
+from ..core.errors import ModelNotFound
 
 DEFAULT_WHISPER = "whisper-tiny.en"
 
@@ -24,8 +24,8 @@ def model_folder(name_or_path, progress=None) -> Path:
 def load_whisper(name_or_path=DEFAULT_WHISPER, progress=None, device=None):
     """(Whisper model, Tokenizer) from a registry name (e.g. 'whisper-tiny.en') or a folder
     with model.bin (CTranslate2) or model.safetensors (HF) plus config.json and tokenizer.json."""
-    from .models.whisper import Whisper
-    from .tokenizers import Tokenizer
+    from ..models.whisper import Whisper
+    from ..tokenizers import Tokenizer
 
     folder = model_folder(name_or_path, progress)
     tokenizer_path = folder / "tokenizer.json"
@@ -39,9 +39,9 @@ def load_llama(name_or_path, progress=None, device=None, mode: str = "auto"):
     """(Llama model, Tokenizer) from a registry name (e.g. 'smollm2-135m-instruct'), a .gguf
     file (tokenizer from its metadata) or an HF folder (config.json, *.safetensors,
     tokenizer.json). `mode` picks how quantized weights multiply (quantized/qmatmul.py)."""
-    from .io.gguf import GgufFile
-    from .models.llama import Llama
-    from .tokenizers import Tokenizer
+    from ..io.gguf import GgufFile
+    from ..models.llama import Llama
+    from ..tokenizers import Tokenizer
 
     files = hub.fetch_model(str(name_or_path), progress=progress)
     ggufs = [path for name, path in files.items() if name.endswith(".gguf")]
@@ -102,8 +102,8 @@ def _t5_folder(name_or_path, progress=None) -> Path:
 def load_t5(name_or_path=DEFAULT_T5, progress=None, device=None, mode: str = "auto"):
     """A T5TextGenerator (model + tokenizer) from a folder (config.json, *.safetensors or one
     .gguf, tokenizer.json), a registry name, or a Hub repo "org/name@revision"."""
-    from .models.t5 import T5TextGenerator, load_t5 as load_t5_model
-    from .tokenizers import Tokenizer
+    from ..models.t5 import T5TextGenerator, load_t5 as load_t5_model
+    from ..tokenizers import Tokenizer
 
     folder = _t5_folder(name_or_path, progress)
     tokenizer_path = folder / "tokenizer.json"
@@ -115,6 +115,6 @@ def load_t5(name_or_path=DEFAULT_T5, progress=None, device=None, mode: str = "au
 def load_bert(name_or_path=DEFAULT_BERT, progress=None, device=None):
     """A SentenceEmbedder (BERT + tokenizer, mean pooling, L2 normalisation) from a registry
     name (e.g. 'all-minilm-l6-v2') or a folder (config.json, *.safetensors, tokenizer.json)."""
-    from .models.bert import load_sentence_embedder
+    from ..models.bert import load_sentence_embedder
 
     return load_sentence_embedder(model_folder(name_or_path, progress), device)

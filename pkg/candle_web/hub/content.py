@@ -26,7 +26,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from .errors import HashMismatch
+from ..core.errors import HashMismatch
 from .registry import FileEntry
 
 SHA256 = "sha256"

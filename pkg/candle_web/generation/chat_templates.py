@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import CandleError, UnsupportedError
+from ..core.errors import CandleError, UnsupportedError
 
 CHATML = "chatml"
 LLAMA3 = "llama3"

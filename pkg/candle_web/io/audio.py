@@ -21,8 +21,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import DTypeMismatch, FormatError, ShapeError, UnsupportedError
-from .io.wav import (MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, check_sample_rate, downmix,
+from ..core.errors import DTypeMismatch, FormatError, ShapeError, UnsupportedError
+from .wav import (MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, check_sample_rate, downmix,
                      read_raw_int16, read_wav, source_bytes)
 
 # Whisper's fixed audio hyper-parameters.

@@ -1,6 +1,6 @@
 """Compile (or load from the cache) every numba kernel once, timing each: for `make demo`.
 
-    python -m candle_native.warm
+    python -m candle_native.numba.warm
 
 A second run, or any later process, loads the cached machine code instead of compiling.
 """
@@ -17,7 +17,7 @@ def warm_numba_kernels(verbose: bool = True) -> float:
     from candle_web.backend import get_backend
     from candle_web.quantized import QTensor
 
-    from .numba_backend import PARALLEL_MIN_ELEMENTS, QMATMUL_BLAS_MIN_ROWS
+    from .backend import PARALLEL_MIN_ELEMENTS, QMATMUL_BLAS_MIN_ROWS
 
     backend = get_backend("numba")
     rng = np.random.default_rng(0)
@@ -58,7 +58,7 @@ def warm_numba_kernels(verbose: bool = True) -> float:
 
 
 def main():
-    from . import numba_cache_dir
+    from .. import numba_cache_dir
 
     print(f"numba cache: {numba_cache_dir()}")
     print(f"total {warm_numba_kernels():.2f} s")

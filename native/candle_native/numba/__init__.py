@@ -1,0 +1,3 @@
+"""The numba CPU backend: the backend class, its kernels (kernels/), the row pool and decode
+threads it runs them on, blocked attention, and the kernel-cache warm-up (`python -m
+candle_native.numba.warm`). Importing this package does not import numba; using it does."""
