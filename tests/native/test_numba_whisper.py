@@ -22,6 +22,7 @@ import math
 import numpy as np
 import pytest
 
+from parts_testlib import decode_logits, generic_and_truth, random_text_decoder
 from tolerances import assert_near_truth, assert_within, attention_bound, gamma, unary_bound
 
 GELU_ABS = 5e-7
@@ -127,66 +128,6 @@ def test_long_attention_matches_the_reference(numba_backend, ref, case, rng):
                   attention_bound(q, k, v, mask, scale), case)
 
 
-def _random_text_decoder(device, rng, d=64, n_head=4, n_blocks=2, vocab=97, n_ctx=24, d_ff=256,
-                         dtype=np.float32):
-    """A small random decoder; with dtype float64, the same (f32-valued) weights in float64."""
-    from candle_web import Tensor
-    from candle_web.models.whisper import Mlp, MultiHeadAttention, ResidualAttentionBlock, TextDecoder
-    from candle_web.nn.layers import LayerNorm, Linear
-
-    def t(*shape, scale=0.2, offset=0.0):
-        values = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
-        return Tensor.from_numpy(values.astype(dtype), device=device)
-
-    def linear(n_out, n_in):
-        return Linear(t(n_out, n_in), t(n_out, scale=0.05))
-
-    def ln():
-        return LayerNorm(t(d, scale=0.1, offset=1.0), t(d, scale=0.1), 1e-5)
-
-    blocks = [ResidualAttentionBlock(
-        ln(), MultiHeadAttention(n_head, out=linear(d, d), qkv=linear(3 * d, d)),
-        ln(), Mlp(linear(d_ff, d), linear(d, d_ff)),
-        cross_ln=ln(), cross_attn=MultiHeadAttention(n_head, out=linear(d, d), q=linear(d, d),
-                                                     kv=linear(2 * d, d)))
-        for _ in range(n_blocks)]
-    return TextDecoder(t(vocab, d, scale=0.5), t(n_ctx, d), blocks, ln())
-
-
-def _decode_logits(decoder, audio, device, steps, reorder_at, fed=None):
-    """Logits of a 3-token prompt for 2 rows, then one token per step (beam-like reorder once).
-    Returns (logits, state, the tokens fed); `fed` replays another run's tokens, so that runs
-    whose logits differ by rounding still decode the same sequence."""
-    from candle_web import Tensor
-
-    state = decoder.start(Tensor.from_numpy(audio, device=device))
-    tokens = np.array([[1, 5, 7], [2, 5, 9]], dtype=np.int64)
-    out = [decoder(Tensor.from_numpy(tokens, device=device), state).to_numpy()[:, -1]]
-    chosen = []
-    for step in range(steps):
-        if fed is None:
-            next_ids = np.argsort(out[-1], axis=-1)[:, -2 - step % 3][:, None].astype(np.int64)
-        else:
-            next_ids = fed[step]
-        chosen.append(next_ids)
-        if step == reorder_at:
-            state.reorder([1, 1])
-        out.append(decoder(Tensor.from_numpy(next_ids, device=device), state).to_numpy()[:, -1])
-    return np.stack(out), state, chosen
-
-
-def _generic_and_truth(build, audio, steps, reorder_at):
-    """(f32 logits of the numpy backend's generic path, the same in float64, the tokens fed) for
-    the decoder `build(device, dtype)`."""
-    from candle_web import Device
-
-    slow = Device.cpu(backend="numpy")
-    want, _, fed = _decode_logits(build(slow, np.float32), audio, slow, steps, reorder_at)
-    truth, _, _ = _decode_logits(build(slow, np.float64), audio.astype(np.float64), slow, steps,
-                                 reorder_at, fed)
-    return want, truth, fed
-
-
 @pytest.mark.parametrize("threads, n_head, d, audio_scale", [
     (1, 4, 64, 1.0),
     (2, 4, 64, 1.0),   # frames split in two ranges (15 each: both end in a partial quad), merged
@@ -197,15 +138,15 @@ def test_fused_decode_step_matches_the_generic_path(numba_backend, threads, n_he
     from candle_web import Device
 
     def build(device, dtype):
-        return _random_text_decoder(device, np.random.default_rng(7), d=d, n_head=n_head,
+        return random_text_decoder(device, np.random.default_rng(7), d=d, n_head=n_head,
                                     dtype=dtype)
 
     fast = Device.cpu(backend="numba")
     audio = (np.random.default_rng(8).standard_normal((2, 30, d)) * audio_scale).astype(np.float32)
-    want, truth, fed = _generic_and_truth(build, audio, steps=6, reorder_at=3)
+    want, truth, fed = generic_and_truth(build, audio, steps=6, reorder_at=3)
     fused_decoder = build(fast, np.float32)
     fused_decoder._fused_step().threads = threads
-    got, state, _ = _decode_logits(fused_decoder, audio, fast, steps=6, reorder_at=3, fed=fed)
+    got, state, _ = decode_logits(fused_decoder, audio, fast, steps=6, reorder_at=3, fed=fed)
     assert state.fused_run is not None, "the numba device should have taken the fused path"
     assert_near_truth(got, want, truth)
 
@@ -218,7 +159,7 @@ def test_prompt_after_fused_steps_hands_the_caches_back(numba_backend):
     long_prompt = np.arange(FUSED_PROMPT_TOKENS + 1)[None] % 90 + 3  # beyond the fused path
     results = []
     for device, dtype in ((fast, np.float32), (slow, np.float32), (slow, np.float64)):
-        decoder = _random_text_decoder(device, np.random.default_rng(3), dtype=dtype)
+        decoder = random_text_decoder(device, np.random.default_rng(3), dtype=dtype)
         audio = np.random.default_rng(4).standard_normal((1, 30, 64)).astype(np.float32)
         state = decoder.start(Tensor.from_numpy(audio.astype(dtype), device=device))
         decoder(Tensor.from_numpy(np.array([[4]]), device=device), state)  # one token: fused
@@ -237,7 +178,7 @@ def test_short_prompt_runs_fused_and_returns_the_positions_asked_for(numba_backe
     prompt = np.array([[1, 5, 7, 11], [2, 5, 9, 13]])
     results = []
     for device, dtype in ((fast, np.float32), (slow, np.float32), (slow, np.float64)):
-        decoder = _random_text_decoder(device, np.random.default_rng(5), dtype=dtype)
+        decoder = random_text_decoder(device, np.random.default_rng(5), dtype=dtype)
         audio = np.random.default_rng(6).standard_normal((2, 30, 64)).astype(np.float32)
         state = decoder.start(Tensor.from_numpy(audio.astype(dtype), device=device))
         rows = decoder(Tensor.from_numpy(prompt, device=device), state, positions=[0, 3])

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
 
-from test_numba_whisper import _decode_logits, _generic_and_truth, _random_text_decoder
+from parts_testlib import decode_logits, generic_and_truth, random_text_decoder
 from tolerances import assert_near_truth
 
 
@@ -71,7 +71,7 @@ def _matrices(decoder):
 def _half_valued_decoder(device, seed, dtype=np.float32):
     """The random test decoder with every weight matrix rounded to f16 values in place, as a
     checkpoint stored in f16 and widened at load (dtype float64: the same values in float64)."""
-    decoder = _random_text_decoder(device, np.random.default_rng(seed), dtype=dtype)
+    decoder = random_text_decoder(device, np.random.default_rng(seed), dtype=dtype)
     for tensor in _matrices(decoder):
         values = tensor.storage_numpy()
         values[...] = values.astype(np.float16).astype(dtype)
@@ -79,7 +79,7 @@ def _half_valued_decoder(device, seed, dtype=np.float32):
 
 
 def _fused_logits(device, decoder, audio, fed=None):
-    got, state, _ = _decode_logits(decoder, audio, device, steps=6, reorder_at=3, fed=fed)
+    got, state, _ = decode_logits(decoder, audio, device, steps=6, reorder_at=3, fed=fed)
     assert state.fused_run is not None, "the numba device should have taken the fused path"
     return got
 
@@ -98,7 +98,7 @@ def test_half_weights_take_the_f16_path_and_match_the_generic_path(devices, monk
     fast, _ = devices
     monkeypatch.delenv("CANDLE_WEB_WHISPER_F16", raising=False)
     reload_settings()  # the switches are read once
-    want, truth, fed = _generic_and_truth(
+    want, truth, fed = generic_and_truth(
         lambda device, dtype: _half_valued_decoder(device, 7, dtype), AUDIO, steps=6, reorder_at=3)
     decoder = _half_valued_decoder(fast, 7)
     got = _fused_logits(fast, decoder, AUDIO, fed)

@@ -1,0 +1,67 @@
+"""Small random Whisper decoders and the decode runs that compare an accelerated part (numba's,
+wasm's) with the numpy backend's generic path and its float64 truth. Not a test module; tests/
+is on sys.path (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def random_text_decoder(device, rng, d=64, n_head=4, n_blocks=2, vocab=97, n_ctx=24, d_ff=256,
+                        dtype=np.float32):
+    """A small random decoder; with dtype float64, the same (f32-valued) weights in float64."""
+    from candle_web import Tensor
+    from candle_web.models.whisper import Mlp, MultiHeadAttention, ResidualAttentionBlock, TextDecoder
+    from candle_web.nn.layers import LayerNorm, Linear
+
+    def t(*shape, scale=0.2, offset=0.0):
+        values = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+        return Tensor.from_numpy(values.astype(dtype), device=device)
+
+    def linear(n_out, n_in):
+        return Linear(t(n_out, n_in), t(n_out, scale=0.05))
+
+    def ln():
+        return LayerNorm(t(d, scale=0.1, offset=1.0), t(d, scale=0.1), 1e-5)
+
+    blocks = [ResidualAttentionBlock(
+        ln(), MultiHeadAttention(n_head, out=linear(d, d), qkv=linear(3 * d, d)),
+        ln(), Mlp(linear(d_ff, d), linear(d, d_ff)),
+        cross_ln=ln(), cross_attn=MultiHeadAttention(n_head, out=linear(d, d), q=linear(d, d),
+                                                     kv=linear(2 * d, d)))
+        for _ in range(n_blocks)]
+    return TextDecoder(t(vocab, d, scale=0.5), t(n_ctx, d), blocks, ln())
+
+
+def decode_logits(decoder, audio, device, steps, reorder_at, fed=None):
+    """Logits of a 3-token prompt for 2 rows, then one token per step (beam-like reorder once).
+    Returns (logits, state, the tokens fed); `fed` replays another run's tokens, so that runs
+    whose logits differ by rounding still decode the same sequence."""
+    from candle_web import Tensor
+
+    state = decoder.start(Tensor.from_numpy(audio, device=device))
+    tokens = np.array([[1, 5, 7], [2, 5, 9]], dtype=np.int64)
+    out = [decoder(Tensor.from_numpy(tokens, device=device), state).to_numpy()[:, -1]]
+    chosen = []
+    for step in range(steps):
+        if fed is None:
+            next_ids = np.argsort(out[-1], axis=-1)[:, -2 - step % 3][:, None].astype(np.int64)
+        else:
+            next_ids = fed[step]
+        chosen.append(next_ids)
+        if step == reorder_at:
+            state.reorder([1, 1])
+        out.append(decoder(Tensor.from_numpy(next_ids, device=device), state).to_numpy()[:, -1])
+    return np.stack(out), state, chosen
+
+
+def generic_and_truth(build, audio, steps, reorder_at):
+    """(f32 logits of the numpy backend's generic path, the same in float64, the tokens fed) for
+    the decoder `build(device, dtype)`."""
+    from candle_web import Device
+
+    slow = Device.cpu(backend="numpy")
+    want, _, fed = decode_logits(build(slow, np.float32), audio, slow, steps, reorder_at)
+    truth, _, _ = decode_logits(build(slow, np.float64), audio.astype(np.float64), slow, steps,
+                                 reorder_at, fed)
+    return want, truth, fed
