@@ -65,3 +65,70 @@ def generic_and_truth(build, audio, steps, reorder_at):
     truth, _, _ = decode_logits(build(slow, np.float64), audio.astype(np.float64), slow, steps,
                                  reorder_at, fed)
     return want, truth, fed
+
+
+def random_encoder(device, rng, d=64, n_head=4, n_blocks=2, n_mels=12, n_ctx=160, d_ff=256,
+                   dtype=np.float32):
+    from candle_web import Tensor
+    from candle_web.models.whisper import AudioEncoder, Mlp, MultiHeadAttention, ResidualAttentionBlock
+    from candle_web.nn.layers import LayerNorm, Linear
+
+    def t(*shape, scale=0.2, offset=0.0):
+        values = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+        return Tensor.from_numpy(values.astype(dtype), device=device)  # f64: the same values
+
+    def linear(n_out, n_in):
+        return Linear(t(n_out, n_in), t(n_out, scale=0.05))
+
+    def ln():
+        return LayerNorm(t(d, scale=0.1, offset=1.0), t(d, scale=0.1), 1e-5)
+
+    blocks = [ResidualAttentionBlock(ln(), MultiHeadAttention(n_head, out=linear(d, d), qkv=linear(3 * d, d)),
+                                     ln(), Mlp(linear(d_ff, d), linear(d, d_ff)))
+              for _ in range(n_blocks)]
+    return AudioEncoder(t(d, n_mels, 3), t(d, scale=0.05), t(d, d, 3, scale=0.1), t(d, scale=0.05),
+                        t(n_ctx, d), blocks, ln())
+
+
+def encode(encoder, mel, device):
+    from candle_web import Tensor
+
+    return encoder(Tensor.from_numpy(mel, device=device)).to_numpy()
+
+
+def encoder_in_float64(encoder, device):
+    """A loaded encoder's weights as float64 tensors on `device`, in the same modules."""
+    from candle_web import Tensor
+    from candle_web.models.whisper import AudioEncoder, Mlp, MultiHeadAttention, ResidualAttentionBlock
+    from candle_web.nn.layers import LayerNorm, Linear
+
+    def wide(tensor):
+        if tensor is None:
+            return None
+        return Tensor.from_numpy(tensor.to_numpy().astype(np.float64), device=device)
+
+    def linear(layer):
+        return Linear(wide(layer.weight), wide(layer.bias))
+
+    def norm(layer):
+        return LayerNorm(wide(layer.weight), wide(layer.bias), layer.eps)
+
+    blocks = [ResidualAttentionBlock(
+        norm(b.attn_ln),
+        MultiHeadAttention(b.attn.n_head, out=linear(b.attn.out), qkv=linear(b.attn.qkv)),
+        norm(b.mlp_ln), Mlp(linear(b.mlp.fc1), linear(b.mlp.fc2))) for b in encoder.blocks]
+    return AudioEncoder(wide(encoder.conv1_w), wide(encoder.conv1_b).reshape(-1),
+                        wide(encoder.conv2_w), wide(encoder.conv2_b).reshape(-1),
+                        wide(encoder.positions), blocks, norm(encoder.ln_post))
+
+
+def same_encoders(rng, backend: str, **kwargs):
+    """The same random encoder on `backend`, on the numpy backend, and on the numpy backend
+    in float64 (the truth the other two are measured against)."""
+    from candle_web import Device
+
+    seed = int(rng.integers(1 << 30))
+    fast, numpy_device = Device.cpu(backend=backend), Device.cpu(backend="numpy")
+    return (random_encoder(fast, np.random.default_rng(seed), **kwargs),
+            random_encoder(numpy_device, np.random.default_rng(seed), **kwargs),
+            random_encoder(numpy_device, np.random.default_rng(seed), dtype=np.float64, **kwargs))
