@@ -11,9 +11,11 @@ import pytest
 
 from candle_web import BackendUnavailable, Device
 
-# The numpy reference and the native CPU twin; the CuPy backend has its own primitive-by-
-# primitive suite against numpy in tests/native (a GPU device is not a `Device.cpu`).
-BACKEND_NAMES = ["numpy", "numba"]
+# The numpy reference, the native CPU twin and the browser's wasm kernels (natively under
+# wasmtime: skipped without it or without web/vendor/kernels.wasm); the CuPy backend has its
+# own primitive-by-primitive suite against numpy in tests/native (a GPU device is not a
+# `Device.cpu`).
+BACKEND_NAMES = ["numpy", "numba", "wasm"]
 
 
 @pytest.fixture(params=BACKEND_NAMES)

@@ -2,8 +2,10 @@
 
 `Device.cpu()` uses the numba backend when the native twin (found through the
 `candle_web.backends` entry points) and numba import, else numpy;
-`CANDLE_WEB_BACKEND=numpy|numba` overrides. `Device.cuda(i)` uses the cupy backend. Backends
-load lazily, on the first op of a device, and fail with a message naming the missing package.
+`CANDLE_WEB_BACKEND=numpy|numba|wasm` overrides. "wasm" (wasm_backend.py) runs the WebAssembly
+kernels of web/kernels: in the page on the module the worker registered, natively under
+wasmtime. `Device.cuda(i)` uses the cupy backend. Backends load lazily, on the first op of a
+device, and fail with a message naming the missing package.
 """
 
 from __future__ import annotations
@@ -95,4 +97,13 @@ def _numpy_factory():
     return NumpyBackend()
 
 
+def _wasm_factory():
+    # Raises BackendUnavailable naming what is missing (the registered JS module in the page;
+    # natively the kernels.wasm file or wasmtime).
+    from .wasm_backend import create_backend
+
+    return create_backend()
+
+
 register_backend("numpy", _numpy_factory)
+register_backend("wasm", _wasm_factory)

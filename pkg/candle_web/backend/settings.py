@@ -7,12 +7,13 @@ parses them on first use and keeps the result; after `reload_settings()` they ar
 
 | variable | default | effect |
 |---|---|---|
-| CANDLE_WEB_BACKEND | (auto) | `numpy` or `numba` for `Device.cpu()`; auto: numba when it loads |
+| CANDLE_WEB_BACKEND | (auto) | `numpy`, `numba` or `wasm` for `Device.cpu()`; auto: numba when it loads |
 | CANDLE_WEB_FUSED_WHISPER | 1 | 0: Whisper decodes through the generic tensor path |
 | CANDLE_WEB_FUSED_WHISPER_ENCODER | 1 | 0: Whisper encodes through the generic tensor path |
 | CANDLE_WEB_WHISPER_F16 | 1 | 0: the fused Whisper step keeps f16-valued weights as f32 |
 | CANDLE_WEB_DECODE_THREADS | (all) | 1: the fused decode steps run on one thread |
 | CANDLE_WEB_PROMPT_WEIGHTS_MB | 1024 | MiB of f32 copies of quantized weights kept for prompts |
+| CANDLE_WEB_WASM_KERNELS | (checkout) | the kernels.wasm the wasm backend runs natively (wasmtime); default: web/vendor/ of the source checkout |
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ FUSED_WHISPER_ENCODER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER_ENCODER"
 WHISPER_F16_VARIABLE = "CANDLE_WEB_WHISPER_F16"
 DECODE_THREADS_VARIABLE = "CANDLE_WEB_DECODE_THREADS"
 PROMPT_WEIGHTS_MB_VARIABLE = "CANDLE_WEB_PROMPT_WEIGHTS_MB"
+WASM_KERNELS_VARIABLE = "CANDLE_WEB_WASM_KERNELS"
 
-CPU_BACKENDS = ("numpy", "numba")
+CPU_BACKENDS = ("numpy", "numba", "wasm")
 DEFAULT_PROMPT_WEIGHTS_MB = 1024.0
 
 
@@ -41,6 +43,7 @@ class Settings:
     whisper_f16: bool
     decode_threads: int | None  # None: as many as numba has
     prompt_weights_bytes: int
+    wasm_kernels: str | None  # None: the checkout's web/vendor/kernels.wasm, if any
 
 
 def _switch(variable: str) -> bool:
@@ -51,7 +54,8 @@ def _switch(variable: str) -> bool:
 def _cpu_backend() -> str | None:
     choice = os.environ.get(BACKEND_VARIABLE, "").strip().lower()
     if choice and choice not in CPU_BACKENDS:
-        raise CandleError(f"{BACKEND_VARIABLE}={choice!r}: expected 'numpy' or 'numba'")
+        raise CandleError(f"{BACKEND_VARIABLE}={choice!r}: expected one of "
+                          f"{', '.join(repr(name) for name in CPU_BACKENDS)}")
     return choice or None
 
 
@@ -87,7 +91,8 @@ def _read() -> Settings:
                     fused_whisper_encoder=_switch(FUSED_WHISPER_ENCODER_VARIABLE),
                     whisper_f16=_switch(WHISPER_F16_VARIABLE),
                     decode_threads=_decode_threads(),
-                    prompt_weights_bytes=_prompt_weights_bytes())
+                    prompt_weights_bytes=_prompt_weights_bytes(),
+                    wasm_kernels=os.environ.get(WASM_KERNELS_VARIABLE, "").strip() or None)
 
 
 _current: Settings | None = None

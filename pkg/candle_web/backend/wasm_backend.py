@@ -1,0 +1,382 @@
+"""The wasm backend: the browser's twin of numba, calling the WebAssembly SIMD kernels of
+`web/kernels/` (`kernels.wasm`) through a host (`wasm_hosts`).
+
+It is the numpy reference with the hot ops overridden: f32 matmul (batched, broadcast, any
+strided or transposed 2-D views passed as strides, not copied), softmax / log-softmax over the
+last dim, layer and RMS norm, RoPE (both layouts), SiLU-and-multiply, the unary activations the
+module has (gelu, gelu_erf, silu, exp, tanh, sigmoid, erf), attention (blocked over keys; a KV
+cache's capacity is just a batch stride) and quantized matmul straight from GGML blocks (so
+QMatMul keeps them packed). Everything else, and every case a kernel does not cover (f64,
+integers, shapes the ABI cannot express), runs through NumpyBackend unchanged.
+
+The same code runs in the page (`PyodideHost`: arrays in place) and natively under wasmtime
+(`WasmtimeHost`: copies), which is how the tests check it against numpy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import BackendUnavailable
+from . import wasm_abi
+from .numpy_backend import NumpyBackend
+from .wasm_hosts import JS_MODULE_NAME, PyodideHost, WasmtimeHost, pyodide_js_module
+
+_F32 = np.dtype(np.float32)
+_F16_TYPE = 1  # GgmlDType.F16: linear_f16 multiplies from raw half bits
+KERNELS_FILE = "kernels.wasm"
+
+
+def _elements(a: np.ndarray):
+    """a's strides in elements, or None when one is negative or not a whole element."""
+    size = a.itemsize
+    out = []
+    for s in a.strides:
+        if s < 0 or s % size:
+            return None
+        out.append(s // size)
+    return out
+
+
+def _strided_f32(a: np.ndarray):
+    """(a, element strides) with a copied to C order only when its strides cannot be passed."""
+    strides = _elements(a)
+    if strides is None:
+        a = np.ascontiguousarray(a)
+        strides = _elements(a)
+    return a, strides
+
+
+def _collapse(shape, strides):
+    """The one stride that walks dims `shape` (row-major) as a single index, or None when no
+    single stride does (size-1 dims never matter)."""
+    stride = None
+    expected = None
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n == 1:
+            continue
+        if stride is None:
+            stride = s
+        elif s != expected:
+            return None
+        expected = s * n
+    return 0 if stride is None else stride
+
+
+def _split(batch, operands):
+    """The fewest leading batch dims to loop over in Python so that the remaining ones
+    collapse to a single stride in every operand (a list of per-dim element-stride lists
+    over `batch`). Returns (p, [stride per operand])."""
+    for p in range(len(batch) + 1):
+        inner = batch[p:]
+        strides = [_collapse(inner, s[p:]) for s in operands]
+        if all(s is not None for s in strides):
+            return p, strides
+    raise AssertionError("an empty batch always collapses")
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """a as a C-contiguous array (a copy only when it is not)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+class WasmBackend(NumpyBackend):
+    name = "wasm"
+
+    def __init__(self, host):
+        # Not NumpyBackend.__init__: no scipy sgemm (its import costs seconds in the page and
+        # every f32 matmul goes to the kernels; f64 uses numpy's own matmul).
+        self._sgemm = None
+        self.host = host
+        self._call = host.call
+        self._q_types = frozenset(wasm_abi.LINEAR_Q_TYPES)
+
+    def __repr__(self):
+        return f"WasmBackend({getattr(self.host, 'kind', type(self.host).__name__)})"
+
+    # -- elementwise ------------------------------------------------------------------------
+    def unary(self, op, x):
+        code = wasm_abi.UNARY_OPS.get(op)
+        if code is None or x.dtype != _F32 or x.size == 0:
+            return super().unary(op, x)
+        x = _rows(x)
+        out = np.empty_like(x)
+        self._call("unary_f32", code, x.size, x, out)
+        return out
+
+    def silu_mul(self, gate, up):
+        if gate.dtype != _F32 or up.dtype != _F32 or gate.shape != up.shape or gate.size == 0:
+            return super().silu_mul(gate, up)
+        gate = _rows(gate)
+        up = _rows(up)
+        out = np.empty_like(gate)
+        self._call("silu_mul", gate.size, gate, up, out)
+        return out
+
+    # -- matmul -----------------------------------------------------------------------------
+    def matmul(self, a, b):
+        if a.dtype != _F32 or b.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
+            return super().matmul(a, b)
+        m, k = a.shape[-2:]
+        k_b, n = b.shape[-2:]
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            return super().matmul(a, b)  # numpy's own error
+        if k != k_b or m == 0 or n == 0 or k == 0 or 0 in batch:
+            return super().matmul(a, b)
+        a, a_el = _strided_f32(a)
+        b, b_el = _strided_f32(b)
+        call = self._call
+        if not batch:  # the common case, without broadcast views (they cost in the page)
+            out = np.empty((m, n), np.float32)
+            call("gemm_f32", 1, m, n, k, a, 0, a_el[0], a_el[1], b, 0, b_el[0], b_el[1],
+                 out, 0, n, 0.0)
+            return out
+        a_full = np.broadcast_to(a, batch + (m, k))
+        b_full = np.broadcast_to(b, batch + (k, n))
+        out = np.empty(batch + (m, n), np.float32)
+        nb = len(batch)
+        a_el = _elements(a_full)
+        b_el = _elements(b_full)
+        a_rs, a_cs = a_el[nb:]
+        b_rs, b_cs = b_el[nb:]
+        p, (a_bs, b_bs, c_bs) = _split(batch, [a_el[:nb], b_el[:nb], _elements(out)[:nb]])
+        inner = math.prod(batch[p:])
+        if p == 0:
+            call("gemm_f32", inner, m, n, k, a_full, a_bs, a_rs, a_cs, b_full, b_bs, b_rs, b_cs,
+                 out, c_bs, n, 0.0)
+            return out
+        for index in np.ndindex(*batch[:p]):
+            call("gemm_f32", inner, m, n, k, a_full[index], a_bs, a_rs, a_cs, b_full[index],
+                 b_bs, b_rs, b_cs, out[index], c_bs, n, 0.0)
+        return out
+
+    # -- fused kernels ----------------------------------------------------------------------
+    def _rowwise(self, export, x, *extra):
+        x = _rows(x)
+        out = np.empty_like(x)
+        n = x.shape[-1]
+        self._call(export, x.size // n, n, x, *extra, out)
+        return out
+
+    def softmax_last_dim(self, x):
+        if x.dtype != _F32 or x.ndim == 0 or x.size == 0:
+            return super().softmax_last_dim(x)
+        return self._rowwise("softmax_rows", x)
+
+    def log_softmax_last_dim(self, x):
+        if x.dtype != _F32 or x.ndim == 0 or x.size == 0:
+            return super().log_softmax_last_dim(x)
+        return self._rowwise("log_softmax_rows", x)
+
+    @staticmethod
+    def _row_vector(w, n):
+        """A norm's weight/bias as a contiguous f32 [n], None for absent, False when the kernel
+        cannot take it (numpy then broadcasts it)."""
+        if w is None:
+            return None
+        if w.dtype != _F32 or w.shape != (n,):
+            return False
+        return _rows(w)
+
+    def layer_norm(self, x, weight, bias, eps):
+        if x.dtype == _F32 and x.ndim and x.size:
+            n = x.shape[-1]
+            w = self._row_vector(weight, n)
+            b = self._row_vector(bias, n)
+            if w is not False and b is not False:
+                x = _rows(x)
+                out = np.empty_like(x)
+                self._call("layer_norm_rows", x.size // n, n, x, w, b, float(eps), out)
+                return out
+        return super().layer_norm(x, weight, bias, eps)
+
+    def rms_norm(self, x, weight, eps):
+        if x.dtype == _F32 and x.ndim and x.size:
+            n = x.shape[-1]
+            w = self._row_vector(weight, n)
+            if w is not False:
+                x = _rows(x)
+                out = np.empty_like(x)
+                self._call("rms_norm_rows", x.size // n, n, x, w, float(eps), out)
+                return out
+        return super().rms_norm(x, weight, eps)
+
+    def _rope(self, x, cos, sin, interleaved):
+        if x.dtype != _F32 or cos.dtype != _F32 or sin.dtype != _F32 or x.ndim != 4 or \
+                x.size == 0:
+            return None
+        t, d = x.shape[2:]
+        if d % 2 or cos.shape != (t, d // 2) or sin.shape != (t, d // 2):
+            return None
+        x = _rows(x)
+        out = np.empty_like(x)
+        self._call("rope_f32", interleaved, x.shape[0] * x.shape[1], t, d, x, _rows(cos),
+                   _rows(sin), out)
+        return out
+
+    def rope(self, x, cos, sin):
+        out = self._rope(x, cos, sin, 0)
+        return super().rope(x, cos, sin) if out is None else out
+
+    def rope_i(self, x, cos, sin):
+        out = self._rope(x, cos, sin, 1)
+        return super().rope_i(x, cos, sin) if out is None else out
+
+    def attention(self, q, k, v, mask, scale):
+        out = self._attention(q, k, v, mask, scale)
+        return super().attention(q, k, v, mask, scale) if out is None else out
+
+    def _attention(self, q, k, v, mask, scale):
+        if q.dtype != _F32 or k.dtype != _F32 or v.dtype != _F32 or \
+                (mask is not None and mask.dtype != _F32):
+            return None
+        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+            return None
+        tq, d = q.shape[2:]
+        tk = k.shape[2]
+        if k.shape[3] != d or v.shape[2:] != (tk, d):
+            return None  # v's width must equal d (the ABI's row stride)
+        try:
+            batch = np.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+            if mask is not None:
+                np.broadcast_shapes(mask.shape, batch + (tq, tk))
+        except ValueError:
+            return None  # numpy reports it
+        if 0 in batch or tq == 0 or tk == 0 or d == 0:
+            return None
+        rows = []
+        for x, t in ((q, tq), (k, tk), (v, tk)):
+            full = np.broadcast_to(x, batch + (t, d))
+            el = _elements(full)
+            if el is None or (d > 1 and el[3] != 1) or (t > 1 and el[2] != d):
+                full = np.broadcast_to(np.ascontiguousarray(x), batch + (t, d))
+                el = _elements(full)
+            rows.append((full, el[:2]))
+        if mask is not None:
+            m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape) if mask.ndim < 4 else mask
+            full = np.broadcast_to(m4, batch + (tq, tk))
+            el = _elements(full)
+            if el is None or (tk > 1 and el[3] != 1) or (tq > 1 and el[2] != tk):
+                # the kernel reads [tq, tk] rows: expand a broadcast row or column once
+                own = np.ascontiguousarray(np.broadcast_to(m4, m4.shape[:2] + (tq, tk)))
+                full = np.broadcast_to(own, batch + (tq, tk))
+                el = _elements(full)
+            rows.append((full, el[:2]))
+        out = np.empty(batch + (tq, d), np.float32)
+        p, strides = _split(batch, [el for _, el in rows] + [_elements(out)[:2]])
+        inner = math.prod(batch[p:])
+        q_bs, k_bs, v_bs = strides[:3]
+        m_bs = strides[3] if mask is not None else 0
+        o_bs = strides[-1]
+        scale = float(scale)
+        for index in np.ndindex(*batch[:p]):
+            qf, kf, vf = (r[0][index] for r in rows[:3])
+            mf = rows[3][0][index] if mask is not None else None
+            self._call("attention_f32", inner, tq, tk, d, qf, q_bs, kf, k_bs, vf, v_bs, mf,
+                       m_bs, scale, out[index], o_bs)
+        return out
+
+    # -- quantized matmul -------------------------------------------------------------------
+    def supports_qmatmul(self, ggml_dtype) -> bool:
+        return int(ggml_dtype) in self._q_types
+
+    def qmatmul(self, x, qweight):
+        kind = int(qweight.dtype)
+        if len(qweight.shape) != 2 or (kind not in self._q_types and kind != _F16_TYPE):
+            return super().qmatmul(x, qweight)
+        n, k = qweight.shape
+        x = np.asarray(x)
+        if x.ndim == 0 or x.shape[-1] != k or x.size == 0 or n == 0:
+            return super().qmatmul(x, qweight)  # numpy's error, or an empty result
+        if x.dtype != _F32:
+            x = x.astype(np.float32)
+        flat = x.reshape(-1, k)
+        if flat.strides[1] != 4 or flat.strides[0] % 4 or flat.strides[0] < 0:
+            flat = np.ascontiguousarray(flat)
+        m = flat.shape[0]
+        x_rs = flat.strides[0] // 4 if m > 1 else k
+        out = np.empty((m, n), np.float32)
+        if kind == _F16_TYPE:
+            self._call("linear_f16", m, n, k, flat, x_rs, qweight.data.view(np.uint16), out, n)
+        else:
+            self._call("linear_q", kind, m, n, k, flat, x_rs, qweight.data, out, n)
+        return out.reshape(x.shape[:-1] + (n,))
+
+
+# -- the factory ------------------------------------------------------------------------------
+
+def default_kernels_path() -> Path | None:
+    """web/vendor/kernels.wasm of the source checkout this package runs from, if there is one."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "web" / "vendor" / KERNELS_FILE
+        if candidate.is_file():
+            return candidate
+        if (parent / "pyproject.toml").is_file():
+            return None
+    return None
+
+
+_page_backend = None  # the backend on the page's kernels, once built (install or the factory)
+
+
+def _missing_page_module() -> BackendUnavailable:
+    return BackendUnavailable(
+        f"the wasm backend needs the kernels: the worker registers them as the JS module "
+        f"{JS_MODULE_NAME!r} after instantiating kernels.wasm, and it is not registered")
+
+
+def install(js_module=None, make_default: bool = True) -> WasmBackend:
+    """In the page: the "wasm" backend on the kernels the worker registered as `candle_kernels`
+    (or on `js_module`), made `Device.cpu()`'s backend unless `make_default` is False (it sets
+    CANDLE_WEB_BACKEND=wasm). Call it before the first tensor op. See wasm_hosts' module doc."""
+    global _page_backend
+    from .settings import BACKEND_VARIABLE, reload_settings
+
+    if js_module is not None or _page_backend is None:
+        module = js_module if js_module is not None else pyodide_js_module()
+        if module is None:
+            raise _missing_page_module()
+        _page_backend = WasmBackend(PyodideHost(module))
+    if make_default:
+        os.environ[BACKEND_VARIABLE] = "wasm"
+        reload_settings()
+    return _page_backend
+
+
+def create_backend() -> WasmBackend:
+    """The "wasm" backend's factory: in Pyodide on the kernels the worker registered; natively
+    under wasmtime on CANDLE_WEB_WASM_KERNELS (default: the checkout's web/vendor/kernels.wasm)."""
+    global _page_backend
+    from .settings import WASM_KERNELS_VARIABLE, settings
+
+    if _page_backend is not None:
+        return _page_backend
+    if sys.platform == "emscripten":
+        module = pyodide_js_module()
+        if module is None:
+            raise _missing_page_module()
+        _page_backend = WasmBackend(PyodideHost(module))
+        return _page_backend
+    configured = settings().wasm_kernels
+    path = Path(configured) if configured else default_kernels_path()
+    if path is None:
+        raise BackendUnavailable(
+            f"the wasm backend needs the kernel module: no web/vendor/{KERNELS_FILE} next to this "
+            f"package and {WASM_KERNELS_VARIABLE} is not set (build it: scripts/build_kernels.py)")
+    if not path.is_file():
+        raise BackendUnavailable(f"the wasm backend needs the kernel module: {path} does not exist "
+                                 f"({WASM_KERNELS_VARIABLE}; build it: scripts/build_kernels.py)")
+    try:
+        import wasmtime  # noqa: F401  (the dev extra)
+    except ImportError:
+        raise BackendUnavailable("the wasm backend runs natively under wasmtime, which is not "
+                                 "installed: pip install 'candle-web[dev]'") from None
+    return WasmBackend(WasmtimeHost(os.fspath(path)))

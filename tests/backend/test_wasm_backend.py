@@ -1,0 +1,557 @@
+"""The wasm backend (pkg/candle_web/backend/wasm_backend.py) natively, on web/vendor/kernels.wasm
+under wasmtime, against the numpy reference backend.
+
+What the core op suite (tests/core, which also runs on "wasm") does not reach: matmul on
+strided and transposed views (passed as strides, not copied) and with batch broadcasting, the
+fused row kernels, attention on a KV cache's capacity stride with masks, quantized matmul from
+every GGML type the module multiplies, the cases that must fall through to numpy unchanged,
+the two hosts' argument handling, and one real model decoding the same tokens as numpy.
+
+Tolerances are derived per element (tests/tolerances.py): matmul and qmatmul as dot products
+(any summation order), the row kernels and attention from their lengths and the softmax
+weights, activations from the ulps of the functions they are made of. The kernels' own
+accuracy on edge cases is tests/kernels' business; here one bound per op checks the wiring.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+import pytest
+
+from candle_web import BackendUnavailable, Device
+from candle_web.backend import get_backend, wasm_abi
+from candle_web.backend.numpy_backend import NumpyBackend
+from candle_web.core.errors import CandleError
+from candle_web.quantized import GgmlDType, QTensor
+
+from tolerances import (assert_within, attention_bound, dot_bound, layer_norm_bound,
+                        log_softmax_bound, rms_norm_bound, silu_mul_bound, softmax_bound,
+                        sum_bound, unary_bound)
+
+
+@pytest.fixture(scope="module")
+def wasm():
+    pytest.importorskip("wasmtime", reason="the wasm backend runs natively under wasmtime "
+                        "(pip install 'candle-web[dev]')")
+    try:
+        return get_backend("wasm")
+    except BackendUnavailable as e:
+        pytest.skip(f"wasm backend unavailable: {e}")
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return NumpyBackend()
+
+
+class Spy:
+    """A host that records each call (name, args) before passing it on."""
+
+    def __init__(self, host):
+        self.host = host
+        self.kind = "spy"
+        self.log = []
+
+    def call(self, name, *args):
+        self.log.append((name, args))
+        return self.host.call(name, *args)
+
+    def names(self):
+        return [name for name, _ in self.log]
+
+
+@pytest.fixture
+def spy(wasm):
+    """A WasmBackend on a recording host (the same module instance)."""
+    from candle_web.backend.wasm_backend import WasmBackend
+
+    return WasmBackend(Spy(wasm.host))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20251202)
+
+
+def f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+# -- matmul ------------------------------------------------------------------------------------
+
+def _matmul_cases(rng):
+    w = f32(rng, 37, 19)  # a Linear weight [out, in]
+    wide = f32(rng, 5, 40)
+    yield "contiguous", f32(rng, 6, 19), w.T
+    yield "both transposed", f32(rng, 19, 6).T, f32(rng, 37, 19).T
+    yield "strided rows and columns", wide[:, ::2], f32(rng, 60, 9)[::3]
+    yield "one row (decode)", f32(rng, 1, 19), w.T
+    yield "weight times a column", w, f32(rng, 1, 19).T
+    yield "K not a multiple of 4", f32(rng, 3, 7), f32(rng, 7, 5)
+    yield "batched", f32(rng, 2, 3, 4, 19), f32(rng, 2, 3, 19, 6)
+    yield "batch broadcast", f32(rng, 1, 1, 4, 9), f32(rng, 2, 3, 9, 5)
+    yield "2-D weight under a batch", f32(rng, 3, 4, 19), w.T
+    yield "heads as a transposed view", f32(rng, 2, 4, 3, 8).transpose(0, 2, 1, 3), \
+        f32(rng, 2, 3, 8, 4)
+    yield "broadcast over different dims (loops over one)", f32(rng, 2, 1, 4, 6), \
+        f32(rng, 1, 3, 6, 5)
+
+
+def test_matmul_on_views_and_batches_equals_numpy(wasm, spy, ref, rng):
+    for what, a, b in _matmul_cases(rng):
+        want = ref.matmul(a, b)
+        got = wasm.matmul(a, b)
+        assert_within(got, want, dot_bound(a, b), f"matmul {what}")
+        spy.host.log.clear()
+        spy.matmul(a, b)
+        assert spy.host.names()[0] == "gemm_f32", what
+
+
+def test_matmul_passes_transposed_and_strided_views_without_copying(spy, rng):
+    w = f32(rng, 37, 19)
+    x = f32(rng, 50, 40)[::2, 3:22]  # rows of stride 80, a column offset
+    spy.matmul(x, w.T)
+    (name, args), = spy.host.log
+    a, b = args[4], args[8]
+    assert name == "gemm_f32" and args[:4] == (1, 25, 37, 19)
+    assert a.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+    assert a.strides == x.strides and np.shares_memory(a, x)
+    assert np.shares_memory(b, w) and b.strides == w.T.strides
+    assert args[5:8] == (0, 80, 1) and args[9:12] == (0, 1, 19)
+
+
+def test_matmul_collapses_batch_dims_into_one_call(spy, rng):
+    q = f32(rng, 2, 3, 5, 8)
+    k_t = f32(rng, 2, 3, 8, 7)
+    spy.matmul(q, k_t)
+    assert spy.host.names() == ["gemm_f32"]
+    assert spy.host.log[0][1][0] == 6  # batch 2 x 3 in one call
+    spy.host.log.clear()
+    spy.matmul(f32(rng, 2, 1, 4, 6), f32(rng, 1, 3, 6, 5))  # (0, s) strides: loops over b
+    assert spy.host.names() == ["gemm_f32"] * 2
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.uint8])
+def test_matmul_other_dtypes_fall_through_to_numpy(spy, ref, rng, dtype):
+    a = (rng.standard_normal((3, 4)) * 3).astype(dtype)
+    b = (rng.standard_normal((4, 2)) * 3).astype(dtype)
+    np.testing.assert_array_equal(spy.matmul(a, b), ref.matmul(a, b))
+    assert spy.host.log == []
+
+
+def test_matmul_empty_dims_fall_through(spy, ref):
+    for a, b in ((np.ones((0, 3), np.float32), np.ones((3, 2), np.float32)),
+                 (np.ones((2, 0), np.float32), np.ones((0, 4), np.float32))):
+        np.testing.assert_array_equal(spy.matmul(a, b), ref.matmul(a, b))
+    assert spy.host.log == []
+
+
+# -- row kernels and activations --------------------------------------------------------------
+
+def test_softmax_and_log_softmax(wasm, ref, rng):
+    x = f32(rng, 3, 5, 17, scale=4)
+    x[0, 0, ::3] = -np.inf  # masked entries: weight 0
+    assert_within(wasm.softmax_last_dim(x), ref.softmax_last_dim(x), softmax_bound(x),
+                  "softmax")
+    want = ref.log_softmax_last_dim(x)
+    assert_within(wasm.log_softmax_last_dim(x), want, log_softmax_bound(x, want), "log_softmax")
+    view = f32(rng, 33, 6).T  # not contiguous
+    assert_within(wasm.softmax_last_dim(view), ref.softmax_last_dim(view), softmax_bound(view))
+
+
+def test_softmax_of_an_all_masked_row_is_nan_like_numpy(wasm, ref):
+    x = np.array([[-np.inf] * 4, [0.0, 1.0, -np.inf, 2.0]], np.float32)
+    with np.errstate(invalid="ignore"):
+        want = ref.softmax_last_dim(x)
+    got = wasm.softmax_last_dim(x)
+    assert np.isnan(got[0]).all() and np.isnan(want[0]).all()
+    assert_within(got[1], want[1], softmax_bound(x[1:])[0])
+
+
+@pytest.mark.parametrize("affine", ["weight+bias", "weight", "none"])
+def test_layer_norm(wasm, ref, rng, affine):
+    x = f32(rng, 4, 7, 33, scale=3) + 1
+    weight = f32(rng, 33) if affine != "none" else None
+    bias = f32(rng, 33) if affine == "weight+bias" else None
+    want = ref.layer_norm(x, weight, bias, 1e-5)
+    assert_within(wasm.layer_norm(x, weight, bias, 1e-5), want,
+                  layer_norm_bound(x, weight, bias, 1e-5, want), affine)
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm(wasm, ref, rng, with_weight):
+    x = f32(rng, 9, 6).T  # a view
+    weight = f32(rng, 9) if with_weight else None
+    want = ref.rms_norm(x, weight, 1e-6)
+    assert_within(wasm.rms_norm(x, weight, 1e-6), want, rms_norm_bound(x, 1e-6, want))
+
+
+@pytest.mark.parametrize("op", ["rope", "rope_i"])
+def test_rope(wasm, ref, rng, op):
+    x = f32(rng, 2, 3, 5, 14)
+    angles = rng.uniform(-np.pi, np.pi, (5, 7))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    got = getattr(wasm, op)(x, cos, sin)
+    want = getattr(ref, op)(x, cos, sin)
+    assert_within(got, want, _rope_bound(x, cos, sin, op == "rope_i"), op)
+
+
+def _rope_bound(x, cos, sin, interleaved):
+    """Each rotated value is a * cos -/+ b * sin of its pair (a, b): a sum of two products,
+    gamma(2) (|a| |cos| + |b| |sin|) per evaluation (an FMA only rounds less)."""
+    x, c, s = (np.abs(np.asarray(a, np.float64)) for a in (x, cos, sin))
+    if interleaved:
+        first, second = x[..., 0::2], x[..., 1::2]
+    else:
+        first, second = np.split(x, 2, axis=-1)
+    magnitudes = np.empty_like(x)
+    if interleaved:
+        magnitudes[..., 0::2] = first * c + second * s
+        magnitudes[..., 1::2] = first * s + second * c
+    else:
+        half = x.shape[-1] // 2
+        magnitudes[..., :half] = first * c + second * s
+        magnitudes[..., half:] = second * c + first * s
+    return sum_bound(magnitudes, 2)
+
+
+def test_silu_mul(wasm, ref, rng):
+    gate, up = f32(rng, 3, 50, scale=3), f32(rng, 3, 50)
+    want = ref.silu_mul(gate, up)
+    assert_within(wasm.silu_mul(gate, up), want, silu_mul_bound(want))
+
+
+@pytest.mark.parametrize("op", sorted(wasm_abi.UNARY_OPS))
+def test_unary_ops_the_module_has(wasm, spy, ref, rng, op):
+    x = f32(rng, 5, 41, scale=3)
+    x[0, :4] = [np.nan, np.inf, -np.inf, 0.0]
+    want = ref.unary(op, x)
+    assert_within(wasm.unary(op, x), want, unary_bound(op, x, want), op)
+    spy.unary(op, x)
+    assert spy.host.names() == ["unary_f32"]
+
+
+def test_unary_ops_without_a_kernel_fall_through(spy, ref, rng):
+    x = f32(rng, 4, 9)
+    for op in ("log", "sin", "relu", "round"):
+        np.testing.assert_array_equal(spy.unary(op, np.abs(x)), ref.unary(op, np.abs(x)))
+    np.testing.assert_array_equal(spy.unary("gelu", x.astype(np.float64)),
+                                  ref.unary("gelu", x.astype(np.float64)))
+    assert spy.host.log == []
+
+
+# -- attention -------------------------------------------------------------------------------
+
+def test_attention_on_a_kv_cache_with_a_causal_mask(wasm, spy, ref, rng):
+    b, h, tq, tk, d, capacity = 1, 3, 4, 9, 16, 32
+    keys, values = f32(rng, b, h, capacity, d), f32(rng, b, h, capacity, d)
+    k, v = keys[:, :, :tk], values[:, :, :tk]  # what a KV cache hands out
+    q = f32(rng, b, h, tq, d)
+    rows = np.arange(tq)[:, None] + tk - tq
+    mask = np.where(np.arange(tk)[None, :] > rows, -np.inf, 0.0).astype(np.float32)
+    scale = 1 / math.sqrt(d)
+    want = ref.attention(q, k, v, mask, scale)
+    assert_within(wasm.attention(q, k, v, mask, scale), want,
+                  attention_bound(q, k, v, mask, scale), "attention")
+    spy.attention(q, k, v, mask, scale)
+    (name, args), = spy.host.log
+    assert name == "attention_f32" and args[:4] == (h, tq, tk, d)
+    assert np.shares_memory(args[6], keys) and args[7] == capacity * d  # no copy: a stride
+    assert args[11] == 0  # one mask for every head
+
+
+def test_attention_with_a_padding_mask_per_batch_and_shared_kv_heads(wasm, spy, ref, rng):
+    b, h, tq, tk, d = 2, 4, 3, 6, 8
+    q = f32(rng, b, h, tq, d)
+    k, v = f32(rng, b, 1, tk, d), f32(rng, b, 1, tk, d)  # one KV head for all query heads
+    pad = np.zeros((b, 1, 1, tk), np.float32)
+    pad[1, ..., 4:] = -np.inf
+    want = ref.attention(q, k, v, pad, 0.3)
+    assert_within(wasm.attention(q, k, v, pad, 0.3), want, attention_bound(q, k, v, pad, 0.3))
+    spy.attention(q, k, v, pad, 0.3)
+    assert spy.host.names() == ["attention_f32"] * b  # heads share k: one call per batch
+
+
+def test_attention_single_query_and_no_mask(wasm, ref, rng):
+    q, k, v = f32(rng, 1, 6, 1, 64), f32(rng, 1, 6, 40, 64), f32(rng, 1, 6, 40, 64)
+    want = ref.attention(q, k, v, None, 0.125)
+    assert_within(wasm.attention(q, k, v, None, 0.125), want,
+                  attention_bound(q, k, v, None, 0.125))
+
+
+def test_attention_the_abi_cannot_express_falls_through(spy, ref, rng):
+    q, k = f32(rng, 1, 2, 3, 8), f32(rng, 1, 2, 5, 8)
+    v = f32(rng, 1, 2, 5, 6)  # value width != head size: numpy's composition (whose matmul
+    # and softmax still run in the module)
+    assert_within(spy.attention(q, k, v, None, 0.5), ref.attention(q, k, v, None, 0.5),
+                  attention_bound(q, k, v, None, 0.5))
+    q64 = q.astype(np.float64)
+    np.testing.assert_array_equal(spy.attention(q64, k.astype(np.float64), v.astype(np.float64),
+                                                None, 0.5),
+                                  ref.attention(q64, k.astype(np.float64), v.astype(np.float64),
+                                                None, 0.5))
+    assert "attention_f32" not in spy.host.names()
+
+
+# -- quantized matmul -------------------------------------------------------------------------
+
+# Byte ranges of the quant fields per block (ggml-common.h); everything else is scales/mins.
+QUANT_BYTES = {
+    GgmlDType.Q4_0: ((2, 18),), GgmlDType.Q4_1: ((4, 20),),
+    GgmlDType.Q5_0: ((2, 22),), GgmlDType.Q5_1: ((4, 24),), GgmlDType.Q8_0: ((2, 34),),
+    GgmlDType.Q2_K: ((16, 80),), GgmlDType.Q3_K: ((0, 96),), GgmlDType.Q4_K: ((16, 144),),
+    GgmlDType.Q5_K: ((16, 176),), GgmlDType.Q6_K: ((0, 192),),
+}
+# Byte offsets of the f16 scales of the types without a quantizer (ggml-common.h).
+F16_SCALES = {GgmlDType.Q5_K: (0, 2), GgmlDType.Q2_K: (80, 82), GgmlDType.Q3_K: (108,),
+              GgmlDType.Q8_1: (0, 2)}
+# Per product term beyond the product and the sum: the reference rounds the dequantized value
+# twice (scale * level, + offset); a kernel may instead scale a block's partial sum and add an
+# offset times the block's sum of x (two more).
+QUANT_EXTRA_ROUNDINGS = 4
+
+
+def _random_weight(kind: GgmlDType, n: int, k: int, rng) -> QTensor:
+    try:
+        return QTensor.from_float(f32(rng, n, k), kind)
+    except CandleError:
+        # No quantizer for this type (Q5_K, Q2_K, Q3_K, Q8_1): random blocks whose f16 scales
+        # are set to finite values.
+        blocks = rng.integers(0, 256, (n * k // kind.block_size, kind.type_size), dtype=np.uint8)
+        for start in F16_SCALES[kind]:
+            scales = (rng.standard_normal(blocks.shape[0]) * 0.05).astype("<f2")
+            blocks[:, start:start + 2] = scales.view(np.uint8).reshape(-1, 2)
+        return QTensor(kind, (n, k), blocks.reshape(-1))
+
+
+def _term_magnitudes(qweight: QTensor) -> np.ndarray:
+    """|value - offset| + |offset| per weight, where `offset` is what the block decodes to
+    with every quant zeroed (a min, or the -8 d of Q4_0): the magnitudes of the terms a kernel
+    sums whether it multiplies dequantized values or folds offsets through sums of x."""
+    blocks = qweight.data.reshape(-1, qweight.dtype.type_size).copy()
+    for start, stop in QUANT_BYTES[qweight.dtype]:
+        blocks[:, start:stop] = 0
+    offsets = QTensor(qweight.dtype, qweight.shape, blocks.reshape(-1)).dequantize()
+    values = qweight.dequantize()
+    return np.abs(values.astype(np.float64) - offsets) + np.abs(offsets.astype(np.float64))
+
+
+def _k_for(kind: GgmlDType) -> int:
+    return kind.block_size * (3 if kind.block_size == 256 else 7)  # odd block counts
+
+
+@pytest.mark.parametrize("kind", [GgmlDType(t).name for t in wasm_abi.LINEAR_Q_TYPES])
+@pytest.mark.parametrize("m", [1, 5])
+def test_qmatmul_each_ggml_type_equals_dequantize_then_dot(wasm, spy, ref, rng, kind, m):
+    kind = GgmlDType.parse(kind)
+    weight = _random_weight(kind, 21, _k_for(kind), rng)
+    x = f32(rng, m, weight.shape[1])
+    want = x @ weight.dequantize().T
+    bound = dot_bound(x, _term_magnitudes(weight).T, extra_roundings=QUANT_EXTRA_ROUNDINGS)
+    assert_within(wasm.qmatmul(x, weight), want, bound, kind.name)
+    assert_within(ref.qmatmul(x, weight), want, bound, f"{kind.name} reference")
+    assert wasm.supports_qmatmul(kind)
+    spy.qmatmul(x, weight)
+    assert spy.host.names() == ["linear_q"] and spy.host.log[0][1][0] == int(kind)
+
+
+def test_qmatmul_f16_weights_and_leading_dims(wasm, spy, rng):
+    weight = QTensor.from_float(f32(rng, 13, 40), GgmlDType.F16)
+    x = f32(rng, 2, 3, 40)
+    want = x @ weight.dequantize().T
+    assert_within(wasm.qmatmul(x, weight), want, dot_bound(x, np.abs(weight.dequantize()).T))
+    spy.qmatmul(x, weight)
+    assert spy.host.names() == ["linear_f16"]
+    assert not wasm.supports_qmatmul(GgmlDType.F16)  # QMatMul widens plain types at load
+
+
+def test_qmatmul_types_without_a_kernel_fall_through(spy, ref, rng):
+    weight = _random_weight(GgmlDType.Q8_1, 5, 64, rng)
+    x = f32(rng, 2, 64)
+    np.testing.assert_array_equal(spy.qmatmul(x, weight), ref.qmatmul(x, weight))
+    assert spy.host.log == [] and not spy.supports_qmatmul(GgmlDType.Q8_1)
+
+
+def test_qmatmul_layer_keeps_blocks_packed_on_the_wasm_device(wasm, rng):
+    from candle_web import Tensor
+    from candle_web.quantized.qmatmul import QMatMul
+
+    device = Device.cpu(backend="wasm")
+    weight = QTensor.from_float(f32(rng, 8, 64), GgmlDType.Q4_1)
+    layer = QMatMul.from_qtensor(weight, device)
+    assert layer.is_quantized
+    x = f32(rng, 3, 64)
+    got = layer(Tensor.from_numpy(x, device=device)).to_numpy()
+    bound = dot_bound(x, _term_magnitudes(weight).T, extra_roundings=QUANT_EXTRA_ROUNDINGS)
+    assert_within(got, x @ weight.dequantize().T, bound)
+
+
+# -- the hosts -------------------------------------------------------------------------------
+
+def test_wasmtime_host_runs_outputs_in_place_of_inputs(wasm, ref, rng):
+    x = f32(rng, 4, 10, scale=3)
+    want = ref.softmax_last_dim(x)
+    wasm.host.call("softmax_rows", 4, 10, x, x)  # Y = X, allowed by the ABI
+    assert_within(x, want, softmax_bound(want))
+
+
+def test_hosts_name_the_argument_that_is_wrong(wasm):
+    host = wasm.host
+    with pytest.raises(CandleError, match="softmax_rows: expected 4 arguments"):
+        host.call("softmax_rows", 1, 2)
+    with pytest.raises(CandleError, match="not in the ABI"):
+        host.call("no_such_kernel")
+    x = np.ones((1, 2), np.float32)
+    with pytest.raises(CandleError, match=r"argument 2 \(x\) may not be absent"):
+        host.call("softmax_rows", 1, 2, None, x)
+
+
+def test_the_factory_names_a_missing_kernel_file(monkeypatch, tmp_path):
+    from candle_web.backend.settings import reload_settings
+    from candle_web.backend.wasm_backend import create_backend
+
+    missing = tmp_path / "kernels.wasm"
+    monkeypatch.setenv("CANDLE_WEB_WASM_KERNELS", str(missing))
+    reload_settings()
+    with pytest.raises(BackendUnavailable, match=str(missing).replace("\\", "\\\\")):
+        create_backend()
+
+
+def test_the_backend_variable_selects_wasm(monkeypatch):
+    from candle_web.backend import _default_cpu_backend_name
+    from candle_web.backend.settings import reload_settings
+
+    monkeypatch.setenv("CANDLE_WEB_BACKEND", "wasm")
+    reload_settings()
+    assert _default_cpu_backend_name() == "wasm"
+
+
+class _FakeExports:
+    """Stands in for the wasm instance's exports in the page: functions that take byte
+    addresses of this process's memory, as the real ones take Pyodide's."""
+
+    def __init__(self):
+        self.seen = []
+
+    def abi_version(self):
+        return wasm_abi.ABI_VERSION
+
+    def scratch_bytes(self):
+        return 256
+
+    @staticmethod
+    def _array(address, shape):
+        buffer = (ctypes.c_float * int(np.prod(shape))).from_address(address)
+        return np.frombuffer(buffer, np.float32).reshape(shape)
+
+    def rms_norm_rows(self, rows, n, x, w, eps, y):
+        self.seen.append(("rms_norm_rows", rows, n, x, w, eps, y))
+        xs = self._array(x, (rows, n))
+        self._array(y, (rows, n))[...] = xs / np.sqrt((xs * xs).mean(-1, keepdims=True) + eps)
+
+    def gemm_f32(self, *args):
+        self.seen.append(("gemm_f32",) + args)
+
+    def __getattr__(self, name):
+        if name in wasm_abi.EXPORT_NAMES:
+            return lambda *args: None
+        raise AttributeError(name)
+
+
+class _FakeJsModule:
+    def __init__(self):
+        self.exports = _FakeExports()
+
+
+def test_pyodide_host_passes_pointers_in_place_and_inserts_scratch():
+    from candle_web.backend.wasm_hosts import PyodideHost
+
+    module = _FakeJsModule()
+    host = PyodideHost(module)
+    x = np.arange(1.0, 13.0, dtype=np.float32).reshape(3, 4)
+    y = np.empty_like(x)
+    host.call("rms_norm_rows", 3, 4, x, None, 1e-6, y)
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(y, want, rtol=4 * np.finfo(np.float32).eps)
+    _, _, _, x_ptr, w_ptr, _, _ = module.exports.seen[-1]
+    assert x_ptr == x.__array_interface__["data"][0] and w_ptr == 0
+
+    weight = np.zeros((300, 200), np.float32)  # large: its pointer is remembered
+    a = np.zeros((5, 200), np.float32)[1:]  # a view: its own first element
+    c = np.empty((4, 300), np.float32)
+    for _ in range(2):
+        host.call("gemm_f32", 1, 4, 300, 200, a, 0, 200, 1, weight.T, 0, 1, 200, c, 0, 300, 0.0)
+    args = module.exports.seen[-1][1:]
+    assert args[4] == a.__array_interface__["data"][0]
+    assert args[8] == weight.__array_interface__["data"][0]  # through the transposed view
+    assert args[16] % 16 == 0 and len(args) == 17  # scratch: aligned, last
+    assert id(weight) in host._pointers
+
+
+def test_pyodide_host_refuses_a_module_without_the_abi():
+    from candle_web.backend.wasm_hosts import PyodideHost
+
+    class Old(_FakeExports):
+        def abi_version(self):
+            return 0
+
+    module = _FakeJsModule()
+    module.exports = Old()
+    with pytest.raises(BackendUnavailable, match="ABI version 0"):
+        PyodideHost(module)
+
+
+def test_install_makes_the_page_kernels_the_cpu_backend(monkeypatch):
+    """What the worker calls after registering `candle_kernels` (here a fake one)."""
+    from candle_web.backend import _default_cpu_backend_name, wasm_backend
+
+    monkeypatch.setattr(wasm_backend, "_page_backend", None)
+    monkeypatch.setenv("CANDLE_WEB_BACKEND", "numpy")  # restored after the test
+    backend = wasm_backend.install(_FakeJsModule())
+    assert backend.host.kind == "pyodide" and _default_cpu_backend_name() == "wasm"
+    assert wasm_backend.create_backend() is backend  # the factory reuses it
+    with pytest.raises(BackendUnavailable, match="candle_kernels"):
+        monkeypatch.setattr(wasm_backend, "_page_backend", None)
+        wasm_backend.install()  # natively there is no registered JS module
+
+
+# -- a real model ------------------------------------------------------------------------------
+
+SMOLLM2 = ("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.mark.slow
+def test_smollm2_decodes_the_same_tokens_on_wasm_as_on_numpy(wasm, model_file):
+    """SmolLM2 Q4_1 (QMatMul keeps its blocks packed on wasm: linear_q; numpy dequantizes at
+    load): a prompt and a few greedy steps; the ids must be numpy's. A flipped id prints the
+    logit margin between numpy's choice and the runner-up."""
+    from candle_web.pipelines import load_llama
+
+    path = model_file(*SMOLLM2)
+    steps = 4
+    chosen = {}
+    for backend in ("numpy", "wasm"):
+        model, tokenizer = load_llama(path, device=Device.cpu(backend=backend))
+        prompt = tokenizer.encode("The capital of France is").ids
+        if backend == "wasm":
+            assert model.lm_head.is_quantized or model.blocks[0].attn.qkv.is_quantized
+        model.clear_kv_cache(capacity=16)
+        ids, logits_seen = [], []
+        logits = model.forward([prompt]).to_numpy()[0]
+        for _ in range(steps):
+            token = int(np.argmax(logits))
+            ids.append(token)
+            logits_seen.append(logits)
+            logits = model.forward([[token]]).to_numpy()[0]
+        chosen[backend] = (ids, logits_seen)
+    want, want_logits = chosen["numpy"]
+    got, _ = chosen["wasm"]
+    for step, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            top = np.sort(want_logits[step])[-2:]
+            pytest.fail(f"step {step}: wasm chose {a}, numpy {b}; numpy's logit margin there is "
+                        f"{top[1] - top[0]:.3g}")
+    assert got == want
