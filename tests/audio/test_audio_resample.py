@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from candle_web.io import audio
+from candle_web.io import resample as resampling
 from candle_web.core.errors import DTypeMismatch, ShapeError, UnsupportedError
 
 signal = pytest.importorskip("scipy.signal")
@@ -17,7 +18,7 @@ def tone(frequency, rate, seconds=1.0, phase=0.0):
 
 
 def uses_gather_path(orig_sr):
-    return not audio.uses_blocked_matmul(*audio.resampling_ratio(orig_sr, TARGET))
+    return not resampling.uses_blocked_matmul(*resampling.resampling_ratio(orig_sr, TARGET))
 
 
 # 44056 Hz (old NTSC video audio) and 15999 Hz reduce to ratios with large terms and take the
@@ -30,8 +31,8 @@ def test_same_filter_as_scipy_resample_poly(orig_sr):
     Tolerance 1e-5: we accumulate in float32, scipy in float64, on unit-variance noise."""
     rng = np.random.default_rng(orig_sr)
     x = rng.standard_normal(orig_sr // 4).astype(np.float32)
-    up, down = audio.resampling_ratio(orig_sr, TARGET)
-    taps, _ = audio.design_resampling_filter(up, down)
+    up, down = resampling.resampling_ratio(orig_sr, TARGET)
+    taps, _ = resampling.design_resampling_filter(up, down)
     ours = audio.resample(x, orig_sr, TARGET)
     # resample_poly multiplies a given filter by `up`; ours already carries that gain.
     reference = signal.resample_poly(x.astype(np.float64), up, down, window=taps / up)
@@ -43,7 +44,7 @@ def test_same_filter_as_scipy_resample_poly(orig_sr):
 @pytest.mark.parametrize("length,beta", [(1, 5.0), (2, 5.0), (51, 0.0), (400, 7.857),
                                          (1001, 14.0)])
 def test_kaiser_window_matches_numpy(length, beta):
-    np.testing.assert_allclose(audio.kaiser_window(length, beta), np.kaiser(length, beta),
+    np.testing.assert_allclose(resampling.kaiser_window(length, beta), np.kaiser(length, beta),
                                rtol=1e-12, atol=1e-15)
 
 
@@ -61,7 +62,7 @@ def test_close_to_scipy_default_design_on_band_limited_audio(orig_sr):
     rng = np.random.default_rng(1)
     frequencies = [150, 440, 1000, 2500, 3000] + ([4000, 5500] if orig_sr > TARGET else [])
     x = sum(0.1 * tone(f, orig_sr, phase=rng.uniform(0, 6)) for f in frequencies)
-    up, down = audio.resampling_ratio(orig_sr, TARGET)
+    up, down = resampling.resampling_ratio(orig_sr, TARGET)
     ours = audio.resample(x.astype(np.float32), orig_sr, TARGET)
     reference = signal.resample_poly(x, up, down)
     interior = slice(800, -800)

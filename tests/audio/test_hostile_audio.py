@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from candle_web.io import audio
+from candle_web.io import resample as resampling
 from candle_web.core.errors import FormatError
 from candle_web.io import wav
 from candle_web.io.wav import encode_wav, read_wav
@@ -45,10 +46,10 @@ def peak_bytes_of(function, *args) -> tuple[int, int, object]:
 @pytest.fixture(autouse=True)
 def cold_caches():
     """Each test measures a cold start: no tap tables kept from earlier tests."""
-    audio._TAP_TABLES.clear()
-    audio._filter_gain.cache_clear()
+    resampling._TAP_TABLES.clear()
+    resampling._filter_gain.cache_clear()
     yield
-    audio._TAP_TABLES.clear()
+    resampling._TAP_TABLES.clear()
 
 
 def test_tiny_wav_at_an_odd_rate_stays_small():
@@ -72,18 +73,18 @@ def test_ten_odd_rates_in_one_process_keep_memory_bounded():
         tracemalloc.stop()
     assert peak < TINY_FILE_PEAK_BYTES, f"peak {peak / 2**20:.0f} MiB"
     assert held < 1 << 20
-    assert audio._TAP_TABLES.nbytes <= audio.RESAMPLER_CACHE_BYTES
+    assert resampling._TAP_TABLES.nbytes <= resampling.RESAMPLER_CACHE_BYTES
 
 
 def test_many_common_rates_stay_within_the_cache_budget():
     rng = np.random.default_rng(0)
     for rate in (8000, 11025, 22050, 24000, 32000, 44100, 48000, 88200, 96000, 15999, 44056):
         audio.resample(rng.standard_normal(rate).astype(np.float32), rate)
-        assert audio._TAP_TABLES.nbytes <= audio.RESAMPLER_CACHE_BYTES
+        assert resampling._TAP_TABLES.nbytes <= resampling.RESAMPLER_CACHE_BYTES
 
 
 def test_byte_bounded_cache_evicts_the_least_recent_and_skips_oversized_items():
-    cache = audio._ByteBoundedCache(100)
+    cache = resampling._ByteBoundedCache(100)
     built = []
 
     def make(size):
@@ -119,11 +120,11 @@ def test_banded_evaluation_gives_the_same_numbers(monkeypatch, orig_sr):
     44.1 kHz) must give the numbers of the default plan."""
     x = np.random.default_rng(orig_sr).standard_normal(orig_sr // 3).astype(np.float32)
     default = audio.resample(x, orig_sr)
-    audio._TAP_TABLES.clear()
-    monkeypatch.setattr(audio, "RESAMPLER_MAX_KERNEL_ELEMENTS", 3000)
-    monkeypatch.setattr(audio, "RESAMPLER_GATHER_ELEMENTS", 20_000)
-    monkeypatch.setattr(audio, "RESAMPLER_TAP_CHUNK", 1000)
-    assert not audio.uses_blocked_matmul(*audio.resampling_ratio(orig_sr, 16000))
+    resampling._TAP_TABLES.clear()
+    monkeypatch.setattr(resampling, "RESAMPLER_MAX_KERNEL_ELEMENTS", 3000)
+    monkeypatch.setattr(resampling, "RESAMPLER_GATHER_ELEMENTS", 20_000)
+    monkeypatch.setattr(resampling, "RESAMPLER_TAP_CHUNK", 1000)
+    assert not resampling.uses_blocked_matmul(*resampling.resampling_ratio(orig_sr, 16000))
     np.testing.assert_allclose(audio.resample(x, orig_sr), default, atol=2e-6, rtol=0)
 
 

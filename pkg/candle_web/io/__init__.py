@@ -1,9 +1,10 @@
-"""File formats: safetensors, npy/npz, GGUF, CTranslate2 model.bin and WAV.
+"""File formats: safetensors, npy/npz, GGUF, CTranslate2 model.bin and WAV; audio decoding (any
+container, to Whisper's 16 kHz mono) and its resampler.
 
 Submodules are imported on demand (`from candle_web.io import safetensors`, or
 `candle_web.io.safetensors` after `import candle_web`), so importing the package costs nothing."""
 
 from ..core._lazy import lazy_submodules
 
-__getattr__, __dir__ = lazy_submodules(__name__, ("safetensors", "npz", "gguf", "ct2", "wav"),
-                                       globals())
+__getattr__, __dir__ = lazy_submodules(__name__, ("safetensors", "npz", "gguf", "ct2", "wav",
+                                                  "audio", "resample"), globals())
