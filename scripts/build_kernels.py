@@ -1,0 +1,144 @@
+"""Build the browser's WebAssembly SIMD kernels: web/kernels/*.c -> web/vendor/kernels.wasm
+(relaxed SIMD: FMA) and web/vendor/kernels-simd128.wasm (plain SIMD, for engines without
+relaxed SIMD), with `zig cc` from the pinned PyPI package `ziglang` (dev extra).
+
+Cached: a module is rebuilt only when the sha256 of the sources, the flags and the zig version
+differs from the one recorded beside it (web/vendor/kernels.stamp.json). Every module, built
+or cached, is then checked (scripts/wasm_check.py): memory imported as env.memory and nothing
+else imported, exports exactly the ABI (pkg/candle_web/backend/wasm_abi.py) with its
+signatures, no data segment, and no code touching __stack_pointer. A failed check exits 1.
+
+    python scripts/build_kernels.py            # build what changed, check both
+    python scripts/build_kernels.py --force    # rebuild both
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import wasm_check  # noqa: E402  (the sibling module)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_DIR = REPO_ROOT / "web" / "kernels"
+OUT_DIR = REPO_ROOT / "web" / "vendor"
+STAMP = "kernels.stamp.json"
+
+COMMON_FLAGS = [
+    "--target=wasm32-freestanding", "-O3", "-msimd128", "-nostdlib",
+    # No libc calls behind our back (a loop turned into memset would be an import), and no
+    # contraction of a * b + c into FMA: dequantization must round as the numpy reference.
+    "-fno-builtin", "-ffp-contract=off", "-g0", "-Wl,--strip-debug",
+    "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-Wno-unused-function",
+    "-Wl,--no-entry", "-Wl,--import-memory",
+]
+BUILDS = {
+    "kernels.wasm": ["-mrelaxed-simd", "-DKERNELS_RELAXED"],
+    "kernels-simd128.wasm": [],
+}
+
+
+def zig_command() -> list[str]:
+    return [sys.executable, "-m", "ziglang"]
+
+
+def zig_version() -> str:
+    try:
+        done = subprocess.run(zig_command() + ["version"], capture_output=True, text=True,
+                              check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        sys.exit(f"build_kernels: cannot run zig ({exc}); install the dev extra "
+                 "(`make setup`, which pip-installs the pinned ziglang package)")
+    return done.stdout.strip()
+
+
+def sources() -> list[Path]:
+    files = sorted(SOURCE_DIR.glob("*.c")) + sorted(SOURCE_DIR.glob("*.h"))
+    if not any(f.suffix == ".c" for f in files):
+        sys.exit(f"build_kernels: no C sources in {SOURCE_DIR}")
+    return files
+
+
+def build_flags(name: str, exports) -> list[str]:
+    return COMMON_FLAGS + BUILDS[name] + [f"-Wl,--export={e}" for e in exports]
+
+
+def digest(files, flags, version) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update("\0".join(flags).encode() + b"\0" + version.encode())
+    return h.hexdigest()
+
+
+def compile_module(name: str, flags, files, out: Path) -> None:
+    c_files = [str(f) for f in files if f.suffix == ".c"]
+    cmd = zig_command() + ["cc"] + flags + ["-I", str(SOURCE_DIR), "-o", str(out)] + c_files
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"build_kernels: zig cc failed for {name}:\n{done.stderr or done.stdout}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    args = parser.parse_args(argv)
+
+    abi = wasm_check.load_abi()
+    exports = list(abi.EXPORT_NAMES)
+    signatures = wasm_check.expected_signatures()
+    files = sources()
+    version = zig_version()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stamp_path = args.out_dir / STAMP
+    try:
+        stamps = json.loads(stamp_path.read_text())
+    except (OSError, ValueError):
+        stamps = {}
+
+    failed = False
+    for name in BUILDS:
+        out = args.out_dir / name
+        flags = build_flags(name, exports)
+        key = digest(files, flags, version)
+        if not args.force and out.exists() and stamps.get(name) == key:
+            action = "up to date"
+        else:
+            start = time.perf_counter()
+            tmp = out.with_suffix(".tmp.wasm")
+            compile_module(name, flags, files, tmp)
+            problems = wasm_check.check_kernel_module(tmp.read_bytes(), signatures)
+            if problems:
+                tmp.unlink()
+                stamps.pop(name, None)
+                print(f"build_kernels: {name} FAILED the module check:", file=sys.stderr)
+                for p in problems:
+                    print(f"  - {p}", file=sys.stderr)
+                failed = True
+                continue
+            tmp.replace(out)
+            stamps[name] = key
+            action = f"built with zig {version} in {time.perf_counter() - start:.1f} s"
+        data = out.read_bytes()
+        problems = wasm_check.check_kernel_module(data, signatures)
+        if problems:
+            print(f"build_kernels: {out} FAILED the module check:", file=sys.stderr)
+            for p in problems:
+                print(f"  - {p}", file=sys.stderr)
+            failed = True
+            continue
+        print(f"build_kernels: {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out}"
+              f": {action}; checked ({wasm_check.summary(data)})")
+    stamp_path.write_text(json.dumps(stamps, indent=1, sort_keys=True) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
