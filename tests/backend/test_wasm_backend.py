@@ -59,6 +59,9 @@ class Spy:
         self.log.append((name, args))
         return self.host.call(name, *args)
 
+    def kernel(self, name):
+        return lambda *args: self.call(name, *args)
+
     def names(self):
         return [name for name, _ in self.log]
 

@@ -93,7 +93,8 @@ class WasmBackend(NumpyBackend):
         # every f32 matmul goes to the kernels; f64 uses numpy's own matmul).
         self._sgemm = None
         self.host = host
-        self._call = host.call
+        # The exports as functions, looked up once (a call in the page costs microseconds).
+        self._k = {name: host.kernel(name) for name in wasm_abi.EXPORT_NAMES}
         self._q_types = frozenset(wasm_abi.LINEAR_Q_TYPES)
 
     def __repr__(self):
@@ -106,7 +107,7 @@ class WasmBackend(NumpyBackend):
             return super().unary(op, x)
         x = _rows(x)
         out = np.empty_like(x)
-        self._call("unary_f32", code, x.size, x, out)
+        self._k["unary_f32"](code, x.size, x, out)
         return out
 
     def silu_mul(self, gate, up):
@@ -115,7 +116,7 @@ class WasmBackend(NumpyBackend):
         gate = _rows(gate)
         up = _rows(up)
         out = np.empty_like(gate)
-        self._call("silu_mul", gate.size, gate, up, out)
+        self._k["silu_mul"](gate.size, gate, up, out)
         return out
 
     # -- matmul -----------------------------------------------------------------------------
@@ -132,10 +133,10 @@ class WasmBackend(NumpyBackend):
             return super().matmul(a, b)
         a, a_el = _strided_f32(a)
         b, b_el = _strided_f32(b)
-        call = self._call
+        gemm = self._k["gemm_f32"]
         if not batch:  # the common case, without broadcast views (they cost in the page)
             out = np.empty((m, n), np.float32)
-            call("gemm_f32", 1, m, n, k, a, 0, a_el[0], a_el[1], b, 0, b_el[0], b_el[1],
+            gemm(1, m, n, k, a, 0, a_el[0], a_el[1], b, 0, b_el[0], b_el[1],
                  out, 0, n, 0.0)
             return out
         a_full = np.broadcast_to(a, batch + (m, k))
@@ -149,11 +150,11 @@ class WasmBackend(NumpyBackend):
         p, (a_bs, b_bs, c_bs) = _split(batch, [a_el[:nb], b_el[:nb], _elements(out)[:nb]])
         inner = math.prod(batch[p:])
         if p == 0:
-            call("gemm_f32", inner, m, n, k, a_full, a_bs, a_rs, a_cs, b_full, b_bs, b_rs, b_cs,
+            gemm(inner, m, n, k, a_full, a_bs, a_rs, a_cs, b_full, b_bs, b_rs, b_cs,
                  out, c_bs, n, 0.0)
             return out
         for index in np.ndindex(*batch[:p]):
-            call("gemm_f32", inner, m, n, k, a_full[index], a_bs, a_rs, a_cs, b_full[index],
+            gemm(inner, m, n, k, a_full[index], a_bs, a_rs, a_cs, b_full[index],
                  b_bs, b_rs, b_cs, out[index], c_bs, n, 0.0)
         return out
 
@@ -162,7 +163,7 @@ class WasmBackend(NumpyBackend):
         x = _rows(x)
         out = np.empty_like(x)
         n = x.shape[-1]
-        self._call(export, x.size // n, n, x, *extra, out)
+        self._k[export](x.size // n, n, x, *extra, out)
         return out
 
     def softmax_last_dim(self, x):
@@ -193,7 +194,7 @@ class WasmBackend(NumpyBackend):
             if w is not False and b is not False:
                 x = _rows(x)
                 out = np.empty_like(x)
-                self._call("layer_norm_rows", x.size // n, n, x, w, b, float(eps), out)
+                self._k["layer_norm_rows"](x.size // n, n, x, w, b, float(eps), out)
                 return out
         return super().layer_norm(x, weight, bias, eps)
 
@@ -204,7 +205,7 @@ class WasmBackend(NumpyBackend):
             if w is not False:
                 x = _rows(x)
                 out = np.empty_like(x)
-                self._call("rms_norm_rows", x.size // n, n, x, w, float(eps), out)
+                self._k["rms_norm_rows"](x.size // n, n, x, w, float(eps), out)
                 return out
         return super().rms_norm(x, weight, eps)
 
@@ -217,7 +218,7 @@ class WasmBackend(NumpyBackend):
             return None
         x = _rows(x)
         out = np.empty_like(x)
-        self._call("rope_f32", interleaved, x.shape[0] * x.shape[1], t, d, x, _rows(cos),
+        self._k["rope_f32"](interleaved, x.shape[0] * x.shape[1], t, d, x, _rows(cos),
                    _rows(sin), out)
         return out
 
@@ -279,7 +280,7 @@ class WasmBackend(NumpyBackend):
         for index in np.ndindex(*batch[:p]):
             qf, kf, vf = (r[0][index] for r in rows[:3])
             mf = rows[3][0][index] if mask is not None else None
-            self._call("attention_f32", inner, tq, tk, d, qf, q_bs, kf, k_bs, vf, v_bs, mf,
+            self._k["attention_f32"](inner, tq, tk, d, qf, q_bs, kf, k_bs, vf, v_bs, mf,
                        m_bs, scale, out[index], o_bs)
         return out
 
@@ -304,9 +305,9 @@ class WasmBackend(NumpyBackend):
         x_rs = flat.strides[0] // 4 if m > 1 else k
         out = np.empty((m, n), np.float32)
         if kind == _F16_TYPE:
-            self._call("linear_f16", m, n, k, flat, x_rs, qweight.data.view(np.uint16), out, n)
+            self._k["linear_f16"](m, n, k, flat, x_rs, qweight.data.view(np.uint16), out, n)
         else:
-            self._call("linear_q", kind, m, n, k, flat, x_rs, qweight.data, out, n)
+            self._k["linear_q"](kind, m, n, k, flat, x_rs, qweight.data, out, n)
         return out.reshape(x.shape[:-1] + (n,))
 
 

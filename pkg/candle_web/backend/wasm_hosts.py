@@ -1,8 +1,8 @@
 """Hosts of the wasm kernel module: how Python reaches `kernels.wasm`'s exports.
 
-Both hosts have one interface, `host.call(name, *args)`, taking the arguments of the export
-`name` in `wasm_abi.EXPORTS` order WITHOUT the `scratch` argument (the host inserts its own
-buffer): numpy arrays (or None where the ABI allows an absent pointer) for array arguments,
+Both hosts have one interface, `host.call(name, *args)` (and `host.kernel(name)`, the same as
+a function to keep), taking the arguments of the export `name` in `wasm_abi.EXPORTS` order
+WITHOUT the `scratch` argument (the host inserts its own buffer): numpy arrays (or None where the ABI allows an absent pointer) for array arguments,
 Python ints for i32 arguments and Python floats for f32 ones. Strides are the caller's business:
 the backend passes them explicitly (in elements), and an array argument stands for the address
 of its first element. The same backend code therefore runs on either host.
@@ -136,22 +136,45 @@ class PyodideHost:
         self._scratch_owner, self._scratch = _aligned_bytes(max(self.scratch_bytes, 1))
         self._scratch_ptr = self._scratch.__array_interface__["data"][0]
         self._pointers = {}  # id(array) -> (weakref to it, data pointer)
-        self._calls = {name: (spec, fns[name]) for name, spec in _SPECS.items()}
+        self._kernels = {name: self._build(spec, fns[name]) for name, spec in _SPECS.items()}
+
+    def kernel(self, name):
+        """The export `name` as a Python function of the ABI's arguments minus scratch (what
+        `call(name, ...)` runs): cache it and call it directly where every microsecond counts."""
+        _spec(name)
+        return self._kernels[name]
 
     def call(self, name, *args):
-        try:
-            spec, fn = self._calls[name]
-        except KeyError:
-            spec = _spec(name)  # raises, naming the ABI's exports
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            _spec(name)  # raises, naming the ABI's exports
+        spec = _SPECS[name]
         if len(args) != spec.n_args:
             spec.check(args)
-        args = list(args)
-        for i in spec.arrays:
-            a = args[i]
-            args[i] = 0 if a is None else self._pointer(a)
+        return kernel(*args)
+
+    def _build(self, spec, fn):
+        """A function passing its arguments straight to the JS export, arrays as pointers
+        (small ones looked up inline, large ones through the remembered pointers) and the
+        scratch buffer inserted: generated per export, so a call does no loops or list work."""
+        params = [f"a{i}" for i in range(spec.n_args)]
+        values = []
+        for i, p in enumerate(params):
+            if i in spec.arrays:
+                lookup = (f"({p}.__array_interface__['data'][0] if {p}.nbytes < small "
+                          f"else remembered({p}))")
+                values.append(f"(0 if {p} is None else {lookup})" if i in spec.optional
+                              else lookup)
+            else:
+                values.append(p)
         if spec.scratch_at is not None:
-            args.insert(spec.scratch_at, self._scratch_ptr)
-        return fn(*args)
+            values.insert(spec.scratch_at, "scratch")
+        source = (f"def {spec.name}({', '.join(params)}):\n"
+                  f"    return fn({', '.join(values)})\n")
+        namespace = {"fn": fn, "small": POINTER_CACHE_MIN_BYTES, "remembered": self._pointer,
+                     "scratch": self._scratch_ptr}
+        exec(source, namespace)  # noqa: S102  (source built above from the ABI table only)
+        return namespace[spec.name]
 
     def _pointer(self, a: np.ndarray) -> int:
         if a.nbytes < POINTER_CACHE_MIN_BYTES:
@@ -261,6 +284,11 @@ class WasmtimeHost:
         return bytes(self._bytes()[address:address + n])
 
     # -- calls ----------------------------------------------------------------------------
+    def kernel(self, name):
+        """The export `name` as a function of the ABI's arguments minus scratch."""
+        _spec(name)
+        return lambda *args: self.call(name, *args)
+
     def call(self, name, *args):
         spec = _spec(name)
         spec.check(args)
