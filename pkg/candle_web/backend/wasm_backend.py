@@ -95,6 +95,9 @@ class WasmBackend(NumpyBackend):
         self.host = host
         # The exports as functions, looked up once (a call in the page costs microseconds).
         self._k = {name: host.kernel(name) for name in wasm_abi.EXPORT_NAMES}
+        from . import wasm_parts
+
+        wasm_parts.register()  # the fused model steps on these kernels (backend/parts.py)
         self._q_types = frozenset(wasm_abi.LINEAR_Q_TYPES)
 
     def __repr__(self):
@@ -314,14 +317,12 @@ class WasmBackend(NumpyBackend):
 # -- the factory ------------------------------------------------------------------------------
 
 def default_kernels_path() -> Path | None:
-    """web/vendor/kernels.wasm of the source checkout this package runs from, if there is one."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "web" / "vendor" / KERNELS_FILE
-        if candidate.is_file():
-            return candidate
-        if (parent / "pyproject.toml").is_file():
-            return None
+    """web/vendor/kernels.wasm of the source checkout this package runs from (pkg/candle_web/
+    backend/ -> the checkout), or None for an installed package."""
+    checkout = Path(__file__).resolve().parents[3]
+    candidate = checkout / "web" / "vendor" / KERNELS_FILE
+    if (checkout / "pyproject.toml").is_file() and candidate.is_file():
+        return candidate
     return None
 
 

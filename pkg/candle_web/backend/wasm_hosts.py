@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import threading
 import weakref
 
 import numpy as np
@@ -247,6 +248,7 @@ class WasmtimeHost:
         self._bytes()[self._scratch_ptr:self._heap_start] = 0xFF
         self._engine = engine
         self._module = module
+        self._lock = threading.Lock()
         _OPEN_HOSTS.add(self)
 
     def close(self) -> None:
@@ -290,6 +292,10 @@ class WasmtimeHost:
         return lambda *args: self.call(name, *args)
 
     def call(self, name, *args):
+        with self._lock:  # the per-call regions are shared
+            return self._call(name, args)
+
+    def _call(self, name, args):
         spec = _spec(name)
         spec.check(args)
         values = list(args)
