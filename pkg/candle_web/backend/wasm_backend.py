@@ -331,8 +331,8 @@ _page_backend = None  # the backend on the page's kernels, once built (install o
 
 def _missing_page_module() -> BackendUnavailable:
     return BackendUnavailable(
-        f"the wasm backend needs the kernels: the worker registers them as the JS module "
-        f"{JS_MODULE_NAME!r} after instantiating kernels.wasm, and it is not registered")
+        f"no kernels: the worker has not registered the JS module {JS_MODULE_NAME!r} (it does "
+        "after instantiating kernels.wasm)")
 
 
 def install(js_module=None, make_default: bool = True) -> WasmBackend:
@@ -371,14 +371,14 @@ def create_backend() -> WasmBackend:
     path = Path(configured) if configured else default_kernels_path()
     if path is None:
         raise BackendUnavailable(
-            f"the wasm backend needs the kernel module: no web/vendor/{KERNELS_FILE} next to this "
+            f"no kernel module: no web/vendor/{KERNELS_FILE} in a source checkout around this "
             f"package and {WASM_KERNELS_VARIABLE} is not set (build it: scripts/build_kernels.py)")
     if not path.is_file():
-        raise BackendUnavailable(f"the wasm backend needs the kernel module: {path} does not exist "
+        raise BackendUnavailable(f"no kernel module: {path} does not exist "
                                  f"({WASM_KERNELS_VARIABLE}; build it: scripts/build_kernels.py)")
     try:
         import wasmtime  # noqa: F401  (the dev extra)
     except ImportError:
-        raise BackendUnavailable("the wasm backend runs natively under wasmtime, which is not "
+        raise BackendUnavailable("natively the kernels run under wasmtime, which is not "
                                  "installed: pip install 'candle-web[dev]'") from None
     return WasmBackend(WasmtimeHost(os.fspath(path)))
