@@ -2,8 +2,9 @@
 
 Both hosts have one interface, `host.call(name, *args)` (and `host.kernel(name)`, the same as
 a function to keep), taking the arguments of the export `name` in `wasm_abi.EXPORTS` order
-WITHOUT the `scratch` argument (the host inserts its own buffer): numpy arrays (or None where the ABI allows an absent pointer) for array arguments,
-Python ints for i32 arguments and Python floats for f32 ones. Strides are the caller's business:
+WITHOUT the `scratch` argument (the host inserts its own buffer): numpy arrays (or None where
+the ABI allows an absent pointer) for array arguments, Python ints for i32 arguments and Python
+floats for f32 ones. Strides are the caller's business:
 the backend passes them explicitly (in elements), and an array argument stands for the address
 of its first element. The same backend code therefore runs on either host.
 
@@ -21,6 +22,9 @@ Entry points for the page's worker (web/worker.js):
 1. Instantiate the chosen build (relaxed SIMD or plain SIMD) on Pyodide's memory, importing it
    as `env.memory`, and register the instance:
    `pyodide.registerJsModule("candle_kernels", {exports: instance.exports})`.
+   (Pyodide 0.27.7 does not expose its Memory: wrap `WebAssembly.instantiate` before
+   `loadPyodide` and keep `imports.env.memory`; `memory.buffer === pyodide._module.HEAPU8.buffer`
+   confirms it. Checked under Node 20 with Pyodide 0.27.7 and the real kernels.)
 2. Before the first tensor op, in Python:
    `from candle_web.backend.wasm_backend import install; install()`.
    `install()` builds a `PyodideHost` on `candle_kernels`, makes it the "wasm" backend's host
