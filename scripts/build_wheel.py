@@ -7,8 +7,12 @@ network or build isolation, and is reproducible: fixed timestamps and sorted ent
 same bytes for the same sources, so the worker (and HTTP caching) can trust the sha256.
 
 Usage: python scripts/build_wheel.py [--out DIR]   (default DIR: web/vendor/wheels)
-Writes DIR/<wheel> and DIR/manifest.json ({"wheel", "version", "sha256", "size"}) and removes
-older candle_web wheels from DIR.
+Writes DIR/<wheel> and DIR/manifest.json ({"wheel", "version", "sha256", "size", "files",
+"kernels"}) and removes older candle_web wheels from DIR. `kernels` lists the wasm kernel builds
+found in the kernels folder (web/vendor, made by scripts/build_kernels.py), keyed by variant:
+{"relaxed-simd": {"file": "kernels.wasm", "sha256", "size"}, "simd128": {...}}; the worker
+fetches them from there, checks the sha256 like the wheel's, and uses the numpy backend when a
+build is absent. Paths are relative to the kernels folder.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ PACKAGE_DIR = REPO_ROOT / "pkg" / "candle_web"
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 DEFAULT_OUT_DIR = REPO_ROOT / "web" / "vendor" / "wheels"
 MANIFEST_NAME = "manifest.json"
+DEFAULT_KERNELS_DIR = REPO_ROOT / "web" / "vendor"
+# variant (the worker's name for it, chosen there by feature detection) -> file name
+KERNEL_FILES = {"relaxed-simd": "kernels.wasm", "simd128": "kernels-simd128.wasm"}
 
 DISTRIBUTION = "candle-web"
 # PEP 427: the file name uses the distribution name with '-' replaced by '_'.
@@ -100,9 +107,24 @@ def _write_entry(archive: zipfile.ZipFile, name: str, data: bytes) -> None:
     archive.writestr(info, data)
 
 
+def kernel_entries(kernels_dir: Path | None) -> dict:
+    """variant -> {file, sha256, size} for each kernel build present in kernels_dir."""
+    if kernels_dir is None:
+        return {}
+    entries = {}
+    for variant, name in KERNEL_FILES.items():
+        path = kernels_dir / name
+        if path.is_file():
+            data = path.read_bytes()
+            entries[variant] = {"file": name, "sha256": hashlib.sha256(data).hexdigest(),
+                                "size": len(data)}
+    return entries
+
+
 def build_wheel(out_dir: Path = DEFAULT_OUT_DIR, package_dir: Path = PACKAGE_DIR,
-                pyproject: Path = PYPROJECT) -> dict:
-    """Build the wheel into out_dir, write the manifest, return the manifest dict."""
+                pyproject: Path = PYPROJECT, kernels_dir: Path | None = None) -> dict:
+    """Build the wheel into out_dir, write the manifest (with the kernel builds found in
+    kernels_dir, none when it is None), return the manifest dict."""
     meta = read_project_metadata(pyproject)
     version = meta["version"]
     wheel_name = f"{WHEEL_NAME_PREFIX}-{version}-{WHEEL_TAG}.whl"
@@ -145,6 +167,7 @@ def build_wheel(out_dir: Path = DEFAULT_OUT_DIR, package_dir: Path = PACKAGE_DIR
         "sha256": hashlib.sha256(wheel_bytes).hexdigest(),
         "size": len(wheel_bytes),
         "files": len(entries) - 4,  # package files, without the dist-info entries
+        "kernels": kernel_entries(kernels_dir),
     }
     manifest_path = out_dir / MANIFEST_NAME
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -155,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR,
                         help="output folder (default: web/vendor/wheels)")
+    parser.add_argument("--kernels", type=Path, default=DEFAULT_KERNELS_DIR,
+                        help="folder of the wasm kernel builds (default: web/vendor)")
     args = parser.parse_args(argv)
-    manifest = build_wheel(args.out)
+    manifest = build_wheel(args.out, kernels_dir=args.kernels)
     print(f"built {args.out / manifest['wheel']} ({manifest['files']} files, "
           f"{manifest['size']} bytes, sha256 {manifest['sha256'][:16]}...)")
     return 0

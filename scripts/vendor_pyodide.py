@@ -5,7 +5,11 @@
                         + the five wheels the worker loads (numpy, scipy, openblas, micropip,
                         packaging), each checked against the sha256 in the npm package's
                         official pyodide-lock.json
-  web/vendor/wheels/    the pure candle_web wheel + manifest.json (scripts/build_wheel.py)
+  web/vendor/kernels.wasm, kernels-simd128.wasm
+                        the wasm SIMD kernels (scripts/build_kernels.py: cached, and checked;
+                        when zig is missing or a check fails the page runs numpy and says why)
+  web/vendor/wheels/    the pure candle_web wheel + manifest.json (scripts/build_wheel.py),
+                        which also carries the kernels' sha256 for the worker to check
   web/vendor/samples/   the demo's sample clips from the cached test speech
                         (scripts/vendor_samples.py)
 
@@ -242,16 +246,39 @@ def vendor_wheels(offline: bool) -> int:
 
 # --- driver ---------------------------------------------------------------------------------
 
+# --- step 3: the wasm kernels ------------------------------------------------------------------
+
+KERNEL_BUILD_SCRIPT = REPO_ROOT / "scripts" / "build_kernels.py"
+
+
+def build_kernels() -> bool:
+    """Run scripts/build_kernels.py (fast when its cache is fresh). A failure is not fatal: the
+    page then runs on numpy and says why; the message here says what went wrong."""
+    if not KERNEL_BUILD_SCRIPT.is_file():
+        return False
+    result = subprocess.run([sys.executable, str(KERNEL_BUILD_SCRIPT)], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        log(f"warning: the wasm kernels did not build, the page will run numpy:\n"
+            f"{(result.stderr or result.stdout).strip()}")
+        return False
+    return True
+
+
 def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
     start = time.perf_counter()
     copied = vendor_core_files()
     fetched = vendor_wheels(offline)
     summary = f"pyodide {PYODIDE_VERSION}: {copied} core files copied, {fetched} wheels fetched"
     if build_candle_wheel:
+        kernels_built = build_kernels()
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from build_wheel import build_wheel
-        manifest = build_wheel(WHEELS_VENDOR_DIR)
+        # Only kernels that built and passed their check go into the manifest, so a failed
+        # build leaves the page on numpy rather than on a stale module.
+        manifest = build_wheel(WHEELS_VENDOR_DIR, kernels_dir=VENDOR_DIR if kernels_built else None)
         summary += f"; {manifest['wheel']} built"
+        summary += f"; kernels: {', '.join(manifest['kernels']) or 'none'}"
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from vendor_samples import vendor_samples
     summary += f"; {len(vendor_samples())} sample clips"

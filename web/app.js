@@ -13,12 +13,14 @@ const CONTROL_SLOTS = 3;
 const SLOT_INTERRUPT = 0;
 const SLOT_CANCEL_ID = 1;
 const SLOT_RUNNING_ID = 2;
-const INIT_PHASES = ["runtime", "numpy", "scipy", "wheel"];
+// The worker's start-up phases (they overlap: the bar counts those done).
+const INIT_PHASES = ["runtime", "kernels", "wheel", "packages", "backend"];
 const PHASE_LABELS = {
   runtime: "Python runtime",
-  numpy: "numpy",
-  scipy: "scipy (BLAS)",
+  kernels: "wasm kernels",
   wheel: "candle_web",
+  packages: "numpy",
+  backend: "backend",
 };
 const MAX_JOB_ID = 2 ** 31 - 1; // ids live in an int32 slot
 
@@ -51,8 +53,10 @@ export class WorkerClient {
     return this.start(type, fields, options).result;
   }
 
-  init() {
-    return this.request("init", { control: this.control }, { onProgress: (message) => this.onInitProgress?.(message) });
+  // backend: the page's ?backend= (numpy: the reference, wasm: the kernels or an error;
+  // absent: wasm when the kernels load), passed on as it is: the worker checks it.
+  init(backend = null) {
+    return this.request("init", { control: this.control, backend }, { onProgress: (message) => this.onInitProgress?.(message) });
   }
 
   // Stops job `id`: interrupts it if it is in Python now, or drops it if still queued.
@@ -129,16 +133,26 @@ function formatSeconds(ms) {
   return `${(ms / 1000).toFixed(1)} s`;
 }
 
+// "wasm (relaxed SIMD)", or "numpy (why the kernels are not used)".
+export function describeBackend(backend) {
+  if (!backend?.name) return "unknown";
+  if (backend.name === "wasm") return `wasm (${backend.label ?? backend.variant})`;
+  return backend.reason ? `${backend.name} (${backend.reason})` : backend.name;
+}
+
 function setUpStatus(client) {
   const status = document.getElementById("runtime-status");
   const text = document.getElementById("runtime-text");
   const bar = document.getElementById("runtime-progress");
+  bar.max = INIT_PHASES.length + 1; // the last step: ready
+  const done = new Set();
   client.onInitProgress = (message) => {
     const label = PHASE_LABELS[message.phase] || message.phase;
     if (message.state === "start") {
       text.textContent = `Loading ${label}…`;
     } else if (message.state === "done") {
-      bar.value = INIT_PHASES.indexOf(message.phase) + 1;
+      done.add(message.phase);
+      bar.value = done.size;
       text.textContent = `${label} ready (${formatSeconds(message.ms)})`;
     }
   };
@@ -147,8 +161,13 @@ function setUpStatus(client) {
     bar.value = bar.max;
     text.textContent = `Ready in ${formatSeconds(summary.totalMs)}`;
     const v = summary.versions;
+    const scipy = v.scipy ? ` · scipy ${v.scipy}` : "";
     document.getElementById("runtime-versions").textContent =
-      `Python ${v.python} · numpy ${v.numpy} · scipy ${v.scipy} · candle_web ${v.candle_web}`;
+      `Python ${v.python} · numpy ${v.numpy}${scipy} · candle_web ${v.candle_web}`;
+    document.getElementById("runtime-backend").textContent = `backend: ${describeBackend(summary.backend)}`;
+    if (summary.backend?.reason && summary.backend.name !== "wasm") {
+      console.warn(`candle-web runs the ${summary.backend.name} backend: ${summary.backend.reason}`);
+    }
   };
 }
 
@@ -161,7 +180,7 @@ function showStartFailure(error) {
 const client = new WorkerClient();
 setUpTabs();
 const showReady = setUpStatus(client);
-const ready = client.init();
+const ready = client.init(new URLSearchParams(location.search).get("backend"));
 ready.then(showReady, showStartFailure);
 
 const transcribeView = setUpTranscribe(client, ready);

@@ -1,5 +1,6 @@
 /*
- * candle-web worker: Pyodide + numpy + scipy + candle_web behind one message protocol.
+ * candle-web worker: Pyodide + numpy + candle_web (+ the wasm SIMD kernels, or scipy's BLAS for
+ * the numpy backend) behind one message protocol.
  *
  * The page posts commands {type, id, ...}; every reply carries the same id:
  *   {type: "progress", id, phase, state, ...}  zero or more, while the command runs
@@ -9,6 +10,14 @@
  * (the COMMANDS table below). `kind` picks the model family and its Python session
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
+ *   init {control?: SharedArrayBuffer, backend?: "wasm"|"numpy"|"auto"}
+ *       (backend: the page's ?backend=; auto, the default: wasm when the kernels load, else
+ *       numpy, saying why; wasm: the kernels or an error; numpy: the reference, for A/B)
+ *       progress {phase: "runtime"|"kernels"|"wheel"|"packages"|"backend", state, ms} (phases
+ *       overlap: the kernels and the wheel are fetched while Pyodide starts)
+ *       -> {phases: {phase: ms}, totalMs (wall clock), versions, wheel (its manifest),
+ *           backend: {name, requested, variant, label, kernels: {file, sha256}, reason},
+ *           crossOriginIsolated, cancellable}
  *   models {kind?}              -> {models: [{name, description, size}], hint?} (the registry's
  *                                  browser models of that kind; hint: how to get one if none)
  *   load {kind?, model} | {kind?, hf_repo, revision} | {kind, url} (a folder on this origin)
@@ -32,7 +41,8 @@
  *
  * Everything is fetched from the serving origin: Pyodide and the wheels from
  * /vendor/pyodide/ (checked by Pyodide against the sha256 in pyodide-lock.json), the
- * candle_web wheel from /vendor/wheels/ (checked here against its manifest).
+ * candle_web wheel from /vendor/wheels/ and the kernels from /vendor/kernels*.wasm (both
+ * checked here against the sha256 in the wheel's manifest).
  *
  * Cancelling: Python runs synchronously inside this worker, so while it computes no message
  * can arrive. The page therefore shares a SharedArrayBuffer (needs crossOriginIsolated) of
@@ -49,7 +59,7 @@ const BASE_URL = new URL("./", self.location.href);
 const PYODIDE_INDEX_URL = new URL("vendor/pyodide/", BASE_URL).href;
 const WHEEL_DIR_URL = new URL("vendor/wheels/", BASE_URL).href;
 const WHEEL_MANIFEST_URL = new URL("manifest.json", WHEEL_DIR_URL).href;
-const WHEEL_FS_DIR = "/tmp/candle_web_wheels";
+const VENDOR_URL = new URL("vendor/", BASE_URL).href;
 const TWIN_ARGUMENTS = ["seed", "m", "k", "n", "repeat"];
 
 const SLOT_INTERRUPT = 0;
@@ -71,7 +81,7 @@ let runtimePromise = null;
 let controlSlots = null; // Int32Array over the page's SharedArrayBuffer, or null
 const queuedJobs = new Set(); // ids waiting for their turn in Python
 const cancelledBeforeStart = new Set();
-// Python calls run one after another: an async step (micropip) must not interleave with a
+// Python calls run one after another: an async step (a download) must not interleave with a
 // synchronous computation, and the interrupt slot belongs to one job at a time.
 let pythonQueue = Promise.resolve();
 
@@ -127,34 +137,257 @@ async function fetchChecked(url, what) {
   return response;
 }
 
-async function installCandleWheel() {
-  const manifest = await (await fetchChecked(WHEEL_MANIFEST_URL, "wheel manifest")).json();
-  const wheelUrl = new URL(manifest.wheel, WHEEL_DIR_URL).href;
-  const bytes = await (await fetchChecked(wheelUrl, "candle_web wheel")).arrayBuffer();
-  // crypto.subtle exists only in secure contexts (http://127.0.0.1 is one; a LAN address
-  // over plain http is not): there the check is skipped, the bytes come from the same origin.
-  const actual = self.crypto?.subtle ? await sha256Hex(bytes) : manifest.sha256;
-  if (!self.crypto?.subtle) console.warn("no crypto.subtle: candle_web wheel hash not checked");
-  if (actual !== manifest.sha256) {
-    throw new Error(`sha256 mismatch for ${manifest.wheel}: manifest ${manifest.sha256}, got ${actual} (rebuild with scripts/vendor_pyodide.py)`);
+// Whether `bytes` have the sha256 a manifest states. crypto.subtle exists only in secure
+// contexts (http://127.0.0.1 is one; a LAN address over plain http is not): there the check
+// is skipped, the bytes come from the same origin.
+async function hasSha256(bytes, expected, what) {
+  if (!self.crypto?.subtle) {
+    console.warn(`no crypto.subtle: ${what} hash not checked`);
+    return true;
   }
-  pyodide.FS.mkdirTree(WHEEL_FS_DIR);
-  const wheelPath = `${WHEEL_FS_DIR}/${manifest.wheel}`;
-  pyodide.FS.writeFile(wheelPath, new Uint8Array(bytes));
-  const micropip = pyodide.pyimport("micropip");
+  const actual = await sha256Hex(bytes);
+  if (actual !== expected) console.warn(`${what}: sha256 ${actual}, the manifest says ${expected}`);
+  return actual === expected;
+}
+
+// The bytes of a vendored file, checked against the sha256 its manifest states.
+async function fetchVerified(url, what, expectedSha256) {
+  const bytes = await (await fetchChecked(url, what)).arrayBuffer();
+  if (!(await hasSha256(bytes, expectedSha256, what))) {
+    throw new Error(`sha256 mismatch for ${what} (${url}): not the file the manifest names (rebuild with scripts/vendor_pyodide.py)`);
+  }
+  return bytes;
+}
+
+// --- the wasm kernels (web/vendor/kernels*.wasm, see candle_web.backend.wasm_abi) -----------
+
+// The smallest module with one function () -> v128 whose body is `body`: WebAssembly has no
+// feature query, but validate() on such a module says whether this engine knows its opcodes.
+function probeModule(body) {
+  const code = [0x00, ...body, 0x0b]; // no locals, the body, end
+  return new Uint8Array([
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // "\0asm", version 1
+    0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, //       type section: one type, () -> v128
+    0x03, 0x02, 0x01, 0x00, //                         function section: one function of type 0
+    0x0a, code.length + 2, 0x01, code.length, ...code, // code section: one body
+  ]);
+}
+const V128_CONST_ZERO = [0xfd, 0x0c, ...new Array(16).fill(0)];
+// f32x4.relaxed_madd (0xfd 0x105) of three zero vectors: the opcode the relaxed build's FMA uses.
+const RELAXED_SIMD_PROBE = probeModule([...V128_CONST_ZERO, ...V128_CONST_ZERO, ...V128_CONST_ZERO, 0xfd, 0x85, 0x02]);
+const SIMD128_PROBE = probeModule(V128_CONST_ZERO);
+// The kernel builds, best first. `name` is the key in the wheel manifest's `kernels` table
+// (scripts/build_wheel.py) and the `variant` Python sees.
+const KERNEL_VARIANTS = [
+  { name: "relaxed-simd", label: "relaxed SIMD", probe: RELAXED_SIMD_PROBE },
+  { name: "simd128", label: "SIMD128", probe: SIMD128_PROBE },
+];
+const KERNEL_ABI_VERSION = 1;
+const KERNEL_JS_MODULE = "candle_kernels"; // `import candle_kernels` in Python
+const BACKEND_CHOICES = ["auto", "wasm", "numpy"]; // the page's ?backend=
+
+// Why the kernels are not used: the start goes on with the numpy backend and says this.
+class KernelsUnavailable extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "KernelsUnavailable";
+  }
+}
+
+function bestKernelVariant() {
+  return KERNEL_VARIANTS.find((variant) => WebAssembly.validate(variant.probe)) ?? null;
+}
+
+// Fetches, verifies and compiles the best kernel build this engine runs; needs no Pyodide,
+// so it runs while Pyodide starts. Resolves {variant, label, file, sha256, module}.
+async function compileKernels(manifestPromise) {
+  const variant = bestKernelVariant();
+  if (variant === null) throw new KernelsUnavailable("this browser has no WebAssembly SIMD");
+  const manifest = await manifestPromise;
+  const entry = manifest.kernels?.[variant.name];
+  if (!entry) {
+    throw new KernelsUnavailable(`the ${variant.label} kernels are not built (no "${variant.name}" in ${WHEEL_MANIFEST_URL}: run \`make web\`)`);
+  }
+  let response;
   try {
-    // numpy (the only dependency) is already loaded, so micropip resolves nothing remotely.
-    await micropip.install(`emfs:${wheelPath}`);
-  } finally {
-    micropip.destroy();
+    response = await fetch(new URL(entry.file, VENDOR_URL).href, { cache: "no-cache" });
+  } catch (error) {
+    throw new KernelsUnavailable(`${entry.file} could not be fetched: ${error.message}`);
   }
-  return manifest;
+  if (!response.ok) throw new KernelsUnavailable(`${entry.file} answered ${response.status} ${response.statusText}`.trim());
+  const bytes = await response.arrayBuffer();
+  if (!(await hasSha256(bytes, entry.sha256, entry.file))) {
+    throw new KernelsUnavailable(`${entry.file} is not the build the manifest names (sha256 differs: run \`make web\`)`);
+  }
+  try {
+    const module = await WebAssembly.compile(bytes);
+    return { variant: variant.name, label: variant.label, file: entry.file, sha256: entry.sha256, module };
+  } catch (error) {
+    throw new KernelsUnavailable(`${entry.file} does not compile here: ${error.message}`);
+  }
+}
+
+// Pyodide 0.27.7 does not expose its WebAssembly.Memory (DESIGN.md section 10), but its main
+// module imports it as env.memory: watch the instantiations while loadPyodide runs and keep
+// the first such import. The kernels then import the same Memory and work on numpy's buffers
+// in place (and keep seeing them when the memory grows).
+function watchForPyodideMemory() {
+  const original = { instantiate: WebAssembly.instantiate, instantiateStreaming: WebAssembly.instantiateStreaming };
+  let memory = null;
+  const keep = (imports) => {
+    const candidate = imports?.env?.memory;
+    if (memory === null && candidate instanceof WebAssembly.Memory) memory = candidate;
+  };
+  WebAssembly.instantiate = function (source, imports, ...rest) {
+    keep(imports);
+    return original.instantiate.call(this, source, imports, ...rest);
+  };
+  WebAssembly.instantiateStreaming = function (source, imports, ...rest) {
+    keep(imports);
+    return original.instantiateStreaming.call(this, source, imports, ...rest);
+  };
+  return {
+    memory: () => memory,
+    stop() {
+      WebAssembly.instantiate = original.instantiate;
+      WebAssembly.instantiateStreaming = original.instantiateStreaming;
+    },
+  };
+}
+
+// Instantiates the compiled kernels on Pyodide's memory and registers them for Python as
+// `candle_kernels` ({exports, variant}); the wasm backend's PyodideHost wraps that module.
+async function instantiateKernels(kernels, memory) {
+  if (memory === null) throw new KernelsUnavailable("Pyodide's WebAssembly.Memory was not seen while it loaded");
+  if (memory.buffer !== pyodide._module.HEAPU8.buffer) {
+    throw new KernelsUnavailable("the captured WebAssembly.Memory is not the one Pyodide's heap lives in");
+  }
+  let instance;
+  try {
+    instance = await WebAssembly.instantiate(kernels.module, { env: { memory } });
+  } catch (error) {
+    throw new KernelsUnavailable(`${kernels.file} does not link with Pyodide's memory: ${error.message}`);
+  }
+  const abi = typeof instance.exports.abi_version === "function" ? instance.exports.abi_version() : null;
+  if (abi !== KERNEL_ABI_VERSION) {
+    throw new KernelsUnavailable(`${kernels.file} has ABI version ${abi}, this worker speaks ${KERNEL_ABI_VERSION} (stale build: run \`make web\`)`);
+  }
+  pyodide.registerJsModule(KERNEL_JS_MODULE, { exports: instance.exports, variant: kernels.variant });
+}
+
+// --- start-up -------------------------------------------------------------------------------
+
+// --- the candle_web wheel, unpacked in JS -----------------------------------------------------
+
+const ZIP_END_SIGNATURE = 0x06054b50; // end of central directory record
+const ZIP_ENTRY_SIGNATURE = 0x02014b50; // central directory file header
+const ZIP_LOCAL_SIGNATURE = 0x04034b50; // local file header
+const ZIP_STORED = 0;
+const ZIP_DEFLATED = 8;
+const ZIP_END_MIN_BYTES = 22;
+
+function inflateRaw(raw) {
+  const inflated = new Blob([raw]).stream().pipeThrough(new DecompressionStream("deflate-raw"));
+  return new Response(inflated).arrayBuffer().then((buffer) => new Uint8Array(buffer));
+}
+
+// The files of a zip archive (no zip64, no encryption: scripts/build_wheel.py writes stored or
+// deflated entries) as [{name, data: Uint8Array}], inflated with the browser's own
+// DecompressionStream, all at once: this runs while Pyodide's start keeps the thread busy, and
+// one await per file would wait behind its long tasks one by one. The caller checked the
+// archive's sha256, so each entry's CRC is not checked again.
+async function unzipEntries(buffer) {
+  const bytes = new Uint8Array(buffer);
+  const view = new DataView(buffer);
+  let end = bytes.length - ZIP_END_MIN_BYTES;
+  while (end >= 0 && view.getUint32(end, true) !== ZIP_END_SIGNATURE) end -= 1;
+  if (end < 0) throw new Error("not a zip archive (no end of central directory)");
+  const count = view.getUint16(end + 10, true);
+  let at = view.getUint32(end + 16, true);
+  const decoder = new TextDecoder();
+  const entries = [];
+  for (let i = 0; i < count; i += 1) {
+    if (view.getUint32(at, true) !== ZIP_ENTRY_SIGNATURE) throw new Error(`zip entry ${i}: bad central directory header`);
+    const method = view.getUint16(at + 10, true);
+    const compressedSize = view.getUint32(at + 20, true);
+    const nameLength = view.getUint16(at + 28, true);
+    const extraLength = view.getUint16(at + 30, true);
+    const commentLength = view.getUint16(at + 32, true);
+    const localOffset = view.getUint32(at + 42, true);
+    const name = decoder.decode(bytes.subarray(at + 46, at + 46 + nameLength));
+    at += 46 + nameLength + extraLength + commentLength;
+    if (view.getUint32(localOffset, true) !== ZIP_LOCAL_SIGNATURE) throw new Error(`${name}: bad local header`);
+    const dataStart = localOffset + 30 + view.getUint16(localOffset + 26, true) + view.getUint16(localOffset + 28, true);
+    const raw = bytes.subarray(dataStart, dataStart + compressedSize);
+    if (name.endsWith("/")) continue; // a directory entry
+    if (method === ZIP_STORED) {
+      entries.push({ name, data: Promise.resolve(raw) });
+    } else if (method === ZIP_DEFLATED) {
+      entries.push({ name, data: inflateRaw(raw) });
+    } else {
+      throw new Error(`${name}: zip compression method ${method} is not supported`);
+    }
+  }
+  const data = await Promise.all(entries.map((entry) => entry.data));
+  return entries.map((entry, i) => ({ name: entry.name, data: data[i] }));
+}
+
+// Installs the candle_web wheel by writing its files into site-packages: all an installer does
+// for a pure-Python wheel without scripts or data files (build_wheel.py makes exactly that),
+// with no micropip and no Python code run. Inflating happens before Pyodide is needed.
+async function unpackWheel(bytes) {
+  const entries = await unzipEntries(bytes);
+  for (const { name } of entries) {
+    if (name.startsWith("/") || name.split("/").some((part) => part === ".." || part === "")) {
+      throw new Error(`candle_web wheel: unsafe path ${JSON.stringify(name)}`);
+    }
+  }
+  return entries;
+}
+
+function installWheelFiles(entries) {
+  const sitePackages = pyodide._api.sitepackages ?? pyodide.runPython("import site; site.getsitepackages()[0]");
+  for (const { name, data } of entries) {
+    const path = `${sitePackages}/${name}`;
+    pyodide.FS.mkdirTree(path.slice(0, path.lastIndexOf("/")));
+    pyodide.FS.writeFile(path, data);
+  }
+  // The path finders cache directory listings; new files must be seen at the next import.
+  pyodide.runPython("import importlib; importlib.invalidate_caches()");
+}
+
+// The Python half of choosing the backend: CANDLE_WEB_BACKEND before candle_web's settings
+// are read (reload_settings() in case they were); for wasm, wasm_backend.install() builds the
+// host on the registered kernels and registers the backend. Returns the backend Device.cpu()
+// then uses, so a choice that did not take is seen here.
+const SELECT_BACKEND_PY = `
+def _select_backend(name):
+    import os
+    from candle_web.backend.settings import reload_settings
+    os.environ["CANDLE_WEB_BACKEND"] = name
+    reload_settings()
+    if name == "wasm":
+        from candle_web.backend.wasm_backend import install
+        install()  # the host on the registered candle_kernels module; raises naming what fails
+    from candle_web import Device
+    from candle_web.backend import backend_for
+    return backend_for(Device.cpu()).name
+`;
+
+function selectPythonBackend(name) {
+  const select = pyodide.runPython(`${SELECT_BACKEND_PY}\n_select_backend`);
+  try {
+    return select(name);
+  } finally {
+    select.destroy();
+  }
 }
 
 function pythonVersions() {
   const versions = pyodide.runPython(`
-import sys, numpy, scipy, candle_web
-{"python": sys.version.split()[0], "numpy": numpy.__version__, "scipy": scipy.__version__,
+import sys, numpy, candle_web
+{"python": sys.version.split()[0], "numpy": numpy.__version__,
+ "scipy": sys.modules["scipy"].__version__ if "scipy" in sys.modules else None,
  "candle_web": getattr(candle_web, "__version__", "unknown")}
 `);
   try {
@@ -164,47 +397,125 @@ import sys, numpy, scipy, candle_web
   }
 }
 
-async function startRuntime(id) {
+// Runs `work` as the named phase of a start (progress start/done with ms, see timedPhase) and
+// keeps its duration in `phases`; returns what `work` returns. Phases may overlap.
+async function startPhase(id, phases, phase, work) {
+  let value;
+  phases[phase] = await timedPhase(id, phase, async () => {
+    value = await work();
+  });
+  return value;
+}
+
+// The start: Pyodide, the kernels and the wheel are fetched at the same time; numpy (and
+// scipy, only when the numpy backend runs: its BLAS is what makes that backend's matmul fast)
+// loads while the wheel is unpacked. `choice`: "auto" (wasm when the kernels load, else numpy
+// with the reason), "wasm" (the kernels or an error) or "numpy" (the reference, for A/B).
+async function startRuntime(id, choice) {
+  const started = performance.now();
   const phases = {};
-  phases.runtime = await timedPhase(id, "runtime", async () => {
-    pyodide = await loadPyodide({
-      indexURL: PYODIDE_INDEX_URL,
-      stdout: (line) => console.log(`[python] ${line}`),
-      stderr: (line) => console.warn(`[python] ${line}`),
-    });
+  const manifestPromise = fetchChecked(WHEEL_MANIFEST_URL, "wheel manifest").then((response) => response.json());
+  manifestPromise.catch(() => {}); // awaited below; this only keeps it from counting as unhandled
+  const kernelsPromise = choice === "numpy" ? null : startPhase(id, phases, "kernels", () => compileKernels(manifestPromise));
+  kernelsPromise?.catch(() => {});
+  const wheelPromise = startPhase(id, phases, "wheel", async () => {
+    const manifest = await manifestPromise;
+    const bytes = await fetchVerified(new URL(manifest.wheel, WHEEL_DIR_URL).href, manifest.wheel, manifest.sha256);
+    return { manifest, entries: await unpackWheel(bytes) };
+  });
+  wheelPromise.catch(() => {});
+
+  const memoryWatch = watchForPyodideMemory();
+  await startPhase(id, phases, "runtime", async () => {
+    try {
+      pyodide = await loadPyodide({
+        indexURL: PYODIDE_INDEX_URL,
+        stdout: (line) => console.log(`[python] ${line}`),
+        stderr: (line) => console.warn(`[python] ${line}`),
+      });
+    } finally {
+      memoryWatch.stop();
+    }
     if (controlSlots !== null) {
       pyodide.setInterruptBuffer(new Int32Array(controlSlots.buffer, 0, 1));
     }
   });
-  phases.numpy = await timedPhase(id, "numpy", async () => {
-    await pyodide.loadPackage("numpy", quietLoaderOptions());
-    pyodide.runPython("import numpy");
+
+  let kernels = null;
+  let reason = choice === "numpy" ? "?backend=numpy asked for the numpy reference" : null;
+  if (kernelsPromise !== null) {
+    try {
+      kernels = await kernelsPromise;
+      await instantiateKernels(kernels, memoryWatch.memory());
+    } catch (error) {
+      if (!(error instanceof KernelsUnavailable)) throw error;
+      kernels = null;
+      reason = error.message;
+    }
+  }
+  const fallBack = (why) => {
+    if (choice === "wasm") throw new TypedError("KernelsUnavailable", `?backend=wasm needs the wasm kernels: ${why}`);
+    console.warn(`candle-web: the wasm kernels are not used, numpy runs instead: ${why}`);
+  };
+  if (kernels === null && reason !== null && choice !== "numpy") fallBack(reason);
+
+  const packages = kernels === null ? ["numpy", "scipy"] : ["numpy"];
+  const packagesPromise = startPhase(id, phases, "packages", async () => {
+    await pyodide.loadPackage(packages, quietLoaderOptions());
   });
-  // scipy brings OpenBLAS: candle_web's numpy backend uses its sgemm for f32 matmul.
-  phases.scipy = await timedPhase(id, "scipy", async () => {
-    await pyodide.loadPackage("scipy", quietLoaderOptions());
-    pyodide.runPython("import scipy.linalg.blas");
-  });
-  let manifest = null;
-  phases.wheel = await timedPhase(id, "wheel", async () => {
-    await pyodide.loadPackage("micropip", quietLoaderOptions());
-    manifest = await installCandleWheel();
+  const { manifest, entries } = await wheelPromise;
+  installWheelFiles(entries);
+  await packagesPromise;
+
+  let backend = null;
+  await startPhase(id, phases, "backend", async () => {
     pythonWorker = pyodide.pyimport("candle_web.worker");
-    return { wheel: manifest.wheel };
+    if (kernels !== null) {
+      try {
+        backend = selectPythonBackend("wasm");
+      } catch (error) {
+        // The kernels loaded but Python could not use them: numpy (with its BLAS) instead.
+        reason = `the wasm backend did not start: ${describeError(error).message}`;
+        kernels = null;
+        fallBack(reason);
+        await pyodide.loadPackage("scipy", quietLoaderOptions());
+      }
+    }
+    if (kernels === null) {
+      pyodide.runPython("import scipy.linalg.blas");
+      backend = selectPythonBackend("numpy");
+    }
   });
   return {
     phases,
-    totalMs: Object.values(phases).reduce((sum, ms) => sum + ms, 0),
+    totalMs: performance.now() - started,
     versions: pythonVersions(),
     wheel: manifest,
+    backend: {
+      name: backend,
+      requested: choice,
+      variant: kernels?.variant ?? null,
+      label: kernels?.label ?? null,
+      kernels: kernels === null ? null : { file: kernels.file, sha256: kernels.sha256 },
+      reason,
+    },
     crossOriginIsolated: self.crossOriginIsolated === true,
     cancellable: controlSlots !== null,
   };
 }
 
-function ensureRuntime(id) {
+function checkBackendChoice(value) {
+  const choice = value ?? "auto";
+  if (!BACKEND_CHOICES.includes(choice)) {
+    throw new TypedError("FormatError", `init: \`backend\` (the page's ?backend=) must be one of ${BACKEND_CHOICES.join(", ")}, got ${JSON.stringify(value)}`);
+  }
+  return choice;
+}
+
+// The first caller's `backend` choice wins: the runtime starts once per worker.
+function ensureRuntime(id, backend = undefined) {
   if (runtimePromise === null) {
-    runtimePromise = startRuntime(id);
+    runtimePromise = startRuntime(id, checkBackendChoice(backend));
     // A failed start may be retried by a later init.
     runtimePromise.catch(() => { runtimePromise = null; });
   }
@@ -312,7 +623,7 @@ async function handleInit(message) {
   if (message.control instanceof SharedArrayBuffer && controlSlots === null && pyodide === null) {
     controlSlots = new Int32Array(message.control);
   }
-  const summary = await ensureRuntime(message.id);
+  const summary = await ensureRuntime(message.id, message.backend ?? undefined);
   return { payload: summary };
 }
 

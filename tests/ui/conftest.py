@@ -8,9 +8,12 @@
   playwright.config.py's settings and a fresh user-data folder.
 - `network_guard` (session): every request the pages or their workers make goes through a
   route; anything not to 127.0.0.1 is aborted, recorded, and fails the running test.
-- `ready_page` (session): the demo page with its worker started (Pyodide + numpy + scipy +
-  candle_web), shared because a cold start costs seconds; `ready_summary` is the init result.
-- `fresh_page` (function): a new page in the same browser, for tests that need clean state.
+- `ready_page` (session): the demo page with its worker started (Pyodide + numpy + candle_web
+  on the wasm kernels by default), shared because a cold start costs seconds; `ready_summary`
+  is the init result.
+- `fresh_page` (function): a new page in the same browser, for tests that need clean state;
+  `open_ui_page` opens such pages at any path (a ?backend= query) with routes set before they
+  load, and `page_ready(page)` waits for a page's worker like ready_page's.
 After each test a screenshot of its page lands in test-artifacts/ui/ (git-ignored).
 """
 from __future__ import annotations
@@ -295,3 +298,30 @@ def fresh_page(browser_context, network_guard, ui_server_url):
 
 def _artifact_name(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid.split("::", 1)[-1]).strip("_")
+@pytest.fixture
+def open_ui_page(browser_context, network_guard, ui_server_url):
+    """open_ui_page(path="/", routes={glob: handler}) -> a new page (with its own worker) on the
+    test server, its routes set before it loads (e.g. a file answering 404); closed after the
+    test."""
+    pages = []
+
+    def open_(path: str = "/", routes: dict | None = None):
+        page = browser_context.new_page()
+        for pattern, handler in (routes or {}).items():
+            page.route(pattern, handler)
+        page.page_log = PageLog(page, network_guard)
+        page.goto(ui_server_url + path)
+        pages.append(page)
+        return page
+
+    yield open_
+    for page in pages:
+        page.close()
+
+
+@pytest.fixture(scope="session")
+def page_ready():
+    """page_ready(page) -> the worker's init result (wait_until_ready)."""
+    return wait_until_ready
+
+

@@ -1,5 +1,6 @@
 """The demo page shell in headless Chromium: loads, is cross-origin isolated, is accessible by
-keyboard, and its worker starts Pyodide + numpy + scipy + candle_web from 127.0.0.1 only."""
+keyboard, and its worker starts Pyodide + numpy + candle_web (on the wasm kernels; scipy only
+for the numpy backend, see test_wasm_backend.py) from 127.0.0.1 only."""
 from __future__ import annotations
 
 import json
@@ -12,9 +13,11 @@ import candle_web
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WHEEL_MANIFEST = REPO_ROOT / "web" / "vendor" / "wheels" / "manifest.json"
 TAB_IDS = ["tab-transcribe", "tab-generate", "tab-text2text", "tab-similarity"]
-INIT_PHASES = ["runtime", "numpy", "scipy", "wheel"]
+# The worker's start-up phases (they overlap; the order they end in varies).
+INIT_PHASES = {"runtime", "kernels", "wheel", "packages", "backend"}
 # What the vendored lock pins (scripts/vendor_pyodide.py); the worker must report exactly these.
-EXPECTED_VERSIONS = {"pyodide": "0.27.7", "python": "3.12.7", "numpy": "2.0.2", "scipy": "1.14.1"}
+# scipy: none on the default (wasm) page; test_wasm_backend.py checks 1.14.1 on the numpy one.
+EXPECTED_VERSIONS = {"pyodide": "0.27.7", "python": "3.12.7", "numpy": "2.0.2", "scipy": None}
 
 pytestmark = pytest.mark.ui
 
@@ -78,9 +81,9 @@ def test_page_and_worker_are_cross_origin_isolated(ready_page, ready_summary):
 
 
 def test_worker_reaches_ready_with_pinned_versions(ready_page, ready_summary):
-    assert list(ready_summary["phases"]) == INIT_PHASES
+    assert set(ready_summary["phases"]) == INIT_PHASES
     for phase, ms in ready_summary["phases"].items():
-        assert ms > 0, phase
+        assert 0 < ms <= ready_summary["totalMs"], phase
     versions = ready_summary["versions"]
     for name, expected in EXPECTED_VERSIONS.items():
         assert versions[name] == expected, name
