@@ -147,12 +147,12 @@ def test_llama_decoder_step_matches_the_generic_path(wasm_device, tmp_path, qtyp
     state = llama_testlib.random_state(config, seed=3)
     kind = None if qtype is None else GgmlDType.parse(qtype)
     path = llama_testlib.to_gguf(state, config, tmp_path / f"{qtype}.gguf", quantize_to=kind)
-    model = Llama.from_gguf(path, wasm_device)
+    model = Llama.load(path, device=wasm_device)
     assert model._fused_decoder_for_backend() is not None
     if kind is not None:
         assert model.lm_head.is_quantized, "the wasm backend keeps GGML blocks packed"
     prompt = [1, 5, 9, 33, 70] if not wide else [2, 7, 100]
-    reference_model = Llama.from_gguf(path, Device.cpu(backend="numpy"))
+    reference_model = Llama.load(path, device=Device.cpu(backend="numpy"))
     expected_ids, reference = _greedy(reference_model, prompt, STEPS, fused=False)
     weights = state if kind is None else llama_testlib.dequantized_state(state, kind)
     pytest.importorskip("transformers")

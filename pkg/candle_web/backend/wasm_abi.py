@@ -135,5 +135,53 @@ EXPORTS = (
                "batch at b*mask_bs (0: shared)"),
 )
 
+
+# The fused decode steps (web/kernels/steps.c): one call per block. A matrix is (type, rows,
+# pointer): type 0 f32 rows, 1 f16 bits, else a GGML type id; a projection stored as several
+# tensors comes piece by piece (rows 0 and a null pointer for an absent piece).
+def _matrix(name, rows=True, optional=False):
+    args = [_i(f"{name}_type")]
+    if rows:
+        args.append(_i(f"{name}_rows"))
+    args.append(_in(f"{name}_w", "any", optional=optional))
+    return tuple(args)
+
+
+STEP_EXPORTS = (
+    Export("llama_block_step",
+           (_i("d"), _i("n_heads"), _i("n_kv"), _i("head_dim"), _i("ffn"), _i("interleaved"),
+            _i("pos"), _i("capacity"), _f("scale"), _inout("x"), _inout("work"),
+            _in("attn_norm"), _in("mlp_norm"), _f("eps"),
+            *_matrix("q"), *_matrix("k", optional=True), *_matrix("v", optional=True),
+            *_matrix("o", rows=False), *_matrix("g"), *_matrix("u", optional=True),
+            *_matrix("down", rows=False), _inout("keys"), _inout("values"), _in("cos"),
+            _in("sin"), _SCRATCH),
+           doc="one LLaMA block, batch 1: x [d] in place; writes keys/values [n_kv, capacity, "
+               "head_dim] at pos; work d + (q + 2kv) + q + 3 ffn floats"),
+    Export("rms_logits_step",
+           (_i("d"), _i("rows"), _in("x"), _in("norm"), _f("eps"), *_matrix("w", rows=False),
+            _inout("work"), _out("logits"), _SCRATCH),
+           doc="logits [rows] = W rms_norm(x); work d floats"),
+    Export("whisper_block_step",
+           (_i("r"), _i("d"), _i("n_head"), _i("ffn"), _i("pos"), _i("capacity"), _i("n_audio"),
+            _f("eps"), _f("scale"), _inout("x"), _inout("work"),
+            _in("ln1_w"), _in("ln1_b"), *_matrix("qkv", rows=False), _in("qkv_b"),
+            *_matrix("out", rows=False), _in("out_b"),
+            _in("ln2_w"), _in("ln2_b"), *_matrix("cq", rows=False), _in("cq_b"),
+            _in("cross_k"), _in("cross_v"), _i("cross_bs"),
+            *_matrix("co", rows=False), _in("co_b"),
+            _in("ln3_w"), _in("ln3_b"), *_matrix("fc1", rows=False), _in("fc1_b"),
+            *_matrix("fc2", rows=False), _in("fc2_b"), _inout("keys"), _inout("values"),
+            _SCRATCH),
+           doc="one Whisper decoder block for R rows: x [R, d] in place; writes keys/values "
+               "[R, h, capacity, dh] at pos; cross K/V [h, n_audio, dh] per audio row at "
+               "r * cross_bs; work R * (6d + ffn) floats"),
+    Export("ln_logits_step",
+           (_i("r"), _i("d"), _i("rows"), _in("x"), _in("ln_w"), _in("ln_b"), _f("eps"),
+            *_matrix("w", rows=False), _inout("work"), _out("logits"), _SCRATCH),
+           doc="logits [R, rows] = W layer_norm(x); work R * d floats"),
+)
+EXPORTS = EXPORTS + STEP_EXPORTS
+
 EXPORTS_BY_NAME = {e.name: e for e in EXPORTS}
 EXPORT_NAMES = tuple(e.name for e in EXPORTS)

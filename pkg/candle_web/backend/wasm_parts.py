@@ -1,11 +1,13 @@
 """The wasm backend's accelerated parts: Whisper's encoder and decode step and LLaMA's decode
-step as a short, fixed sequence of kernel calls on numpy buffers (backend/parts.py declares
-them; models/whisper.py and llama.py look them up).
+step on the kernels of `kernels.wasm` (backend/parts.py declares them; models/whisper.py and
+llama.py look them up).
 
 Why a part and not the tensor path: in Pyodide every tensor op costs tens of microseconds of
-interpreter work before any arithmetic, and a decode step is ~60 ops per block. Here a block
-is a dozen kernel calls (~3 us each through the JS FFI) plus a few small numpy writes, with
-every weight passed in place; nothing is allocated per token except tiny activations.
+interpreter work before any arithmetic, and a decode step is ~60 ops per block. Here a decode
+step is one kernel call per block (web/kernels/steps.c: `llama_block_step`,
+`whisper_block_step`) plus one for the final norm and the vocabulary projection, with every
+weight and KV buffer passed in place and the activations in a `work` buffer allocated once.
+The encoder, whose products are large, is a dozen calls per block.
 
 The arithmetic is the tensor path's (layer/RMS norms, biased products, attention with the same
 1/sqrt(dh) scale, exact-erf GELU, SiLU-and-multiply), in the kernels' summation order. Weight
@@ -60,6 +62,11 @@ class _Linear:
         self.bias = None if bias is None else _f32(bias).reshape(-1)
         self.half = _exact_half(weight) if use_half else None
         self.weight = None if self.half is not None else weight
+
+    @property
+    def matrix(self) -> tuple:
+        """(type, array) as the fused steps take a matrix: 1 f16 bits, 0 f32 rows."""
+        return (1, self.half) if self.weight is None else (0, self.weight)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x [m, k] C-ordered -> x W^T + b [m, n]."""
@@ -233,6 +240,13 @@ class WhisperDecoderStep:
         self.projection = _Linear(call, self.embedding, None, use_half)  # tied: [vocab, d]
         self._features = None  # weakref to the features the cross K/V below belong to
         self._cross = None
+        self._work_buffer = None
+        eps = {block.attn_ln[2] for block in self.blocks} | {b.cross_ln[2] for b in self.blocks}
+        if len(eps | {block.mlp_ln[2] for block in self.blocks}) != 1 or any(
+                value is None for b in self.blocks
+                for value in (b.attn_ln[1], b.cross_ln[1], b.mlp_ln[1], b.cross_q.bias,
+                              b.cross_out.bias)):
+            raise _Unfit  # the fused block takes one eps and biased norms and linears
 
     @staticmethod
     def build(backend, weights):
@@ -242,18 +256,18 @@ class WhisperDecoderStep:
             return None
 
     def _cross_kv(self, features: np.ndarray) -> list:
-        """Per block and audio row: (keys, values) [h, n_audio, dh]."""
+        """Per block: (keys, values) [audio rows, h, n_audio, dh], C-ordered."""
         if self._features is not None and self._features() is features:
             return self._cross
         cross = []
+        d = features.shape[2]
         for block in self.blocks:
-            per_row = []
-            d = features.shape[2]
+            keys, values = [], []
             for audio in features:
                 kv = block.cross_kv(np.ascontiguousarray(audio, dtype=_F32))  # [n_audio, 2d]
-                per_row.append((_split_heads(kv[:, :d], block.n_head),
-                                _split_heads(kv[:, d:], block.n_head)))
-            cross.append(per_row)
+                keys.append(_split_heads(kv[:, :d], block.n_head))
+                values.append(_split_heads(kv[:, d:], block.n_head))
+            cross.append((np.stack(keys), np.stack(values)))
         self._features = weakref.ref(features)
         self._cross = cross
         return cross
@@ -267,84 +281,98 @@ class WhisperDecoderStep:
         x = self.embedding[ids] + self.positions[position]  # [R, d]
         d = x.shape[1]
         cross = self._cross_kv(features)
-        for block, (keys, values), cross_kv in zip(self.blocks, caches, cross):
-            h = block.n_head
-            dh = d // h
-            capacity = keys.shape[2]
-            qkv = block.qkv(_layer_norm(call, block.attn_ln, x))  # [R, 3d]
-            keys[:, :, position, :] = qkv[:, d:2 * d].reshape(rows, h, dh)
-            values[:, :, position, :] = qkv[:, 2 * d:].reshape(rows, h, dh)
-            q = np.ascontiguousarray(qkv[:, :d])  # [R, h, dh] as rows of dh
-            attended = np.empty((rows, d), _F32)
-            _attend(call, q, dh, keys, capacity * dh, values, capacity * dh, rows * h, 1,
-                    position + 1, dh, None, attended)
-            x += block.attn_out(attended)
-            q = block.cross_q(_layer_norm(call, block.cross_ln, x))
-            attended = np.empty((rows, d), _F32)
-            for r in range(rows):
-                ck, cv = cross_kv[r if len(cross_kv) > 1 else 0]
-                n_audio = ck.shape[1]
-                _attend(call, q[r], dh, ck, n_audio * dh, cv, n_audio * dh, h, 1, n_audio, dh,
-                        None, attended[r])
-            x += block.cross_out(attended)
-            hidden = block.fc1(_layer_norm(call, block.mlp_ln, x))
-            call("unary_f32", _UNARY_GELU_ERF, hidden.size, hidden, hidden)
-            x += block.fc2(hidden)
+        for block, (keys, values), (cross_k, cross_v) in zip(self.blocks, caches, cross):
+            ffn = block.fc1.n
+            work = self._work(rows * (6 * d + ffn))
+            n_audio = cross_k.shape[2]
+            cross_bs = cross_k[0].size if cross_k.shape[0] > 1 else 0
+            if cross_k.shape[0] not in (1, rows):
+                raise ValueError(f"whisper decoder step: {cross_k.shape[0]} audio rows for "
+                                 f"{rows} token rows")
+            ln1, ln2, ln3 = block.attn_ln, block.cross_ln, block.mlp_ln
+            call("whisper_block_step", rows, d, block.n_head, ffn, position, keys.shape[2],
+                 n_audio, ln1[2], 1.0 / math.sqrt(d // block.n_head), x, work,
+                 ln1[0], ln1[1], *block.qkv.matrix, block.qkv.bias,
+                 *block.attn_out.matrix, block.attn_out.bias,
+                 ln2[0], ln2[1], *block.cross_q.matrix, block.cross_q.bias,
+                 cross_k, cross_v, cross_bs, *block.cross_out.matrix, block.cross_out.bias,
+                 ln3[0], ln3[1], *block.fc1.matrix, block.fc1.bias,
+                 *block.fc2.matrix, block.fc2.bias, keys, values)
         if not with_logits:
             return None
-        return self.projection(_layer_norm(call, self.ln, x))
+        logits = np.empty((rows, self.projection.n), _F32)
+        ln_w, ln_b, eps = self.ln
+        call("ln_logits_step", rows, d, self.projection.n, x, ln_w, ln_b, eps,
+             *self.projection.matrix, self._work(rows * d), logits)
+        return logits
+
+    def _work(self, floats: int) -> np.ndarray:
+        """The activations buffer of the fused steps (grown, never shrunk)."""
+        if self._work_buffer is None or self._work_buffer.size < floats:
+            self._work_buffer = np.empty(floats, _F32)
+        return self._work_buffer[:floats]
 
 
 # -- LLaMA ----------------------------------------------------------------------------------------
 class _QLinear:
-    """y = x W^T for a QMatMul: each of its GGML tensors (a fused QKV may hold three) straight
-    from its blocks into its slice of the output, or f32 weights through gemm_f32."""
+    """A QMatMul as the fused steps take it: its stored pieces (a fused QKV may hold three GGML
+    tensors) as (type, rows, array), type 0 f32 rows, 1 f16 bits, else a GGML type id."""
 
-    def __init__(self, call, qmatmul, types: frozenset):
-        self.call = call
+    def __init__(self, qmatmul, types: frozenset, max_pieces: int):
         self.pieces = []
         if qmatmul.is_quantized:
-            offset = 0
             for qtensor in qmatmul.qweights:
                 kind = int(qtensor.dtype)
-                if kind not in types:
-                    raise _Unfit
                 n, k = qtensor.shape
-                self.pieces.append((kind, offset, n, k, np.asarray(qtensor.data)))
-                offset += n
-            self.n, self.k = offset, self.pieces[0][3]
+                data = np.asarray(qtensor.data)
+                if kind == _GGML_F16:
+                    data = data.view(np.uint16)
+                elif kind not in types:
+                    raise _Unfit
+                self.pieces.append((kind, n, data))
         else:
-            self.weight = _f32(qmatmul.weight)
-            self.n, self.k = self.weight.shape
+            weight = _f32(qmatmul.weight)
+            self.pieces.append((0, weight.shape[0], weight))
+        if len(self.pieces) > max_pieces:
+            raise _Unfit
+        self.n = sum(rows for _, rows, _ in self.pieces)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x [k] -> [n]."""
-        out = np.empty((1, self.n), _F32)
-        if not self.pieces:
-            self.call("gemm_f32", 1, 1, self.n, self.k, x, 0, self.k, 1, self.weight, 0, 1,
-                      self.k, out, 0, self.n, 0.0)
-            return out[0]
-        for kind, offset, n, k, blocks in self.pieces:
-            self.call("linear_q", kind, 1, n, k, x, k, blocks, out[0, offset:offset + n], n)
-        return out[0]
+    def slots(self, count: int) -> tuple:
+        """(type, rows, array) x count, absent pieces as (0, 0, None)."""
+        padded = self.pieces + [(0, 0, None)] * (count - len(self.pieces))
+        return tuple(value for piece in padded for value in piece)
+
+    @property
+    def single(self) -> tuple:
+        """(type, array) of a one-piece matrix."""
+        kind, _, array = self.pieces[0]
+        return kind, array
+
+
+_GGML_F16 = 1
 
 
 class LlamaDecoderStep:
-    """`llama.decoder_step` on the wasm kernels: one token of batch 1 through every block."""
+    """`llama.decoder_step` on the wasm kernels: one token of batch 1, one call per block."""
 
     def __init__(self, backend, weights: parts.LlamaDecoderWeights):
-        self.call = call = backend.host.call
+        self.call = backend.host.call
         types = frozenset(wasm_abi.LINEAR_Q_TYPES)
         self.w = weights
         self.layers = []
         for layer in weights.layers:
             self.layers.append((
                 _f32(layer.attn_norm).reshape(-1), _f32(layer.mlp_norm).reshape(-1),
-                float(layer.eps), _QLinear(call, layer.qkv, types), _QLinear(call, layer.out, types),
-                _QLinear(call, layer.gate_up, types), _QLinear(call, layer.down, types)))
+                float(layer.eps), _QLinear(layer.qkv, types, 3), _QLinear(layer.out, types, 1),
+                _QLinear(layer.gate_up, types, 2), _QLinear(layer.down, types, 1)))
         self.norm = _f32(weights.norm).reshape(-1)
-        self.head = _QLinear(call, weights.lm_head, types)
+        self.head = _QLinear(weights.lm_head, types, 1)
         self.scale = 1.0 / math.sqrt(weights.head_dim)
+        hd, nh, nkv = weights.head_dim, weights.num_heads, weights.num_kv_heads
+        d = self.norm.shape[0]
+        ffn = self.layers[0][5].n // 2
+        self.ffn = ffn
+        self.work = np.empty(d + (nh + 2 * nkv) * hd + nh * hd + 3 * ffn, _F32)
 
     @staticmethod
     def build(backend, weights):
@@ -356,38 +384,19 @@ class LlamaDecoderStep:
     def __call__(self, x: np.ndarray, pos: int, caches, cos: np.ndarray, sin: np.ndarray):
         call = self.call
         w = self.w
-        hd, nh, nkv = w.head_dim, w.num_heads, w.num_kv_heads
-        q_size, kv_size = nh * hd, nkv * hd
-        n_rep = nh // nkv
-        x = np.array(x, dtype=_F32).reshape(1, -1)
-        d = x.shape[1]
-        h = np.empty_like(x)
-        cos_row = np.ascontiguousarray(cos[pos:pos + 1])
-        sin_row = np.ascontiguousarray(sin[pos:pos + 1])
+        x = np.array(x, dtype=_F32).reshape(-1)
+        d = x.shape[0]
         interleaved = 1 if w.rope_interleaved else 0
         for (attn_norm, mlp_norm, eps, qkv, out, gate_up, down), (keys, values) in zip(
                 self.layers, caches):
-            call("rms_norm_rows", 1, d, x, attn_norm, eps, h)
-            projected = qkv(h[0])  # [q | k | v]
-            qk = projected[:q_size + kv_size]
-            # q heads then k heads, each [1, hd]: one rope call over nh + nkv "rows".
-            call("rope_f32", interleaved, nh + nkv, 1, hd, qk, cos_row, sin_row, qk)
-            capacity = keys.shape[1]
-            keys[:, pos, :] = qk[q_size:].reshape(nkv, hd)
-            values[:, pos, :] = projected[q_size + kv_size:].reshape(nkv, hd)
-            attended = np.empty(q_size, _F32)
-            # Grouped queries: the n_rep query heads of a kv head are n_rep query rows of it.
-            call("attention_f32", nkv, n_rep, pos + 1, hd, projected, n_rep * hd, keys,
-                 capacity * hd, values, capacity * hd, None, 0, self.scale, attended, n_rep * hd)
-            x += out(attended)
-            call("rms_norm_rows", 1, d, x, mlp_norm, eps, h)
-            gu = gate_up(h[0])
-            ffn = gu.shape[0] // 2
-            act = np.empty(ffn, _F32)
-            call("silu_mul", ffn, gu[:ffn], gu[ffn:], act)
-            x += down(act)
-        call("rms_norm_rows", 1, d, x, self.norm, w.norm_eps, h)
-        return self.head(h[0])
+            call("llama_block_step", d, w.num_heads, w.num_kv_heads, w.head_dim, self.ffn,
+                 interleaved, pos, keys.shape[1], self.scale, x, self.work, attn_norm,
+                 mlp_norm, eps, *qkv.slots(3), *out.single, *gate_up.slots(2), *down.single,
+                 keys, values, cos, sin)
+        logits = np.empty(self.head.n, _F32)
+        call("rms_logits_step", d, self.head.n, x, self.norm, w.norm_eps, *self.head.single,
+             self.work[:d], logits)
+        return logits
 
 
 def register() -> None:
