@@ -52,7 +52,8 @@ async function start() {
   env.allowRemoteModels = false;
   env.allowLocalModels = true;
   env.localModelPath = LOCAL_MODELS_URL;
-  // The Cache API as a user gets it: the first page of a model is cold, later ones read it.
+  // The Cache API as a user gets it (bench/browser.py gives each page a fresh profile, so the
+  // files are fetched and written to it: a cold load, like candle-web's first load).
   env.useBrowserCache = true;
   const wasm = env.backends.onnx.wasm;
   // The files transformers.js takes from the CDN by default (its asyncify build), locally.

@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def load_exporter():
-    spec = importlib.util.spec_from_file_location("export_onnx", REPO / "scripts" / "export_onnx.py")
+    path = REPO / "scripts" / "export_onnx.py"
+    spec = importlib.util.spec_from_file_location("export_onnx", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
