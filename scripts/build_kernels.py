@@ -34,7 +34,7 @@ COMMON_FLAGS = [
     "--target=wasm32-freestanding", "-O3", "-msimd128", "-nostdlib",
     # No libc calls behind our back (a loop turned into memset would be an import), and no
     # contraction of a * b + c into FMA: dequantization must round as the numpy reference.
-    "-fno-builtin", "-ffp-contract=off", "-g0", "-Wl,--strip-debug",
+    "-fno-builtin", "-ffp-contract=off", "-g0",
     "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-Wno-unused-function",
     "-Wl,--no-entry", "-Wl,--import-memory",
 ]
@@ -77,12 +77,14 @@ def digest(files, flags, version) -> str:
     return h.hexdigest()
 
 
-def compile_module(name: str, flags, files, out: Path) -> None:
+def compile_module(name: str, flags, files, out: Path) -> str | None:
+    """Compile to `out`; the compiler's message on failure."""
     c_files = [str(f) for f in files if f.suffix == ".c"]
     cmd = zig_command() + ["cc"] + flags + ["-I", str(SOURCE_DIR), "-o", str(out)] + c_files
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        sys.exit(f"build_kernels: zig cc failed for {name}:\n{done.stderr or done.stdout}")
+        return done.stderr or done.stdout or f"zig cc exited with {done.returncode}"
+    return None
 
 
 def main(argv=None) -> int:
@@ -113,14 +115,19 @@ def main(argv=None) -> int:
         else:
             start = time.perf_counter()
             tmp = out.with_suffix(".tmp.wasm")
-            compile_module(name, flags, files, tmp)
-            problems = wasm_check.check_kernel_module(tmp.read_bytes(), signatures)
-            if problems:
-                tmp.unlink()
+            error = compile_module(name, flags, files, tmp)
+            problems = [] if error else wasm_check.check_kernel_module(tmp.read_bytes(), signatures)
+            if error or problems:
+                # A stale module must not stand in for sources that do not build.
+                for path in (tmp, out):
+                    path.unlink(missing_ok=True)
                 stamps.pop(name, None)
-                print(f"build_kernels: {name} FAILED the module check:", file=sys.stderr)
-                for p in problems:
-                    print(f"  - {p}", file=sys.stderr)
+                if error:
+                    print(f"build_kernels: zig cc FAILED for {name}:\n{error}", file=sys.stderr)
+                else:
+                    print(f"build_kernels: {name} FAILED the module check:", file=sys.stderr)
+                    for p in problems:
+                        print(f"  - {p}", file=sys.stderr)
                 failed = True
                 continue
             tmp.replace(out)

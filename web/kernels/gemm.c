@@ -322,7 +322,7 @@ static const float *contiguous_rows(int rows, int K, const float *X, int x_rs, i
 
 #define GEMV_MAX_M 4
 
-static void gemm_matrix(int M, int N, int K, const float *A, int a_rs, int a_cs, const float *B,
+void gemm_2d(int M, int N, int K, const float *A, int a_rs, int a_cs, const float *B,
                         int b_rs, int b_cs, float *C, int c_rs, int beta, uint8_t *scratch) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
@@ -359,6 +359,6 @@ KERNEL void gemm_f32(int batch, int M, int N, int K, const float *A, int a_bs, i
                      int c_rs, float beta, uint8_t *scratch) {
     int accumulate = beta != 0.0f;
     for (int b = 0; b < batch; b++)
-        gemm_matrix(M, N, K, A + b * a_bs, a_rs, a_cs, B + b * b_bs, b_rs, b_cs,
+        gemm_2d(M, N, K, A + b * a_bs, a_rs, a_cs, B + b * b_bs, b_rs, b_cs,
                     C + b * c_bs, c_rs, accumulate, scratch);
 }

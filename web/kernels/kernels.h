@@ -70,24 +70,46 @@ INLINE float nan_max(float a, float b) {
     return a > b ? a : b;
 }
 
+/* Subnormal operands or results cost x86 a microcode assist (~100+ cycles per instruction;
+ * wasm engines never set flush-to-zero), so the conversions and exp() below never multiply a
+ * subnormal and only produce one when the true result is one. */
+
 /* IEEE half bits -> f32, exact (subnormals, inf and NaN payloads included). */
 INLINE float half_to_f32(uint32_t h) {
     uint32_t sign = (h & 0x8000u) << 16;
-    uint32_t em = (h & 0x7fffu) << 13;
-    float f = bits_to_f32(em) * 0x1p112f; /* exact: rebias the exponent, scale subnormals */
-    uint32_t bits = f32_to_bits(f);
-    if (em >= (0x7c00u << 13)) bits |= 0x7f800000u; /* inf / NaN: exponent all ones */
-    return bits_to_f32(bits | sign);
+    uint32_t em = h & 0x7fffu;
+    if (em - 0x0400u < 0x7800u) /* normal (exponent 1..30): rebias the exponent by 112 */
+        return bits_to_f32(((em << 13) + 0x38000000u) | sign);
+    if (em < 0x0400u) /* zero or subnormal: m * 2^-24, exact */
+        return bits_to_f32(f32_to_bits((float)em * 0x1p-24f) | sign);
+    return bits_to_f32(((em << 13) + 0x70000000u) | sign); /* inf / NaN (payload kept) */
 }
 
-/* Four halves (each sign-extended into an i32 lane) -> four f32, the same formula. */
+/* Four halves (each sign-extended into an i32 lane) -> four f32, exact for every pattern. */
 INLINE f32x4 half4_to_f32(v128_t h) {
     v128_t sign = wasm_v128_and(h, I4((int32_t)0x80000000));
-    v128_t em = wasm_v128_and(wasm_i32x4_shl(h, 13), I4(0x0fffe000));
-    v128_t f = wasm_f32x4_mul(em, F4(0x1p112f));
-    v128_t infnan = wasm_i32x4_gt(em, I4(0x0f7fffff));
-    return wasm_v128_or(wasm_v128_or(f, wasm_v128_and(infnan, I4(0x7f800000))), sign);
+    v128_t em = wasm_v128_and(h, I4(0x7fff));
+    v128_t exponent = wasm_v128_and(h, I4(0x7c00));
+    v128_t bias = wasm_v128_bitselect(I4(0x70000000), I4(0x38000000),
+                                      wasm_i32x4_eq(exponent, I4(0x7c00)));
+    v128_t normal = wasm_i32x4_add(wasm_i32x4_shl(em, 13), bias);
+    v128_t small = wasm_f32x4_mul(wasm_f32x4_convert_i32x4(em), F4(0x1p-24f));
+    v128_t bits = wasm_v128_bitselect(small, normal, wasm_i32x4_eq(exponent, I4(0)));
+    return wasm_v128_or(bits, sign);
 }
+
+/* Eight halves (i16 lanes), all normal (exponent 1..30) -> f32 lanes 0-3 and 4-7: the f32
+ * bits are built in 16-bit halves (high: sign | exponent + 112 | 7 mantissa bits, low:
+ * 3 mantissa bits << 13) and interleaved; integer operations only. em = h & 0x7fff. */
+#define HALF8_NORMAL_TO_F32(h, em, lo4, hi4)                                           \
+    do {                                                                                \
+        v128_t top_ = wasm_v128_or(wasm_i16x8_add(wasm_u16x8_shr(em, 3),                \
+                                                  wasm_i16x8_splat(0x3800)),            \
+                                   wasm_v128_and(h, wasm_i16x8_splat((int16_t)0x8000))); \
+        v128_t bottom_ = wasm_i16x8_shl(h, 13);                                         \
+        lo4 = wasm_i16x8_shuffle(bottom_, top_, 0, 8, 1, 9, 2, 10, 3, 11);              \
+        hi4 = wasm_i16x8_shuffle(bottom_, top_, 4, 12, 5, 13, 6, 14, 7, 15);            \
+    } while (0)
 
 /* (sum a0, sum a1, sum a2, sum a3) */
 INLINE f32x4 hsum4(f32x4 a0, f32x4 a1, f32x4 a2, f32x4 a3) {
@@ -136,18 +158,24 @@ INLINE f32x4 keep_low_lanes(f32x4 v, int rem) {
 /* ---- exp: exp(x) = 2^n * e^r, n = nearest(x / ln 2), |r| <= ln2 / 2 ------------------------
  * r = x - n ln2 in two steps (Cody-Waite: ln2_hi has 9 significant bits, so n * ln2_hi is
  * exact for |n| < 2^15); e^r = 1 + (r + r^2 P(r)) with P a degree-4 least-squares fit of
- * (e^r - 1 - r) / r^2 (relative error 1e-8 before rounding). 2^n is applied as two factors
- * 2^(n>>1) 2^(n - (n>>1)), so results near overflow and gradual underflow (subnormals) round
- * once and correctly. x is clamped to [-110, 89] first: exp(89) overflows to inf, exp(-110)
- * rounds to 0; the clamp (f32x4.min/max) keeps NaN. Accuracy: README.md (tested). */
+ * (e^r - 1 - r) / r^2 (relative error 1e-8 before rounding).
+ * Results in the normal range (x in [-87.33, 88]) take one scaling by 2^n. A vector with a
+ * lane outside takes the wide path: 2^n applied as two factors 2^(n>>1) 2^(n - (n>>1)), so
+ * results near overflow and gradual underflow (subnormals) round once and correctly; lanes
+ * below -104 (exp rounds to 0) are computed from 0 and zeroed, so a -inf mask costs no
+ * subnormal arithmetic. NaN lanes stay NaN (min/max propagate it; comparisons are false).
+ * Accuracy: README.md (tested). */
 #define EXP_LN2_HI 0.693359375f
 #define EXP_LN2_LO -2.12194440e-4f
 #define EXP_LOG2E 1.44269504f
+#define EXP_NORMAL_LO -87.33f /* exp(x) >= FLT_MIN above */
+#define EXP_NORMAL_HI 88.0f   /* n <= 127 below */
+#define EXP_ZERO_BELOW -104.0f /* exp(-104) < 2^-150: rounds to 0 */
 
 INLINE f32x4 pow2i(v128_t n) { return wasm_i32x4_shl(wasm_i32x4_add(n, I4(127)), 23); }
 
-INLINE f32x4 vexp(f32x4 x) {
-    x = wasm_f32x4_max(wasm_f32x4_min(x, F4(89.0f)), F4(-110.0f));
+/* e^r and n for x: y = e^r (r reduced), *n_out = n as integers. */
+INLINE f32x4 exp_reduced(f32x4 x, v128_t *n_out) {
     f32x4 n = wasm_f32x4_nearest(wasm_f32x4_mul(x, F4(EXP_LOG2E)));
     f32x4 r = wasm_f32x4_sub(x, wasm_f32x4_mul(n, F4(EXP_LN2_HI)));
     r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, F4(EXP_LN2_LO)));
@@ -157,11 +185,28 @@ INLINE f32x4 vexp(f32x4 x) {
     p = FMA(p, r, F4(1.666651815e-01f));
     p = FMA(p, r, F4(4.999998808e-01f));
     f32x4 r2 = wasm_f32x4_mul(r, r);
-    f32x4 y = wasm_f32x4_add(F4(1.0f), FMA(r2, p, r));
-    v128_t ni = wasm_i32x4_trunc_sat_f32x4(n); /* NaN -> 0: y is already NaN */
+    *n_out = wasm_i32x4_trunc_sat_f32x4(n); /* NaN -> 0: the result is NaN anyway */
+    return wasm_f32x4_add(F4(1.0f), FMA(r2, p, r));
+}
+
+__attribute__((noinline)) static f32x4 vexp_wide(f32x4 x) {
+    v128_t zero = wasm_f32x4_lt(x, F4(EXP_ZERO_BELOW));
+    f32x4 xs = wasm_f32x4_min(wasm_v128_andnot(x, zero), F4(89.0f)); /* exp(89) = inf */
+    v128_t ni;
+    f32x4 y = exp_reduced(xs, &ni);
     v128_t n1 = wasm_i32x4_shr(ni, 1);
     y = wasm_f32x4_mul(y, pow2i(n1));
-    return wasm_f32x4_mul(y, pow2i(wasm_i32x4_sub(ni, n1)));
+    y = wasm_f32x4_mul(y, pow2i(wasm_i32x4_sub(ni, n1)));
+    return wasm_v128_andnot(y, zero);
+}
+
+INLINE f32x4 vexp(f32x4 x) {
+    v128_t outside = wasm_v128_or(wasm_f32x4_lt(x, F4(EXP_NORMAL_LO)),
+                                  wasm_f32x4_gt(x, F4(EXP_NORMAL_HI)));
+    if (__builtin_expect(wasm_v128_any_true(outside), 0)) return vexp_wide(x);
+    v128_t ni;
+    f32x4 y = exp_reduced(x, &ni);
+    return wasm_f32x4_mul(y, pow2i(ni));
 }
 
 INLINE float sexp(float x) { return wasm_f32x4_extract_lane(vexp(F4(x)), 0); }
@@ -256,5 +301,9 @@ INLINE float slog(float xf) {
  * one matrix, any strides, blocked and packed in scratch (uses [0, SCRATCH_DEQ)). */
 void gemm_one(int M, int N, int K, const float *A, int a_rs, int a_cs, const float *B,
               int b_rs, int b_cs, float *C, int c_rs, int beta, uint8_t *scratch);
+/* The same, choosing the GEMV / strip / packed path by shape (what gemm_f32 runs per batch);
+ * uses [0, SCRATCH_DEQ) of scratch. */
+void gemm_2d(int M, int N, int K, const float *A, int a_rs, int a_cs, const float *B, int b_rs,
+             int b_cs, float *C, int c_rs, int beta, uint8_t *scratch);
 
 #endif

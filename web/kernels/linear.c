@@ -6,10 +6,11 @@
  * (d * sc) * q - dmin * mn, multiplications and additions kept separate), only the dot product
  * is free to use FMA and its own summation order. x is never quantized.
  *
- * Decode (M <= LINEAR_ROWS_MAX_M): weights are dequantized 32 at a time into registers and
- * multiplied with up to 4 rows of X at once, so each weight is read from memory once per 4 rows.
- * Prompts (larger M): a tile of weight rows is dequantized into scratch as f32 once and
- * multiplied by the GEMM (gemm.c), which then runs at compute speed.
+ * Decode (one row of X; up to 8 for the 32-element types, see rows_path_max_m): weights are
+ * dequantized 32 at a time into registers and multiplied with up to 4 rows of X at once, so each
+ * weight is read from memory once per 4 rows. More rows (prompts, beams): a tile of weight rows
+ * is dequantized into scratch as f32 once and multiplied by the GEMM (gemm.c: its GEMV path for
+ * up to 4 rows, the packed GEMM above), which then runs at cache or compute speed.
  */
 #include "kernels.h"
 
@@ -20,10 +21,16 @@ enum {
     T_F16 = 1 /* internal: linear_f16 shares the code, 32 halves a "block" */
 };
 
-#define LINEAR_ROWS_MAX_M 8  /* measured: above it the dequantize-once tile + GEMM is faster */
-
 INLINE int block_elems(int type) {
     return (type >= T_Q2_K && type <= T_Q6_K) ? 256 : 32;
+}
+
+/* Up to this many rows of X go through the register path (4 rows per pass), more through the
+ * tile + GEMM. Measured in V8 (Node 20, CPU time): for the 32-element types the register path
+ * wins up to 8 rows; for the k-quants and f16, whose dequantization needs more registers, the
+ * tile wins from 2 rows on. */
+INLINE int rows_path_max_m(const int type) {
+    return (type == T_F16 || block_elems(type) == 256) ? 1 : 8;
 }
 
 INLINE int block_bytes(int type) {
@@ -150,13 +157,46 @@ INLINE int k4_min(const uint8_t *sc, int g) {
     return g < 4 ? (sc[g + 4] & 63) : ((sc[g + 4] >> 4) | ((sc[g] >> 6) << 4));
 }
 
-/* Weights 32g .. 32g+31 of one block of `type` (g < block_elems / 32). */
-INLINE vec8 dq32(const int type, const uint8_t *blk, int g) {
+/* A block's f16 super-scales, decoded once per block: (d, m) or (d, dmin). */
+typedef struct { float d, m; } block_scales;
+
+INLINE block_scales scales_of(const int type, const uint8_t *blk) {
+    block_scales s = {0.0f, 0.0f};
+    switch (type) {
+    case T_Q4_0: case T_Q5_0: case T_Q8_0: s.d = f16_at(blk); break;
+    case T_Q4_1: case T_Q5_1: case T_Q4_K: case T_Q5_K:
+        s.d = f16_at(blk);
+        s.m = f16_at(blk + 2);
+        break;
+    case T_Q2_K: s.d = f16_at(blk + 80); s.m = f16_at(blk + 82); break;
+    case T_Q3_K: s.d = f16_at(blk + 108); break;
+    case T_Q6_K: s.d = f16_at(blk + 208); break;
+    default: break;
+    }
+    return s;
+}
+
+/* Weights 32g .. 32g+31 of one block of `type` (g < block_elems / 32), sc = scales_of(blk). */
+INLINE vec8 dq32(const int type, const uint8_t *blk, int g, block_scales sc) {
     const v128_t low_nibble = wasm_i8x16_splat(0x0F);
     switch (type) {
-    case T_F16: { /* blk points at the group's 32 halves; g is unused */
+    case T_F16: { /* blk points at the group's 32 halves; g and sc are unused */
         v128_t h0 = LOAD(blk), h1 = LOAD(blk + 16), h2 = LOAD(blk + 32), h3 = LOAD(blk + 48);
+        v128_t mag = wasm_i16x8_splat(0x7fff);
+        v128_t e0 = wasm_v128_and(h0, mag), e1 = wasm_v128_and(h1, mag);
+        v128_t e2 = wasm_v128_and(h2, mag), e3 = wasm_v128_and(h3, mag);
+        v128_t top = wasm_u16x8_max(wasm_u16x8_max(e0, e1), wasm_u16x8_max(e2, e3));
+        v128_t bottom = wasm_u16x8_min(wasm_u16x8_min(e0, e1), wasm_u16x8_min(e2, e3));
         vec8 w;
+        if (!wasm_v128_any_true(wasm_v128_or(wasm_u16x8_ge(top, wasm_i16x8_splat(0x7c00)),
+                                             wasm_u16x8_lt(bottom, wasm_i16x8_splat(0x0400))))) {
+            HALF8_NORMAL_TO_F32(h0, e0, w.v0, w.v1);
+            HALF8_NORMAL_TO_F32(h1, e1, w.v2, w.v3);
+            HALF8_NORMAL_TO_F32(h2, e2, w.v4, w.v5);
+            HALF8_NORMAL_TO_F32(h3, e3, w.v6, w.v7);
+            return w;
+        }
+        /* a zero, subnormal, inf or NaN among the 32: the general conversion */
         w.v0 = half4_to_f32(wasm_i32x4_extend_low_i16x8(h0));
         w.v1 = half4_to_f32(wasm_i32x4_extend_high_i16x8(h0));
         w.v2 = half4_to_f32(wasm_i32x4_extend_low_i16x8(h1));
@@ -171,12 +211,12 @@ INLINE vec8 dq32(const int type, const uint8_t *blk, int g) {
         v128_t qs = LOAD(blk + 2), eight = wasm_i8x16_splat(8);
         v128_t lo = wasm_i8x16_sub(wasm_v128_and(qs, low_nibble), eight);
         v128_t hi = wasm_i8x16_sub(wasm_u8x16_shr(qs, 4), eight);
-        return scale8(from_i8(lo, hi), F4(f16_at(blk)));
+        return scale8(from_i8(lo, hi), F4(sc.d));
     }
     case T_Q4_1: {
         v128_t qs = LOAD(blk + 4);
         vec8 w = from_u8(wasm_v128_and(qs, low_nibble), wasm_u8x16_shr(qs, 4));
-        return mul_add8(w, F4(f16_at(blk)), F4(f16_at(blk + 2)));
+        return mul_add8(w, F4(sc.d), F4(sc.m));
     }
     case T_Q5_0: {
         uint32_t qh = u32_at(blk + 2);
@@ -184,17 +224,17 @@ INLINE vec8 dq32(const int type, const uint8_t *blk, int g) {
         v128_t lo = wasm_v128_or(wasm_v128_and(qs, low_nibble), q5_high_bits(qh, 0));
         v128_t hi = wasm_v128_or(wasm_u8x16_shr(qs, 4), q5_high_bits(qh, 16));
         return scale8(from_i8(wasm_i8x16_sub(lo, sixteen), wasm_i8x16_sub(hi, sixteen)),
-                      F4(f16_at(blk)));
+                      F4(sc.d));
     }
     case T_Q5_1: {
         uint32_t qh = u32_at(blk + 4);
         v128_t qs = LOAD(blk + 8);
         v128_t lo = wasm_v128_or(wasm_v128_and(qs, low_nibble), q5_high_bits(qh, 0));
         v128_t hi = wasm_v128_or(wasm_u8x16_shr(qs, 4), q5_high_bits(qh, 16));
-        return mul_add8(from_u8(lo, hi), F4(f16_at(blk)), F4(f16_at(blk + 2)));
+        return mul_add8(from_u8(lo, hi), F4(sc.d), F4(sc.m));
     }
     case T_Q8_0:
-        return scale8(from_i8(LOAD(blk + 2), LOAD(blk + 18)), F4(f16_at(blk)));
+        return scale8(from_i8(LOAD(blk + 2), LOAD(blk + 18)), F4(sc.d));
     case T_Q2_K: {
         /* element 128h + 32j + l: (qs[32h + l] >> 2j) & 3; scale/min byte per 16 elements */
         int h = g >> 2, j = g & 3;
@@ -202,7 +242,7 @@ INLINE vec8 dq32(const int type, const uint8_t *blk, int g) {
         v128_t three = wasm_i8x16_splat(3);
         v128_t lo = wasm_v128_and(wasm_u8x16_shr(LOAD(qs), 2 * j), three);
         v128_t hi = wasm_v128_and(wasm_u8x16_shr(LOAD(qs + 16), 2 * j), three);
-        float d = f16_at(blk + 80), dmin = f16_at(blk + 82);
+        float d = sc.d, dmin = sc.m;
         int sa = blk[2 * g], sb = blk[2 * g + 1];
         return affine8(from_u8(lo, hi), F4(d * (float)(sa & 0x0F)), F4(dmin * (float)(sa >> 4)),
                        F4(d * (float)(sb & 0x0F)), F4(dmin * (float)(sb >> 4)));
@@ -219,10 +259,10 @@ INLINE vec8 dq32(const int type, const uint8_t *blk, int g) {
         v128_t m_hi = wasm_i8x16_eq(wasm_v128_and(LOAD(blk + 16), bit), wasm_i8x16_splat(0));
         lo = wasm_i8x16_sub(lo, wasm_v128_and(m_lo, four));
         hi = wasm_i8x16_sub(hi, wasm_v128_and(m_hi, four));
-        float d = f16_at(blk + 108);
-        const uint8_t *sc = blk + 96;
+        const uint8_t *packed = blk + 96;
         vec8 w = from_i8(lo, hi);
-        f32x4 da = F4(d * (float)q3k_scale(sc, 2 * g)), db = F4(d * (float)q3k_scale(sc, 2 * g + 1));
+        f32x4 da = F4(sc.d * (float)q3k_scale(packed, 2 * g));
+        f32x4 db = F4(sc.d * (float)q3k_scale(packed, 2 * g + 1));
         w.v0 = wasm_f32x4_mul(da, w.v0); w.v1 = wasm_f32x4_mul(da, w.v1);
         w.v2 = wasm_f32x4_mul(da, w.v2); w.v3 = wasm_f32x4_mul(da, w.v3);
         w.v4 = wasm_f32x4_mul(db, w.v4); w.v5 = wasm_f32x4_mul(db, w.v5);
@@ -247,9 +287,9 @@ INLINE vec8 dq32(const int type, const uint8_t *blk, int g) {
             lo = wasm_v128_or(lo, wasm_i8x16_shl(wasm_v128_and(wasm_u8x16_shr(LOAD(blk + 16), g), one), 4));
             hi = wasm_v128_or(hi, wasm_i8x16_shl(wasm_v128_and(wasm_u8x16_shr(LOAD(blk + 32), g), one), 4));
         }
-        const uint8_t *sc = blk + 4;
-        f32x4 ds = F4(f16_at(blk) * (float)k4_scale(sc, g));
-        f32x4 dm = F4(f16_at(blk + 2) * (float)k4_min(sc, g));
+        const uint8_t *packed = blk + 4;
+        f32x4 ds = F4(sc.d * (float)k4_scale(packed, g));
+        f32x4 dm = F4(sc.m * (float)k4_min(packed, g));
         return affine8(from_u8(lo, hi), ds, dm, ds, dm);
     }
     case T_Q6_K: {
@@ -271,9 +311,8 @@ INLINE vec8 dq32(const int type, const uint8_t *blk, int g) {
         v128_t h1 = wasm_i8x16_shl(wasm_v128_and(wasm_u8x16_shr(LOAD(qh + 16), 2 * j), three), 4);
         vec8 w = from_i8(wasm_i8x16_sub(wasm_v128_or(l0, h0), bias),
                          wasm_i8x16_sub(wasm_v128_or(l1, h1), bias));
-        float d = f16_at(blk + 208);
-        const int8_t *sc = (const int8_t *)(blk + 192);
-        f32x4 da = F4(d * (float)sc[2 * g]), db = F4(d * (float)sc[2 * g + 1]);
+        const int8_t *scale = (const int8_t *)(blk + 192);
+        f32x4 da = F4(sc.d * (float)scale[2 * g]), db = F4(sc.d * (float)scale[2 * g + 1]);
         w.v0 = wasm_f32x4_mul(da, w.v0); w.v1 = wasm_f32x4_mul(da, w.v1);
         w.v2 = wasm_f32x4_mul(da, w.v2); w.v3 = wasm_f32x4_mul(da, w.v3);
         w.v4 = wasm_f32x4_mul(db, w.v4); w.v5 = wasm_f32x4_mul(db, w.v5);
@@ -286,13 +325,6 @@ INLINE vec8 dq32(const int type, const uint8_t *blk, int g) {
         return w;
     }
     }
-}
-
-/* Group `grp` (32 weights) of a row: block grp / G, sub-group grp % G. */
-INLINE vec8 row_group(const int type, const uint8_t *row, int grp) {
-    if (type == T_F16) return dq32(type, row + 64 * grp, 0);
-    if (block_elems(type) == 32) return dq32(type, row + block_bytes(type) * grp, 0);
-    return dq32(type, row + block_bytes(type) * (grp >> 3), grp & 7);
 }
 
 INLINE f32x4 dot8(vec8 w, const float *x, f32x4 acc) {
@@ -310,6 +342,14 @@ INLINE f32x4 dot8_odd(vec8 w, const float *x, f32x4 acc) {
     return acc;
 }
 
+/* Elements per block and bytes per block as the row loops see them: f16 rows are walked in
+ * "blocks" of 32 halves (the K % 32 tail separately). */
+INLINE int loop_block_elems(const int type) { return type == T_F16 ? 32 : block_elems(type); }
+INLINE int loop_block_bytes(const int type) { return type == T_F16 ? 64 : block_bytes(type); }
+INLINE int row_bytes_of(const int type, int K) {
+    return type == T_F16 ? 2 * K : (K / block_elems(type)) * block_bytes(type);
+}
+
 /* The f16 tail (K % 32 weights) of one row, one x row. */
 static float f16_tail_dot(const uint8_t *row, int k0, int K, const float *x) {
     float s = 0.0f;
@@ -318,65 +358,86 @@ static float f16_tail_dot(const uint8_t *row, int k0, int K, const float *x) {
     return s;
 }
 
-/* Y[r, n] = X[r, :] . W[n, :] for r < R (R = 1..4 rows of X at once), n < N. */
+/* Y[r, n] = X[r, :] . W[n, :] for r < R (R = 1..4 rows of X at once), n < N. One row of X
+ * keeps two accumulators (two FMA chains); more rows keep one each, so that the 8 weight
+ * vectors and the accumulators stay within the 16 SIMD registers of x86. */
 INLINE void linear_rows(const int type, const int R, int N, int K, const float *X, int x_rs,
                         const uint8_t *W, float *Y, int y_rs) {
-    const int groups = K / 32;
-    const int row_bytes = type == T_F16 ? 2 * K : (K / block_elems(type)) * block_bytes(type);
+    const int be = loop_block_elems(type), bb = loop_block_bytes(type), G = be / 32;
+    const int nb = K / be, row_bytes = row_bytes_of(type, K);
     const float *x0 = X, *x1 = X + x_rs, *x2 = X + 2 * x_rs, *x3 = X + 3 * x_rs;
     for (int n = 0; n < N; n++) {
         const uint8_t *row = W + n * row_bytes;
-        f32x4 a0 = F4(0), b0 = F4(0), a1 = F4(0), b1 = F4(0);
-        f32x4 a2 = F4(0), b2 = F4(0), a3 = F4(0), b3 = F4(0);
-        for (int grp = 0; grp < groups; grp++) {
-            vec8 w = row_group(type, row, grp);
-            int k = 32 * grp;
-            a0 = dot8(w, x0 + k, a0);
-            b0 = dot8_odd(w, x0 + k, b0);
-            if (R > 1) { a1 = dot8(w, x1 + k, a1); b1 = dot8_odd(w, x1 + k, b1); }
-            if (R > 2) { a2 = dot8(w, x2 + k, a2); b2 = dot8_odd(w, x2 + k, b2); }
-            if (R > 3) { a3 = dot8(w, x3 + k, a3); b3 = dot8_odd(w, x3 + k, b3); }
+        f32x4 a0 = F4(0), b0 = F4(0), a1 = F4(0), a2 = F4(0), a3 = F4(0);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            block_scales sc = scales_of(type, blk);
+            if (R == 1) {
+                /* unrolled: the k-quants' shifts and branches on g become constants (with
+                 * more rows the unrolled code runs out of registers: measured slower) */
+#pragma clang loop unroll(full)
+                for (int g = 0; g < G; g++) {
+                    vec8 w = dq32(type, blk, g, sc);
+                    int k = b * be + 32 * g;
+                    a0 = dot8(w, x0 + k, a0);
+                    b0 = dot8_odd(w, x0 + k, b0);
+                }
+            } else {
+#pragma clang loop unroll(disable)
+                for (int g = 0; g < G; g++) {
+                    vec8 w = dq32(type, blk, g, sc);
+                    int k = b * be + 32 * g;
+                    a0 = dot8_odd(w, x0 + k, dot8(w, x0 + k, a0));
+                    a1 = dot8_odd(w, x1 + k, dot8(w, x1 + k, a1));
+                    if (R > 2) a2 = dot8_odd(w, x2 + k, dot8(w, x2 + k, a2));
+                    if (R > 3) a3 = dot8_odd(w, x3 + k, dot8(w, x3 + k, a3));
+                }
+            }
         }
-        int tail = type == T_F16 && 32 * groups < K;
+        int k0 = nb * be, tail = type == T_F16 && k0 < K;
         float *y = Y + n;
-        y[0] = hsum(wasm_f32x4_add(a0, b0)) + (tail ? f16_tail_dot(row, 32 * groups, K, x0) : 0.0f);
-        if (R > 1) y[y_rs] = hsum(wasm_f32x4_add(a1, b1)) + (tail ? f16_tail_dot(row, 32 * groups, K, x1) : 0.0f);
-        if (R > 2) y[2 * y_rs] = hsum(wasm_f32x4_add(a2, b2)) + (tail ? f16_tail_dot(row, 32 * groups, K, x2) : 0.0f);
-        if (R > 3) y[3 * y_rs] = hsum(wasm_f32x4_add(a3, b3)) + (tail ? f16_tail_dot(row, 32 * groups, K, x3) : 0.0f);
+        y[0] = hsum(wasm_f32x4_add(a0, b0)) + (tail ? f16_tail_dot(row, k0, K, x0) : 0.0f);
+        if (R > 1) y[y_rs] = hsum(a1) + (tail ? f16_tail_dot(row, k0, K, x1) : 0.0f);
+        if (R > 2) y[2 * y_rs] = hsum(a2) + (tail ? f16_tail_dot(row, k0, K, x2) : 0.0f);
+        if (R > 3) y[3 * y_rs] = hsum(a3) + (tail ? f16_tail_dot(row, k0, K, x3) : 0.0f);
     }
 }
 
 /* Rows [0, rows) of W dequantized into dst (rows x K f32, row-major). */
 INLINE void dequantize_rows(const int type, int rows, int K, const uint8_t *W, float *dst) {
-    const int groups = K / 32;
-    const int row_bytes = type == T_F16 ? 2 * K : (K / block_elems(type)) * block_bytes(type);
+    const int be = loop_block_elems(type), bb = loop_block_bytes(type), G = be / 32;
+    const int nb = K / be, row_bytes = row_bytes_of(type, K);
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = W + n * row_bytes;
         float *out = dst + n * K;
-        for (int grp = 0; grp < groups; grp++) {
-            vec8 w = row_group(type, row, grp);
-            float *o = out + 32 * grp;
-            STORE(o, w.v0); STORE(o + 4, w.v1); STORE(o + 8, w.v2); STORE(o + 12, w.v3);
-            STORE(o + 16, w.v4); STORE(o + 20, w.v5); STORE(o + 24, w.v6); STORE(o + 28, w.v7);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bb;
+            block_scales sc = scales_of(type, blk);
+            for (int g = 0; g < G; g++) {
+                vec8 w = dq32(type, blk, g, sc);
+                float *o = out + b * be + 32 * g;
+                STORE(o, w.v0); STORE(o + 4, w.v1); STORE(o + 8, w.v2); STORE(o + 12, w.v3);
+                STORE(o + 16, w.v4); STORE(o + 20, w.v5); STORE(o + 24, w.v6); STORE(o + 28, w.v7);
+            }
         }
         if (type == T_F16) {
             const uint16_t *h = (const uint16_t *)row;
-            for (int k = 32 * groups; k < K; k++) out[k] = half_to_f32(h[k]);
+            for (int k = nb * be; k < K; k++) out[k] = half_to_f32(h[k]);
         }
     }
 }
 
 INLINE void linear_typed(const int type, int M, int N, int K, const float *X, int x_rs,
                          const uint8_t *W, float *Y, int y_rs, uint8_t *scratch) {
-    const int row_bytes = type == T_F16 ? 2 * K : (K / block_elems(type)) * block_bytes(type);
+    const int row_bytes = row_bytes_of(type, K);
     int tile_rows = (SCRATCH_DEQ_BYTES / 4) / (K > 0 ? K : 1) / GEMM_NR * GEMM_NR;
-    if (M > LINEAR_ROWS_MAX_M && tile_rows >= GEMM_NR) {
+    if (M > rows_path_max_m(type) && tile_rows >= GEMM_NR) {
         float *tile = (float *)(scratch + SCRATCH_DEQ);
         for (int n0 = 0; n0 < N; n0 += tile_rows) {
             int nt = imin(tile_rows, N - n0);
             dequantize_rows(type, nt, K, W + n0 * row_bytes, tile);
             /* Y[:, n0:n0+nt] = X @ tile^T: B[k, n] = tile[n * K + k] */
-            gemm_one(M, nt, K, X, x_rs, 1, tile, 1, K, Y + n0, y_rs, 0, scratch);
+            gemm_2d(M, nt, K, X, x_rs, 1, tile, 1, K, Y + n0, y_rs, 0, scratch);
         }
         return;
     }
