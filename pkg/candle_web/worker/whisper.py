@@ -6,6 +6,11 @@ Audio arrives like the model files: `allocate_samples` hands the worker a float3
 worker copies the page's transferred samples into it, and `compute` reads it in place.
 Natively, tests/ui/native_whisper.py (and bench/browser.py through it) uses
 `transcribe_options` and `transcript_payload` to build the very payload the browser shows.
+
+A run can be one window of a longer recording (the page's live mode): `offset` is where its
+samples start in the recording (added to every segment's times) and `prior` the segments
+already final before it, which the result keeps in front of its own (text, segments and
+exports then cover the whole recording).
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ TRANSCRIBE_OPTION_NAMES = (
 )
 EXPORT_FORMATS = ("txt", "srt", "vtt", "json")
 PROFILE_TOP_FUNCTIONS = 25
+# A prior segment spans at least one timestamp step (20 ms): more than this many cannot come
+# from MAX_AUDIO_SECONDS of audio.
+MAX_PRIOR_SEGMENTS = MAX_AUDIO_SECONDS * 50
 
 
 class WhisperSession(Session):
@@ -58,19 +66,22 @@ class WhisperSession(Session):
         return np.empty(int(count), dtype=np.float32)
 
     def compute(self, model, samples=None, options=None, profile: bool = False,
-                on_event=None) -> dict:
+                offset=None, prior=None, on_event=None) -> dict:
         """Transcribe the samples (bytes-like, float32). on_event(kind, payload) sees
         "language", "window", "token" (with the token's text) and "segment" events.
         profile=True runs under cProfile (slower) and adds the top functions by own time
-        (bench/browser.py)."""
+        (bench/browser.py). offset (seconds) and prior (segment payloads) place the samples
+        in a longer recording (see the module doc)."""
         from candle_web.models.whisper_decode import transcribe
 
         whisper, tokenizer = model
         opts = transcribe_options(options)
+        offset = checked_offset(offset)
+        prior = prior_segments(prior, whisper.config.n_vocab)
         samples = samples_from_buffer(samples)
         digest = hashlib.sha256(samples.tobytes()).hexdigest()
         timed = TimedWhisper(whisper)
-        forward = _event_forwarder(tokenizer, on_event)
+        forward = _event_forwarder(tokenizer, on_event, offset, len(prior))
         profiler = None
         if profile:
             import cProfile
@@ -84,10 +95,12 @@ class WhisperSession(Session):
             if profiler is not None:
                 profiler.disable()
         elapsed_ms = (time.perf_counter() - started) * 1000.0
+        duration = transcript.duration  # of these samples: what the timings are about
+        if offset or prior:
+            transcript = placed_transcript(transcript, tokenizer, offset, prior)
         result = transcript_payload(transcript)
         if profiler is not None:
             result["profile"] = profile_report(profiler)
-        duration = transcript.duration
         result["timings"] = {
             "elapsedMs": elapsed_ms, "audioSeconds": duration,
             "rtf": (elapsed_ms / 1000.0) / duration if duration > 0 else None,
@@ -132,8 +145,81 @@ def samples_from_buffer(buffer) -> np.ndarray:
     return samples
 
 
-def _event_forwarder(tokenizer, on_event):
-    """whisper_decode's events as the page's: segments as payloads, tokens with their text."""
+def checked_offset(offset) -> float:
+    """The samples' start in the recording, in seconds (None: 0)."""
+    if offset is None:
+        return 0.0
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) \
+            or not 0 <= offset <= MAX_AUDIO_SECONDS:
+        raise FormatError(f"transcribe: offset must be a number of seconds from 0 to "
+                          f"{MAX_AUDIO_SECONDS}, got {offset!r}")
+    return float(offset)
+
+
+def prior_segments(prior, n_vocab: int) -> list:
+    """Segments from the page (segment_payload's fields) as whisper_decode Segments, each
+    field checked and named in the error."""
+    from candle_web.models.whisper_decode import Segment
+
+    prior = python_value(prior)
+    if prior is None:
+        return []
+    if not isinstance(prior, (list, tuple)) or len(prior) > MAX_PRIOR_SEGMENTS:
+        raise FormatError(f"transcribe: prior must be a list of at most {MAX_PRIOR_SEGMENTS} "
+                          "segments")
+    segments = []
+    for index, item in enumerate(prior):
+        where = f"transcribe: prior[{index}]"
+        if not isinstance(item, dict):
+            raise FormatError(f"{where} must be a segment object, got {type(item).__name__}")
+
+        def number(name, default=None):
+            value = item.get(name, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or value != value or value in (float("inf"), float("-inf")):
+                raise FormatError(f"{where}.{name} must be a finite number, got {value!r}")
+            return float(value)
+
+        start, end = number("start"), number("end")
+        if not 0 <= start <= end:
+            raise FormatError(f"{where}: start {start} and end {end} must satisfy 0 <= start "
+                              "<= end")
+        text = item.get("text")
+        if not isinstance(text, str):
+            raise FormatError(f"{where}.text must be a string, got {text!r}")
+        tokens = item.get("tokens")
+        if not isinstance(tokens, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab
+                for t in tokens):
+            raise FormatError(f"{where}.tokens must be a list of token ids in 0..{n_vocab - 1}")
+        segments.append(Segment(id=index, seek=0, start=start, end=end, text=text,
+                                tokens=list(tokens), temperature=number("temperature", 0.0),
+                                avg_logprob=number("avgLogprob", 0.0), compression_ratio=0.0,
+                                no_speech_prob=number("noSpeechProb", 0.0)))
+    return segments
+
+
+def placed_transcript(transcript, tokenizer, offset: float, prior: list):
+    """The transcript of a window placed in its recording: its segments moved by `offset` and
+    numbered after the `prior` ones, which come first; the text of them all."""
+    from dataclasses import replace
+
+    from candle_web.models.whisper_decode import Transcript
+
+    moved = [replace(s, id=len(prior) + i, start=round(s.start + offset, 3),
+                     end=round(s.end + offset, 3))
+             for i, s in enumerate(transcript.segments)]
+    segments = list(prior) + moved
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    text = tokenizer.decode([t for s in segments for t in s.tokens if t < eot],
+                            skip_special_tokens=True)
+    return Transcript(text=text, segments=segments, language=transcript.language,
+                      duration=offset + transcript.duration, windows=transcript.windows)
+
+
+def _event_forwarder(tokenizer, on_event, offset: float = 0.0, first_id: int = 0):
+    """whisper_decode's events as the page's: segments as payloads (placed at `offset` in the
+    recording, numbered from `first_id`), tokens with their text."""
     if on_event is None:
         return None
     timestamp_begin = tokenizer.token_to_id("<|notimestamps|>") + 1
@@ -142,6 +228,10 @@ def _event_forwarder(tokenizer, on_event):
     def forward(kind, payload):
         if kind == "segment":
             message = segment_payload(payload)
+            if offset or first_id:
+                message.update(id=first_id + message["id"],
+                               start=round(message["start"] + offset, 3),
+                               end=round(message["end"] + offset, 3))
         elif kind == "token":
             token = int(payload["token"])
             text = ""
