@@ -23,10 +23,16 @@
  *   load {kind?, model} | {kind?, hf_repo, revision} | {kind, url} (a folder on this origin)
  *       progress {phase: "download", file, loaded, total, cached}, {phase: "verify"},
  *       {phase: "build"} -> {key, cached, downloadedBytes, timingsMs, model: {...}}
- *   transcribe {model, samples: Float32Array (transferred), options, profile?}
- *       progress {phase: "transcribe", event: "language"|"window"|"token"|"segment", data}
+ *   transcribe {model, samples: Float32Array (transferred), options, profile?, offset?, prior?}
+ *       (offset: seconds added to the segments' times, the samples' place in a longer
+ *       recording; prior: segments already final before them, kept in the result and exports)
+ *       progress {phase: "transcribe", event: "language"|"window"|"token"|"segment", data,
+ *                 heapBytes}
  *       -> {text, segments: [{id, start, end, text, tokens}], exports: {txt, srt, vtt, json},
- *           timings: {elapsedMs, rtf, encodeMs, decodeMs, ...}, input: {samples, sha256}}
+ *           timings: {elapsedMs, rtf, encodeMs, decodeMs, ...}, input: {samples, sha256},
+ *           heap: {startBytes, endBytes}}
+ *   Every run command's progress carries heapBytes and its result heap: the size of the
+ *   worker's WebAssembly heap (where Python and numpy keep everything) then.
  *   embed {model, sentences: [string]}
  *       -> {vectors: ArrayBuffer (float32 [count, dims], transferred), count, dims, maxTokens,
  *           tokenCounts, inputTokenCounts, truncated, similarity, elapsedMs}
@@ -850,7 +856,8 @@ const RUN_COMMANDS = {
         throw new TypedError("FormatError", "transcribe: `samples` must be a Float32Array of 16 kHz mono audio");
       }
     },
-    request: (m) => ({ options: m.options || null, profile: m.profile === true }),
+    request: (m) => ({ options: m.options || null, profile: m.profile === true,
+                       offset: m.offset ?? null, prior: m.prior ?? null }),
     samples: true,
   },
   embed: {
@@ -870,8 +877,14 @@ const RUN_COMMANDS = {
   },
 };
 
+// The wasm heap's size in bytes (it grows, never shrinks: the high-water mark of the job).
+function wasmHeapBytes() {
+  return pyodide?._module?.HEAP8?.buffer?.byteLength ?? null;
+}
+
 // Runs a model with its session: Python calls onEvent(kind, json) per streamed event, which
-// becomes a progress message {phase: the command, event, data}; the reply is the result.
+// becomes a progress message {phase: the command, event, data, heapBytes}; the reply is the
+// result, with the heap's size before and after.
 async function handleRun(message) {
   const command = RUN_COMMANDS[message.type];
   command.check?.(message);
@@ -883,7 +896,8 @@ async function handleRun(message) {
     let samples = null;
     let reply = null;
     // The event's own fields go under `data`: a segment has an `id` of its own.
-    const onEvent = (event, json) => progress(id, { phase: message.type, event, data: JSON.parse(json) });
+    const onEvent = (event, json) => progress(id, { phase: message.type, event, data: JSON.parse(json), heapBytes: wasmHeapBytes() });
+    const startBytes = wasmHeapBytes();
     try {
       request = pyodide.toPy(command.request(message));
       if (command.samples) {
@@ -891,7 +905,9 @@ async function handleRun(message) {
         request.set("samples", samples);
       }
       reply = session.run(message.model ?? null, request, onEvent);
-      return takeReply(reply);
+      const taken = takeReply(reply);
+      taken.payload.heap = { startBytes, endBytes: wasmHeapBytes() };
+      return taken;
     } finally {
       destroyAll(reply, samples, request, session);
     }
