@@ -5,7 +5,10 @@
   (scripts/vendor_pyodide.py: fast when done) and the candle_web wheel rebuilt, so the browser
   always runs the current sources. `ui_site` is its SiteConfig (tests add local model folders).
 - `browser_context` (session): Debian's chromium through Playwright's sync API, launched with
-  playwright.config.py's settings and a fresh user-data folder.
+  playwright.config.py's settings and a fresh user-data folder, and a fake microphone that
+  plays `fake_microphone` (real LibriVox speech, see FAKE_MICROPHONE) from its start each time
+  a page opens it; a page may use it once a test grants the permission
+  (browser_context.grant_permissions(["microphone"])), until then the browser refuses it.
 - `network_guard` (session): every request the pages or their workers make goes through a
   route; anything not to 127.0.0.1 is aborted, recorded, and fails the running test.
 - `ready_page` (session): the demo page with its worker started (Pyodide + numpy + candle_web
@@ -34,6 +37,12 @@ ARTIFACTS_DIR = REPO_ROOT / "test-artifacts" / "ui"
 LOOPBACK_HOST = "127.0.0.1"
 # Schemes that never leave the browser.
 LOCAL_SCHEMES = ("data:", "blob:", "about:", "chrome-extension:", "chrome:")
+SAMPLES_DIR = REPO_ROOT / "web" / "vendor" / "samples"
+# What the fake microphone plays: seconds of silence and vendored LibriVox clips, in order.
+FAKE_MICROPHONE = (1.0, "sense_and_sensibility_01_austen_64kb-0870.wav", 1.0,
+                   "sense_and_sensibility_01_austen_64kb-0920.wav", 1.0,
+                   "sense_and_sensibility_01_austen_64kb-0890.wav", 2.0)
+MICROPHONE_RATE = 16_000
 
 
 def _load_by_path(name: str, path: Path):
@@ -203,8 +212,46 @@ def network_guard(ui_server_url):
     _ACTIVE_GUARD = None
 
 
+def write_fake_microphone(path: Path) -> dict:
+    """FAKE_MICROPHONE as one 16 kHz mono 16-bit WAV; {path, seconds, clips: [{file, start,
+    end}]} with each clip's place in it."""
+    import wave
+
+    frames, clips, position = [], [], 0
+    for part in FAKE_MICROPHONE:
+        if isinstance(part, float):
+            data = b"\0\0" * int(part * MICROPHONE_RATE)
+        else:
+            with wave.open(str(SAMPLES_DIR / part), "rb") as clip:
+                if (clip.getnchannels(), clip.getsampwidth(), clip.getframerate()) != \
+                        (1, 2, MICROPHONE_RATE):
+                    raise ValueError(f"{part}: expected 16 kHz mono 16-bit PCM")
+                data = clip.readframes(clip.getnframes())
+            clips.append({"file": part, "start": position / MICROPHONE_RATE,
+                          "end": (position + len(data) // 2) / MICROPHONE_RATE})
+        frames.append(data)
+        position += len(data) // 2
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(MICROPHONE_RATE)
+        out.writeframes(b"".join(frames))
+    return {"path": str(path), "seconds": position / MICROPHONE_RATE, "clips": clips}
+
+
 @pytest.fixture(scope="session")
-def browser_context(network_guard):
+def fake_microphone(tmp_path_factory) -> dict:
+    """The fake microphone's recording (write_fake_microphone's description)."""
+    missing = [part for part in FAKE_MICROPHONE if isinstance(part, str)
+               and not (SAMPLES_DIR / part).is_file()]
+    if missing:
+        pytest.fail(f"{missing} missing from {SAMPLES_DIR}: run scripts/fetch_test_audio.sh, "
+                    "then scripts/vendor_pyodide.py", pytrace=False)
+    return write_fake_microphone(tmp_path_factory.mktemp("microphone") / "speech.wav")
+
+
+@pytest.fixture(scope="session")
+def browser_context(network_guard, fake_microphone):
     executable = Path(PLAYWRIGHT_CONFIG.CHROMIUM_EXECUTABLE)
     if not executable.is_file():
         pytest.fail(f"{executable} not found: install Debian's chromium "
@@ -213,10 +260,14 @@ def browser_context(network_guard):
 
     profile_dir = tempfile.mkdtemp(prefix="candle-web-chromium-")
     with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir, **PLAYWRIGHT_CONFIG.LAUNCH_OPTIONS)
+        options = dict(PLAYWRIGHT_CONFIG.LAUNCH_OPTIONS)
+        options["args"] = [*options["args"], "--use-fake-device-for-media-stream",
+                           f"--use-file-for-fake-audio-capture={fake_microphone['path']}"]
+        context = playwright.chromium.launch_persistent_context(profile_dir, **options)
         context.set_default_timeout(PLAYWRIGHT_CONFIG.ACTION_TIMEOUT_MS)
         context.route("**/*", network_guard.handle_route)
+        # For a test that needs a second, differently launched browser (no fake microphone).
+        context.chromium = playwright.chromium
         try:
             yield context
         finally:
