@@ -344,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also serve model folder DIR under /models/local/<DIR's name>/ "
                         "(e.g. a T5 for the Text-to-text view); repeatable")
     s.set_defaults(func=cmd_serve)
+
+    # `batch transcribe|embed`: the same model/decoding options on Ray (imported when run).
+    from .batch.command import add_batch_command
+    add_batch_command(sub, transcribe=t, embed=e, download_progress=_download_progress)
     return parser
 
 
