@@ -12,7 +12,9 @@ Writes DIR/<wheel> and DIR/manifest.json ({"wheel", "version", "sha256", "size",
 found in the kernels folder (web/vendor, made by scripts/build_kernels.py), keyed by variant:
 {"relaxed-simd": {"file": "kernels.wasm", "sha256", "size"}, "simd128": {...}}; the worker
 fetches them from there, checks the sha256 like the wheel's, and uses the numpy backend when a
-build is absent. Paths are relative to the kernels folder.
+build is absent. Paths are relative to the kernels folder. `snapshot` (when one is given): the
+Pyodide memory snapshot the worker restores instead of starting Python (scripts/
+pyodide_snapshot.mjs), {"file", "sha256", "size"} with its path relative to web/vendor.
 """
 from __future__ import annotations
 
@@ -115,16 +117,22 @@ def kernel_entries(kernels_dir: Path | None) -> dict:
     for variant, name in KERNEL_FILES.items():
         path = kernels_dir / name
         if path.is_file():
-            data = path.read_bytes()
-            entries[variant] = {"file": name, "sha256": hashlib.sha256(data).hexdigest(),
-                                "size": len(data)}
+            entries[variant] = file_entry(path, kernels_dir)
     return entries
 
 
+def file_entry(path: Path, relative_to: Path) -> dict:
+    data = path.read_bytes()
+    return {"file": path.relative_to(relative_to).as_posix(),
+            "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
 def build_wheel(out_dir: Path = DEFAULT_OUT_DIR, package_dir: Path = PACKAGE_DIR,
-                pyproject: Path = PYPROJECT, kernels_dir: Path | None = None) -> dict:
+                pyproject: Path = PYPROJECT, kernels_dir: Path | None = None,
+                snapshot: Path | None = None) -> dict:
     """Build the wheel into out_dir, write the manifest (with the kernel builds found in
-    kernels_dir, none when it is None), return the manifest dict."""
+    kernels_dir, none when it is None, and the Pyodide snapshot file when given), return the
+    manifest dict."""
     meta = read_project_metadata(pyproject)
     version = meta["version"]
     wheel_name = f"{WHEEL_NAME_PREFIX}-{version}-{WHEEL_TAG}.whl"
@@ -169,6 +177,8 @@ def build_wheel(out_dir: Path = DEFAULT_OUT_DIR, package_dir: Path = PACKAGE_DIR
         "files": len(entries) - 4,  # package files, without the dist-info entries
         "kernels": kernel_entries(kernels_dir),
     }
+    if snapshot is not None:
+        manifest["snapshot"] = file_entry(snapshot, DEFAULT_KERNELS_DIR)
     manifest_path = out_dir / MANIFEST_NAME
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest

@@ -8,8 +8,14 @@
   web/vendor/kernels.wasm, kernels-simd128.wasm
                         the wasm SIMD kernels (scripts/build_kernels.py: cached, and checked;
                         when zig is missing or a check fails the page runs numpy and says why)
+  web/vendor/pyodide-snapshot.bin
+                        a memory snapshot of a started Pyodide, made with Node from the files
+                        above (scripts/pyodide_snapshot.mjs; cached by their hashes): the worker
+                        restores it instead of starting Python (when it is absent or fails, the
+                        worker starts Python as usual)
   web/vendor/wheels/    the pure candle_web wheel + manifest.json (scripts/build_wheel.py),
-                        which also carries the kernels' sha256 for the worker to check
+                        which also carries the sha256 of the kernels and of the snapshot for the
+                        worker to check
   web/vendor/samples/   the demo's sample clips from the cached test speech
                         (scripts/vendor_samples.py)
 
@@ -265,6 +271,57 @@ def build_kernels() -> bool:
     return True
 
 
+# --- step 4: the Pyodide memory snapshot -------------------------------------------------------
+
+SNAPSHOT_SCRIPT = REPO_ROOT / "scripts" / "pyodide_snapshot.mjs"
+SNAPSHOT_FILE = VENDOR_DIR / "pyodide-snapshot.bin"
+SNAPSHOT_STAMP = VENDOR_DIR / "pyodide-snapshot.json"
+SNAPSHOT_TIMEOUT_S = 600.0
+
+
+def snapshot_key(node_version: str) -> str:
+    """What the snapshot is made from: the pinned core files, the script and Node's version."""
+    digest = hashlib.sha256()
+    for name, sha in sorted(CORE_FILE_SHA256.items()):
+        digest.update(f"{name}={sha}\n".encode())
+    digest.update(SNAPSHOT_SCRIPT.read_bytes())
+    digest.update(node_version.encode())
+    return digest.hexdigest()
+
+
+def vendor_snapshot() -> Path | None:
+    """web/vendor/pyodide-snapshot.bin, made when missing or stale; None (with a message) when
+    Node cannot make one: the page then starts Python without it, ~2 s slower."""
+    node = shutil.which("node")
+    if node is None:
+        log("warning: no node, so no Pyodide snapshot: the page starts Python the slow way")
+        return None
+    node_version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout
+    key = snapshot_key(node_version.strip())
+    try:
+        stamp = json.loads(SNAPSHOT_STAMP.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stamp = {}
+    if stamp.get("key") == key and has_hash(SNAPSHOT_FILE, stamp.get("sha256", "")):
+        return SNAPSHOT_FILE
+    SNAPSHOT_STAMP.unlink(missing_ok=True)
+    try:
+        result = subprocess.run([node, str(SNAPSHOT_SCRIPT), str(PYODIDE_VENDOR_DIR),
+                                 str(SNAPSHOT_FILE)], capture_output=True, text=True,
+                                timeout=SNAPSHOT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        result = None
+    if result is None or result.returncode != 0:
+        detail = "timed out" if result is None else (result.stderr or result.stdout).strip()
+        log(f"warning: no Pyodide snapshot ({detail}): the page starts Python the slow way")
+        SNAPSHOT_FILE.unlink(missing_ok=True)
+        return None
+    log(f"Pyodide snapshot: {result.stdout.strip()}")
+    SNAPSHOT_STAMP.write_text(json.dumps({"key": key, "sha256": sha256_of_file(SNAPSHOT_FILE)},
+                                         indent=1) + "\n", encoding="utf-8")
+    return SNAPSHOT_FILE
+
+
 def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
     start = time.perf_counter()
     copied = vendor_core_files()
@@ -272,13 +329,16 @@ def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
     summary = f"pyodide {PYODIDE_VERSION}: {copied} core files copied, {fetched} wheels fetched"
     if build_candle_wheel:
         kernels_built = build_kernels()
+        snapshot = vendor_snapshot()
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from build_wheel import build_wheel
         # Only kernels that built and passed their check go into the manifest, so a failed
         # build leaves the page on numpy rather than on a stale module.
-        manifest = build_wheel(WHEELS_VENDOR_DIR, kernels_dir=VENDOR_DIR if kernels_built else None)
+        manifest = build_wheel(WHEELS_VENDOR_DIR, kernels_dir=VENDOR_DIR if kernels_built else None,
+                               snapshot=snapshot)
         summary += f"; {manifest['wheel']} built"
         summary += f"; kernels: {', '.join(manifest['kernels']) or 'none'}"
+        summary += f"; snapshot: {'yes' if snapshot else 'none'}"
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from vendor_samples import vendor_samples
     summary += f"; {len(vendor_samples())} sample clips"

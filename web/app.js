@@ -55,8 +55,9 @@ export class WorkerClient {
 
   // backend: the page's ?backend= (numpy: the reference, wasm: the kernels or an error;
   // absent: wasm when the kernels load), passed on as it is: the worker checks it.
-  init(backend = null) {
-    return this.request("init", { control: this.control, backend }, { onProgress: (message) => this.onInitProgress?.(message) });
+  // snapshot: false starts Python without the vendored memory snapshot (?snapshot=0, for A/B).
+  init(backend = null, snapshot = true) {
+    return this.request("init", { control: this.control, backend, snapshot }, { onProgress: (message) => this.onInitProgress?.(message) });
   }
 
   // Stops job `id`: interrupts it if it is in Python now, or drops it if still queued.
@@ -180,7 +181,8 @@ function showStartFailure(error) {
 const client = new WorkerClient();
 setUpTabs();
 const showReady = setUpStatus(client);
-const ready = client.init(new URLSearchParams(location.search).get("backend"));
+const pageOptions = new URLSearchParams(location.search);
+const ready = client.init(pageOptions.get("backend"), pageOptions.get("snapshot") !== "0");
 ready.then(showReady, showStartFailure);
 
 const transcribeView = setUpTranscribe(client, ready);

@@ -10,13 +10,15 @@
  * (the COMMANDS table below). `kind` picks the model family and its Python session
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
- *   init {control?: SharedArrayBuffer, backend?: "wasm"|"numpy"|"auto"}
+ *   init {control?: SharedArrayBuffer, backend?: "wasm"|"numpy"|"auto", snapshot?: boolean}
  *       (backend: the page's ?backend=; auto, the default: wasm when the kernels load, else
- *       numpy, saying why; wasm: the kernels or an error; numpy: the reference, for A/B)
+ *       numpy, saying why; wasm: the kernels or an error; numpy: the reference, for A/B.
+ *       snapshot: false (?snapshot=0) starts Python without the vendored memory snapshot)
  *       progress {phase: "runtime"|"kernels"|"wheel"|"packages"|"backend", state, ms} (phases
  *       overlap: the kernels and the wheel are fetched while Pyodide starts)
  *       -> {phases: {phase: ms}, totalMs (wall clock), versions, wheel (its manifest),
- *           backend: {name, requested, variant, label, kernels: {file, sha256}, reason},
+ *           snapshot: {used, reason}, backend: {name, requested, variant, label,
+ *           kernels: {file, sha256}, reason},
  *           crossOriginIsolated, cancellable}
  *   models {kind?}              -> {models: [{name, description, size}], hint?} (the registry's
  *                                  browser models of that kind; hint: how to get one if none)
@@ -235,14 +237,15 @@ async function compileKernels(manifestPromise) {
 
 // Pyodide 0.27.7 does not expose its WebAssembly.Memory (DESIGN.md section 10), but its main
 // module imports it as env.memory: watch the instantiations while loadPyodide runs and keep
-// the first such import. The kernels then import the same Memory and work on numpy's buffers
-// in place (and keep seeing them when the memory grows).
+// that import (the last one seen: a start retried without the snapshot makes a new Memory).
+// The kernels then import the same Memory and work on numpy's buffers in place (and keep
+// seeing them when the memory grows). instantiateKernels checks it is Pyodide's heap.
 function watchForPyodideMemory() {
   const original = { instantiate: WebAssembly.instantiate, instantiateStreaming: WebAssembly.instantiateStreaming };
   let memory = null;
   const keep = (imports) => {
     const candidate = imports?.env?.memory;
-    if (memory === null && candidate instanceof WebAssembly.Memory) memory = candidate;
+    if (candidate instanceof WebAssembly.Memory) memory = candidate;
   };
   WebAssembly.instantiate = function (source, imports, ...rest) {
     keep(imports);
@@ -403,21 +406,68 @@ import sys, numpy, candle_web
   }
 }
 
+// Python's own state that every interpreter restored from one snapshot would share: renewed
+// from this browser's randomness (os.urandom is crypto.getRandomValues), and the runtime that
+// sys._emscripten_info names is this one, not the Node that made the snapshot.
+const AFTER_SNAPSHOT_PY = `
+import random, sys, tempfile
+import js
+random.seed()
+tempfile._name_sequence = None
+_info = sys._emscripten_info
+sys._emscripten_info = type(_info)((_info.emscripten_version, js.navigator.userAgent,
+                                    _info.pthreads, _info.shared_memory))
+del _info
+`;
+
+// Starts Pyodide: from the vendored memory snapshot when the manifest has one (the interpreter
+// is restored, not started: ~2 s less), else, or when the snapshot fails, the usual way.
+// Returns {pyodide, snapshot: whether it was used, snapshotReason: why not, or null}.
+async function loadRuntime(manifest) {
+  const options = {
+    indexURL: PYODIDE_INDEX_URL,
+    stdout: (line) => console.log(`[python] ${line}`),
+    stderr: (line) => console.warn(`[python] ${line}`),
+  };
+  let snapshotReason = manifest === null ? "not asked for" : "not vendored";
+  const entry = manifest?.snapshot;
+  if (entry) {
+    // The download and the hash run while loadPyodide fetches and compiles the runtime.
+    const bytes = fetchVerified(new URL(entry.file, VENDOR_URL).href, entry.file, entry.sha256)
+      .then((buffer) => new Uint8Array(buffer));
+    try {
+      const restored = await loadPyodide({ ...options, _loadSnapshot: bytes });
+      restored.runPython(AFTER_SNAPSHOT_PY);
+      return { pyodide: restored, snapshot: true, snapshotReason: null };
+    } catch (error) {
+      snapshotReason = describeError(error).message;
+      console.warn(`candle-web: the Pyodide snapshot was not used, Python starts the usual way: ${snapshotReason}`);
+    }
+  }
+  return { pyodide: await loadPyodide(options), snapshot: false, snapshotReason };
+}
+
 // Runs `work` as the named phase of a start (progress start/done with ms, see timedPhase) and
 // keeps its duration in `phases`; returns what `work` returns. Phases may overlap.
 async function startPhase(id, phases, phase, work) {
-  let value;
-  phases[phase] = await timedPhase(id, phase, async () => {
-    value = await work();
-  });
-  return value;
+  progress(id, { phase, state: "start" });
+  const start = performance.now();
+  let state = "failed"; // a phase that throws still has its duration (the kernels' may)
+  try {
+    const value = await work();
+    state = "done";
+    return value;
+  } finally {
+    phases[phase] = performance.now() - start;
+    progress(id, { phase, state, ms: phases[phase] });
+  }
 }
 
 // The start: Pyodide, the kernels and the wheel are fetched at the same time; numpy (and
 // scipy, only when the numpy backend runs: its BLAS is what makes that backend's matmul fast)
 // loads while the wheel is unpacked. `choice`: "auto" (wasm when the kernels load, else numpy
 // with the reason), "wasm" (the kernels or an error) or "numpy" (the reference, for A/B).
-async function startRuntime(id, choice) {
+async function startRuntime(id, choice, useSnapshot) {
   const started = performance.now();
   const phases = {};
   const manifestPromise = fetchChecked(WHEEL_MANIFEST_URL, "wheel manifest").then((response) => response.json());
@@ -432,13 +482,11 @@ async function startRuntime(id, choice) {
   wheelPromise.catch(() => {});
 
   const memoryWatch = watchForPyodideMemory();
+  let runtime = null;
   await startPhase(id, phases, "runtime", async () => {
     try {
-      pyodide = await loadPyodide({
-        indexURL: PYODIDE_INDEX_URL,
-        stdout: (line) => console.log(`[python] ${line}`),
-        stderr: (line) => console.warn(`[python] ${line}`),
-      });
+      runtime = await loadRuntime(useSnapshot ? await manifestPromise : null);
+      pyodide = runtime.pyodide;
     } finally {
       memoryWatch.stop();
     }
@@ -497,6 +545,7 @@ async function startRuntime(id, choice) {
     totalMs: performance.now() - started,
     versions: pythonVersions(),
     wheel: manifest,
+    snapshot: { used: runtime.snapshot, reason: runtime.snapshotReason },
     backend: {
       name: backend,
       requested: choice,
@@ -518,10 +567,18 @@ function checkBackendChoice(value) {
   return choice;
 }
 
-// The first caller's `backend` choice wins: the runtime starts once per worker.
-function ensureRuntime(id, backend = undefined) {
+function checkSnapshotChoice(value) {
+  if (value === undefined || value === null) return true;
+  if (typeof value !== "boolean") {
+    throw new TypedError("FormatError", `init: \`snapshot\` (the page's ?snapshot=0) must be true or false, got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+// The first caller's choices win: the runtime starts once per worker.
+function ensureRuntime(id, backend = undefined, snapshot = undefined) {
   if (runtimePromise === null) {
-    runtimePromise = startRuntime(id, checkBackendChoice(backend));
+    runtimePromise = startRuntime(id, checkBackendChoice(backend), checkSnapshotChoice(snapshot));
     // A failed start may be retried by a later init.
     runtimePromise.catch(() => { runtimePromise = null; });
   }
@@ -629,7 +686,7 @@ async function handleInit(message) {
   if (message.control instanceof SharedArrayBuffer && controlSlots === null && pyodide === null) {
     controlSlots = new Int32Array(message.control);
   }
-  const summary = await ensureRuntime(message.id, message.backend ?? undefined);
+  const summary = await ensureRuntime(message.id, message.backend ?? undefined, message.snapshot ?? undefined);
   return { payload: summary };
 }
 

@@ -345,10 +345,6 @@ def fresh_page(browser_context, network_guard, ui_server_url):
     page.close()
 
 
-# --- artifacts ----------------------------------------------------------------------------------
-
-def _artifact_name(nodeid: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid.split("::", 1)[-1]).strip("_")
 @pytest.fixture
 def open_ui_page(browser_context, network_guard, ui_server_url):
     """open_ui_page(path="/", routes={glob: handler}) -> a new page (with its own worker) on the
@@ -376,3 +372,7 @@ def page_ready():
     return wait_until_ready
 
 
+# --- artifacts ----------------------------------------------------------------------------------
+
+def _artifact_name(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid.split("::", 1)[-1]).strip("_")
