@@ -1,8 +1,11 @@
 """VarBuilder and VarMap: weights by dotted name.
 
 `VarBuilder` resolves `vb.pp("encoder").pp("layers.0").get((d, d), "weight")` against a
-source (safetensors files, an npz file, a dict of tensors, or a VarMap for training), checks
-the shape, and converts dtype and device at load time. Sources are read lazily per tensor.
+weights source (io/weights.py: safetensors files, GGUF, a CTranslate2 model.bin, an npz file,
+a dict of tensors, a model's name table over any of them, or a VarMap for training), checks the
+shape, and converts dtype and device at load time. `vb.matrix((out, in), "weight")` gives a
+linear layer that keeps GGML blocks packed or decodes them at load, as the builder's `mode`
+says (quantized/qmatmul.py). Sources are read lazily per tensor.
 `VarMap` owns trainable `Var`s and saves/loads them as safetensors.
 """
 
@@ -13,70 +16,30 @@ from ..core.device import Device
 from ..core.dtype import DType
 from ..core.errors import ModelNotFound, ShapeMismatch
 from ..core.tensor import Tensor, Var
+from ..io.weights import DictWeights, NpzWeights, SafetensorsWeights, Weights
 
 
-class _DictSource:
-    """Tensors (or numpy arrays, wrapped as they are) by full name."""
+class VarMap(Weights):
+    """Named trainable variables, created on first `get_with_init` through a VarBuilder. As a
+    weights source it hands out the Vars themselves (no dtype or device conversion)."""
 
-    def __init__(self, tensors: dict):
-        self.tensors = {name: value if isinstance(value, Tensor) else Tensor.from_numpy(value)
-                        for name, value in tensors.items()}
-
-    def contains(self, name):
-        return name in self.tensors
-
-    def get(self, name):
-        return self.tensors[name]
-
-    def keys(self):
-        return list(self.tensors)
-
-
-class _SafeTensorsSource:
-    def __init__(self, sources):
-        from ..io.safetensors import SafeTensors
-
-        if not isinstance(sources, (list, tuple)):
-            sources = [sources]
-        self.files = [s if isinstance(s, SafeTensors) else SafeTensors(s) for s in sources]
-        self.index = {}
-        for f in self.files:
-            for key in f.keys():
-                self.index[key] = f
-
-    def contains(self, name):
-        return name in self.index
-
-    def get(self, name):
-        return self.index[name].get(name)
-
-    def keys(self):
-        return list(self.index)
-
-
-class _NpzSource:
-    """An npz archive (path or bytes); members are read one at a time on request."""
-
-    def __init__(self, source):
-        from ..io.npz import NpzFile
-
-        self.archive = source if isinstance(source, NpzFile) else NpzFile(source)
-
-    def contains(self, name):
-        return name in self.archive
-
-    def get(self, name):
-        return self.archive.get(name)
-
-    def keys(self):
-        return self.archive.keys()
-
-
-class VarMap:
-    """Named trainable variables, created on first `get` through a VarBuilder."""
+    label = "the VarMap"
 
     def __init__(self):
         self._vars = {}
+
+    def names(self) -> list:
+        return list(self._vars)
+
+    def has(self, name: str) -> bool:
+        return name in self._vars
+
+    def shape(self, name: str) -> tuple:
+        return self._vars[name].dims()
+
+    def tensor(self, name: str, shape=None, dtype=None, device=None) -> Var:
+        self._check(name, shape)
+        return self._vars[name]
 
     def all_vars(self) -> list:
         return list(self._vars.values())
@@ -118,25 +81,27 @@ class VarMap:
 
 
 class VarBuilder:
-    def __init__(self, source, dtype=dt.f32, device=None, prefix: str = ""):
+    def __init__(self, source: Weights, dtype=dt.f32, device=None, prefix: str = "",
+                 mode: str = "auto"):
         self._source = source
         self.dtype = DType.parse(dtype)
         self.device = Device.parse(device)
         self.prefix = prefix
+        self.mode = mode  # how `matrix` treats GGML blocks: auto, dequantize or quantized
 
     # -- constructors ---------------------------------------------------------------------
     @staticmethod
     def from_tensors(tensors: dict, dtype=dt.f32, device=None) -> "VarBuilder":
-        return VarBuilder(_DictSource(tensors), dtype, device)
+        return VarBuilder(DictWeights(tensors), dtype, device)
 
     @staticmethod
     def from_safetensors(paths, dtype=dt.f32, device=None) -> "VarBuilder":
         """One or several safetensors files (paths or bytes), read lazily."""
-        return VarBuilder(_SafeTensorsSource(paths), dtype, device)
+        return VarBuilder(SafetensorsWeights(paths), dtype, device)
 
     @staticmethod
     def from_npz(path, dtype=dt.f32, device=None) -> "VarBuilder":
-        return VarBuilder(_NpzSource(path), dtype, device)
+        return VarBuilder(NpzWeights(path), dtype, device)
 
     @staticmethod
     def from_varmap(varmap: VarMap, dtype=dt.f32, device=None) -> "VarBuilder":
@@ -145,7 +110,7 @@ class VarBuilder:
     # -- prefixes -------------------------------------------------------------------------
     def pp(self, name) -> "VarBuilder":
         """A builder whose names are prefixed with `name.`."""
-        return VarBuilder(self._source, self.dtype, self.device, self._path(str(name)))
+        return VarBuilder(self._source, self.dtype, self.device, self._path(str(name)), self.mode)
 
     push_prefix = pp
 
@@ -153,39 +118,50 @@ class VarBuilder:
         return f"{self.prefix}.{name}" if self.prefix else name
 
     def set_dtype(self, dtype) -> "VarBuilder":
-        return VarBuilder(self._source, dtype, self.device, self.prefix)
+        return VarBuilder(self._source, dtype, self.device, self.prefix, self.mode)
+
+    def set_mode(self, mode: str) -> "VarBuilder":
+        return VarBuilder(self._source, self.dtype, self.device, self.prefix, mode)
 
     # -- access ---------------------------------------------------------------------------
     def contains(self, name: str) -> bool:
-        if isinstance(self._source, VarMap):
-            return self._path(name) in self._source.data()
-        return self._source.contains(self._path(name))
+        return self._source.has(self._path(name))
+
+    has = contains
 
     def keys(self) -> list:
-        if isinstance(self._source, VarMap):
-            return list(self._source.data())
-        return self._source.keys()
+        return self._source.names()
+
+    def shape(self, name: str) -> tuple:
+        """The stored shape of `prefix.name`, without reading it."""
+        path = self._path(name)
+        if not self._source.has(path):
+            raise ModelNotFound(f"cannot find tensor {path!r} in {self._source.label}")
+        return tuple(self._source.shape(path))
 
     def get_unchecked(self, name: str) -> Tensor:
-        path = self._path(name)
-        if isinstance(self._source, VarMap):
-            if path not in self._source.data():
-                raise ModelNotFound(f"cannot find tensor {path!r}")
-            return self._source.data()[path]
-        if not self._source.contains(path):
-            raise ModelNotFound(f"cannot find tensor {path!r} in the weights")
-        return self._source.get(path).to_dtype(self.dtype).to_device(self.device)
+        return self._source.tensor(self._path(name), None, self.dtype, self.device)
 
     def get(self, shape, name: str) -> Tensor:
         """The tensor `prefix.name`, checked against `shape` and converted to the builder's
         dtype and device."""
-        tensor = self.get_unchecked(name)
-        if tensor.dims() != tuple(shape):
-            raise ShapeMismatch(f"shape mismatch for {self._path(name)!r}: expected {list(shape)}, "
-                                f"got {list(tensor.shape)} in the weights")
-        return tensor
+        return self._source.tensor(self._path(name), tuple(shape), self.dtype, self.device)
 
     def get_with_init(self, shape, name: str, init) -> Tensor:
         if isinstance(self._source, VarMap):
             return self._source.get_or_create(self._path(name), shape, init, self.dtype, self.device)
         return self.get(shape, name)
+
+    def matrix(self, shape, name: str):
+        """The linear weight `prefix.name` [out, in] as a layer (QMatMul for inference)."""
+        return self.fused_matrix([(shape, name)])
+
+    def fused_matrix(self, parts):
+        """Several weights [(shape, name), ...] that multiply the same input, stacked row-wise
+        into one layer: one matmul instead of several."""
+        return self._source.matrix([(self._path(name), tuple(shape)) for shape, name in parts],
+                                   self.device, self.mode)
+
+    def tied_matrix(self, tensor: Tensor):
+        """The layer over an already-loaded [out, in] tensor (a head tied to an embedding)."""
+        return self._source.tied_matrix(tensor)
