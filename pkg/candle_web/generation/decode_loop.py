@@ -1,11 +1,17 @@
-"""Autoregressive text generation for causal language models (the LLaMA family here).
+"""Autoregressive decoding: one loop for causal language models (the LLaMA family) and
+encoder-decoders (T5).
 
     generate(model, tokenizer, prompt, GenerationOptions(...), on_event=callback)
+    generate(Seq2SeqLM(t5), tokenizer, prompt, ...)       # the prompt goes through the encoder
 
-`model` is anything with `forward(ids [b, t], index_pos) -> logits [b, vocab]`,
-`clear_kv_cache(capacity)` and a `config` with `eos_token_ids` and
-`max_position_embeddings` (models.llama.Llama). One callback serves streaming, progress and
-cancellation: `on_event(kind, payload)` receives
+`model` is a `Decoder` adapter, or a causal LM, which is wrapped in `CausalLM`: anything with
+`forward(ids [b, t], index_pos) -> logits [b, vocab]`, `clear_kv_cache(capacity)` and a
+`config` with `eos_token_ids` and `max_position_embeddings` (models.llama.Llama). `Seq2SeqLM`
+adapts a model with `encode`, `start_decoding` and `decode` (models.t5): the encoder output is
+computed once and each step runs the decoder on its caches. Under both, `sample_steps` is the
+token loop (repeat penalty, sampling, end tokens, batch rows that finish at different steps).
+
+One callback serves streaming, progress and cancellation: `on_event(kind, payload)` receives
 
     ("prompt", {"n_tokens", "seconds"})          after the prompt is processed
     ("token",  {"index", "id", "text"})          per generated token; text may be '' while a
@@ -77,6 +83,7 @@ class GenerationResult:
     decode_seconds: float = 0.0
     stop_string: str = None
     extra: dict = field(default_factory=dict)
+    end_token: int = None  # the end (EOS) token that stopped it, when one did
 
     @property
     def tokens_per_second(self) -> float:
@@ -105,48 +112,150 @@ def _prompt_ids(tokenizer, prompt, add_special_tokens: bool) -> list:
     return list(ids)
 
 
+# -- the models, as the loop sees them ------------------------------------------------------
+class Decoder:
+    """What the loop drives. `start(batch of prompt ids)` -> logits [rows, vocab] for the first
+    new token; `step(ids [rows])` -> the next logits; `reset(capacity)` before a sequence (KV
+    caches for that many positions). `eos_token_ids`: the model's end tokens; `context_length`:
+    the positions prompt and generated ids share (None: no limit); `filler_id`: what a batch
+    row that has finished feeds its next steps; `penalty_context(prompt_ids)`: the ids the
+    repeat penalty starts from."""
+
+    eos_token_ids: tuple = ()
+    context_length: int = None
+    filler_id: int = 0
+
+    def reset(self, capacity: int) -> None:
+        pass
+
+    def start(self, prompts: list) -> np.ndarray:
+        raise NotImplementedError
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def penalty_context(self, prompt_ids: list) -> list:
+        return list(prompt_ids)
+
+
+class CausalLM(Decoder):
+    """A causal LM: the prompt in one forward pass, then one token per step on its KV cache;
+    the repeat penalty sees the prompt and the generated ids."""
+
+    def __init__(self, model):
+        self.model = model
+        self.eos_token_ids = tuple(model.config.eos_token_ids)
+        self.context_length = model.config.max_position_embeddings
+        self.position = 0
+
+    def reset(self, capacity: int) -> None:
+        self.model.clear_kv_cache(capacity)
+
+    def start(self, prompts: list) -> np.ndarray:
+        self.position = len(prompts[0])
+        return self.model.forward(np.asarray(prompts, dtype=np.int64), 0).to_numpy()
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        logits = self.model.forward(np.asarray(ids, dtype=np.int64).reshape(-1, 1), self.position)
+        self.position += 1
+        return logits.to_numpy()
+
+
+class Seq2SeqLM(Decoder):
+    """An encoder-decoder (T5): the prompt (one row per input, padded rows with their 1/0
+    `attention_mask`) through the encoder once, then the decoder from its start token, one
+    token per step with its caches. The repeat penalty sees only the generated ids, and rows
+    that have finished feed the pad token."""
+
+    def __init__(self, model, attention_mask=None):
+        config = model.config
+        self.model, self.attention_mask = model, attention_mask
+        self.eos_token_ids = (config.eos_token_id,)
+        self.filler_id = config.pad_token_id
+        self.state = None
+
+    def penalty_context(self, prompt_ids: list) -> list:
+        return []
+
+    def start(self, prompts) -> np.ndarray:
+        encoded = self.model.encode(prompts, self.attention_mask)  # [rows, s, d], once
+        self.state = self.model.start_decoding(encoded, self.attention_mask)
+        rows = encoded.dims()[0]
+        return self.step(np.full(rows, self.model.config.decoder_start_token_id, dtype=np.int64))
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        rows = len(ids)
+        logits = self.model.decode(np.asarray(ids, dtype=np.int64).reshape(rows, 1), self.state)
+        return logits.narrow(1, 0, 1).reshape(rows, -1).to_numpy()
+
+
+def sample_steps(lm: Decoder, logits: np.ndarray, options: GenerationOptions, eos: set,
+                 budget: int, contexts: list):
+    """The token loop: from the first logits [rows, vocab], one token per unfinished row per
+    step, for at most `budget` steps; yields (new ids [rows], finished [rows]) after each step
+    and stops when every row has produced an end token. `contexts[row]` (the ids the repeat
+    penalty sees) grows with each token. One seeded processor per row: row 0 samples exactly
+    as a batch of one would. Stopping early is the caller's: it leaves the loop."""
+    rows = logits.shape[0] if logits is not None else 0
+    processors = [LogitsProcessor(options.seed + row, sampling=options.sampling())
+                  for row in range(rows)]
+    finished = np.zeros(rows, dtype=bool)
+    next_ids = None
+    for index in range(budget):
+        if index > 0:
+            logits = lm.step(next_ids)
+        next_ids = np.full(rows, lm.filler_id, dtype=np.int64)
+        for row in np.flatnonzero(~finished):
+            scores = logits[row]
+            if options.repeat_penalty != 1.0:
+                scores = apply_repeat_penalty(scores, options.repeat_penalty,
+                                              penalty_window(contexts[row], options.repeat_last_n))
+            token = processors[row].sample(scores)
+            next_ids[row] = token
+            contexts[row].append(token)
+            finished[row] = token in eos
+        yield next_ids, finished
+        if finished.all():
+            return
+
+
 def generate(model, tokenizer, prompt, options: GenerationOptions = GenerationOptions(),
              on_event=None) -> GenerationResult:
     """Generate from `prompt` (text, or a list of token ids) until EOS, a stop string,
-    max_new_tokens or the model's context length; see the module doc for `on_event`."""
+    max_new_tokens or the model's context length; see the module doc for `model` and
+    `on_event`."""
+    lm = model if isinstance(model, Decoder) else CausalLM(model)
     prompt_ids = _prompt_ids(tokenizer, prompt, options.add_special_tokens)
-    eos = set(options.eos_token_ids if options.eos_token_ids is not None
-              else model.config.eos_token_ids)
-    context_length = model.config.max_position_embeddings
-    if len(prompt_ids) >= context_length:
-        raise CandleError(f"generate: the prompt has {len(prompt_ids)} tokens; the model's "
-                          f"context is {context_length}")
-    budget = min(options.max_new_tokens, context_length - len(prompt_ids))
-    processor = LogitsProcessor(options.seed, sampling=options.sampling())
+    eos = set(options.eos_token_ids if options.eos_token_ids is not None else lm.eos_token_ids)
+    budget = options.max_new_tokens
+    if lm.context_length is not None:
+        if len(prompt_ids) >= lm.context_length:
+            raise CandleError(f"generate: the prompt has {len(prompt_ids)} tokens; the model's "
+                              f"context is {lm.context_length}")
+        budget = min(budget, lm.context_length - len(prompt_ids))
     stream = TokenOutputStream(tokenizer)
     stops = StopStringMatcher(options.stop_strings)
-    tokens = list(prompt_ids)  # the repeat-penalty context: prompt and generated ids
     generated, pieces = [], []
     reason = STOP_MAX_TOKENS if budget == options.max_new_tokens else STOP_CONTEXT
-    model.clear_kv_cache(len(prompt_ids) + budget)
+    end_token = None
+    lm.reset(len(prompt_ids) + budget)
 
     started = time.perf_counter()
-    logits = model.forward(np.asarray([prompt_ids], dtype=np.int64), 0) if budget else None
+    logits = lm.start([prompt_ids]) if budget else None
     prompt_seconds = time.perf_counter() - started
     _emit(on_event, "prompt", {"n_tokens": len(prompt_ids), "seconds": prompt_seconds})
 
     decode_started = time.perf_counter()
-    for index in range(budget):
-        if index > 0:
-            logits = model.forward(np.asarray([[generated[-1]]], dtype=np.int64), len(tokens) - 1)
-        scores = logits.to_numpy()[0]
-        if options.repeat_penalty != 1.0:
-            scores = apply_repeat_penalty(scores, options.repeat_penalty,
-                                          penalty_window(tokens, options.repeat_last_n))
-        next_id = processor.sample(scores)
+    for next_ids, _ in sample_steps(lm, logits, options, eos, budget,
+                                    [lm.penalty_context(prompt_ids)]):
+        next_id = int(next_ids[0])
         if next_id in eos:
-            reason = STOP_EOS
+            reason, end_token = STOP_EOS, next_id
             break
         generated.append(next_id)
-        tokens.append(next_id)
         text = stops.feed(stream.next_token(next_id))
         pieces.append(text)
-        _emit(on_event, "token", {"index": index, "id": next_id, "text": text})
+        _emit(on_event, "token", {"index": len(generated) - 1, "id": next_id, "text": text})
         if stops.stopped:
             reason = STOP_STRING
             break
@@ -160,7 +269,7 @@ def generate(model, tokenizer, prompt, options: GenerationOptions = GenerationOp
     if stops.stopped:
         reason = STOP_STRING
     result = GenerationResult("".join(pieces), generated, prompt_ids, reason, prompt_seconds,
-                              decode_seconds, stops.matched)
+                              decode_seconds, stops.matched, end_token=end_token)
     if on_event is not None:  # nothing is left to cancel: the return value is ignored
         on_event("done", {"reason": reason, "n_tokens": len(generated),
                           "tokens_per_second": result.tokens_per_second,
