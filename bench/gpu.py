@@ -388,7 +388,7 @@ def bench_whisper(name: str, target: Target, peer_request: str, steps: int, repo
     device = target.candle_device
 
     # candle-web on the target device
-    model = Whisper.from_safetensors(weights, config, device)
+    model = Whisper.load(weights, config, device)
     mel_t = Tensor.from_numpy(mel, device=device)
     features_holder = {}
 
@@ -466,7 +466,7 @@ def bench_whisper(name: str, target: Target, peer_request: str, steps: int, repo
                                              device=dev), decoding).to_numpy()
             return prefix, nxt
 
-        reference = Whisper.from_safetensors(weights, config, Device.cpu("numpy"))
+        reference = Whisper.load(weights, config, Device.cpu("numpy"))
         ref_features = reference.encode(Tensor.from_numpy(mel, device=Device.cpu("numpy")))
         ref_prefix, ref_next = candle_check_logits(reference, ref_features)
         got_prefix, got_next = candle_check_logits(model, features)
@@ -522,33 +522,12 @@ def quantize_state(state: dict, ggml_type: str) -> dict:
 
 
 def quantized_llama(qstate: dict, cfg, device, mode: str):
-    """candle-web's Llama built from quantized weights (the modules Llama.from_gguf builds,
-    in HF layout: halves RoPE, tied head). mode "quantized" multiplies from the blocks on
-    every call; "dequantize" expands them to f32 once (the numpy reference)."""
-    from candle_web import Tensor
-    from candle_web.models.llama import Attention, Block, Llama, Mlp, TokenEmbedding
-    from candle_web.nn.layers import RmsNorm
-    from candle_web.quantized.qmatmul import QMatMul
+    """candle-web's Llama over quantized weights in HF layout (halves RoPE, tied head), loaded
+    as any checkpoint is. mode "quantized" multiplies from the blocks on every call;
+    "dequantize" expands them to f32 once (the numpy reference)."""
+    from candle_web.models.llama import Llama
 
-    def matmul(*names):
-        return QMatMul.fused([qstate[n] for n in names], device, mode)
-
-    def norm(name):
-        return RmsNorm(Tensor.from_numpy(qstate[name], device=device), cfg.rms_norm_eps)
-
-    blocks = []
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        attn = Attention(cfg, matmul(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                                     p + "self_attn.v_proj.weight"),
-                         matmul(p + "self_attn.o_proj.weight"))
-        mlp = Mlp(matmul(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                  matmul(p + "mlp.down_proj.weight"))
-        blocks.append(Block(norm(p + "input_layernorm.weight"), attn,
-                            norm(p + "post_attention_layernorm.weight"), mlp))
-    embed = TokenEmbedding(qtable=qstate["model.embed_tokens.weight"], device=device)
-    lm_head = matmul("model.embed_tokens.weight")
-    return Llama(cfg, embed, blocks, norm("model.norm.weight"), lm_head, device)
+    return Llama.load(qstate, cfg, device, mode)
 
 
 class TransformersLlama:
@@ -692,16 +671,16 @@ def bench_llama(target: Target, peer_request: str, steps: int, report: Report,
     del peer
     print(f"  torch f32: prompt {peer_prompt:.1f} tok/s, decode {peer_decode:.1f} tok/s")
 
-    # candle-web f32 through the ordinary safetensors loader
+    # candle-web f32 through the ordinary loader, from safetensors bytes
     weights = serialize(state)
-    model = Llama.from_safetensors(weights, cfg, device)
+    model = Llama.load(weights, cfg, device)
     prompt_rate, decode_rate = candle_llama_speed(model, prompt, steps, target.candle_sync)
     report.row(f"{name} f32", f"prompt tok/s ({PROMPT_TOKENS})", prompt_rate, peer_prompt, True)
     report.row(f"{name} f32", f"decode tok/s ({steps})", decode_rate, peer_decode, True)
     print(f"  candle-web f32: prompt {prompt_rate:.1f} tok/s, decode {decode_rate:.1f} tok/s")
     got_prefix, got_next = candle_llama_check_logits(model, check_prompt, check_next)
     del model
-    reference = Llama.from_safetensors(weights, cfg, cpu_ref)
+    reference = Llama.load(weights, cfg, cpu_ref)
     ref_prefix, ref_next = candle_llama_check_logits(reference, check_prompt, check_next)
     del reference, weights
     what = f"{name} f32 candle-web {target.kind}"

@@ -134,10 +134,10 @@ def bench_t5(folder: Path, new_tokens: int, repeats: int) -> dict:
     from transformers import T5ForConditionalGeneration
 
     from candle_web.generation import GenerationOptions
-    from candle_web.models.t5 import load_t5
+    from candle_web.models import t5
 
     prompt = [[100 + i for i in range(24)] + [1]]  # a 25-token input
-    model = load_t5(folder)
+    model = t5.T5ForConditionalGeneration.from_pretrained(folder)
     options = GenerationOptions(max_new_tokens=new_tokens, eos_token_ids=())
     ours_ids = []
     ours = median_seconds(lambda: ours_ids.append(model.generate(prompt, options=options)[0]), repeats)

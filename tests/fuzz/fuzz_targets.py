@@ -69,7 +69,7 @@ def _first_small_tensor(gguf):
 
 def gguf(data: bytes) -> None:
     """Parse, read every metadata value and tensor info, dequantize the first small tensor,
-    build the embedded tokenizer and the LLaMA config, as Llama.from_gguf does."""
+    build the embedded tokenizer and the LLaMA config, as Llama.load does."""
     from candle_web.io.gguf import GgufFile
     from candle_web.models.llama import LlamaConfig
     from candle_web.tokenizers import Tokenizer
@@ -90,6 +90,7 @@ def gguf(data: bytes) -> None:
 def ct2(data: bytes) -> None:
     """Parse, read small variables as float32 and scalars, resolve aliases, build Whisper."""
     from candle_web.io.ct2 import read_ct2
+    from candle_web.io.weights import Ct2Weights
     from candle_web.models.whisper import Whisper
 
     model = read_ct2(data)
@@ -102,7 +103,7 @@ def ct2(data: bytes) -> None:
             model.get_f32(name)
     for alias in model.aliases:
         model[alias]
-    Whisper.from_ct2(data)
+    Whisper.load(Ct2Weights(data))
 
 
 # -- safetensors -------------------------------------------------------------------------------
@@ -246,7 +247,7 @@ TARGETS = {t.name: t for t in (
     Target("tokenizer.json", tokenizer_json, "tokenizer",
            "Tokenizer.from_bytes + encode/decode (BPE, WordPiece, Unigram)"),
     Target("gguf", gguf, "gguf", "GgufFile + dequantize + embedded tokenizer + LlamaConfig"),
-    Target("ct2", ct2, "ct2", "read_ct2 + variables + Whisper.from_ct2"),
+    Target("ct2", ct2, "ct2", "read_ct2 + variables + Whisper.load"),
     Target("safetensors", safetensors, "safetensors", "SafeTensors + get_numpy/get"),
     Target("npy", npy, "npy", "read_npy + load_npy"),
     Target("npz", npz, "npz", "NpzFile + get_numpy/get"),

@@ -64,4 +64,4 @@ def tiny_llama(smollm2_tokenizer):
             p + "mlp.up_proj.weight": matrix(cfg.intermediate_size, d),
             p + "mlp.down_proj.weight": matrix(d, cfg.intermediate_size),
         })
-    return Llama.from_safetensors(serialize(tensors), cfg)
+    return Llama.load(serialize(tensors), cfg)

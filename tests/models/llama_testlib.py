@@ -1,8 +1,9 @@
 """Helpers for the LLaMA tests: tiny random checkpoints in both layouts.
 
 A tiny config (GQA, even head_dim) gets random weights in HF naming; `to_gguf` writes the
-same weights as a GGUF file the way llama.cpp's converter lays them out (names mapped, Q/K
-rows permuted so rotated pairs are adjacent), optionally quantized.
+same weights as a GGUF file the way llama.cpp's converter lays them out (names mapped through
+the model's own table, which test_llama_tiny checks against the `gguf` package; Q/K rows
+permuted so rotated pairs are adjacent), optionally quantized.
 """
 
 from __future__ import annotations
@@ -35,21 +36,6 @@ TINY_CONFIG = {
     "mlp_bias": False,
     "bos_token_id": 1,
     "eos_token_id": 2,
-}
-
-HF_TO_GGUF = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
 }
 
 
@@ -92,10 +78,9 @@ def permute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def gguf_name(hf_name: str) -> str:
-    if hf_name.startswith("model.layers."):
-        _, _, layer, rest = hf_name.split(".", 3)
-        return f"blk.{layer}.{HF_TO_GGUF[rest]}"
-    return HF_TO_GGUF[hf_name]
+    from candle_web.models.llama import LLAMA_WEIGHT_NAMES
+
+    return LLAMA_WEIGHT_NAMES.translate(hf_name, "hf", "gguf")
 
 
 def gguf_metadata(config: dict, arch: str = "llama") -> dict:

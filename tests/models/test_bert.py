@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from candle_web.core.errors import FormatError, ShapeMismatch, UnsupportedError
-from candle_web.models.bert import (BertConfig, BertModel, SentenceEmbedder, cosine_similarity,
-                                    load_sentence_embedder, mean_pool)
+from candle_web.models.bert import BertConfig, BertModel, mean_pool
+from candle_web.pipelines import load_bert
+from candle_web.pipelines.embed import SentenceEmbedder, cosine_similarity
 from candle_web.tokenizers import Tokenizer
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "bert_reference.json"
@@ -40,7 +41,7 @@ def model_folder(model_file):
 
 @pytest.fixture(scope="module")
 def embedder(model_folder):
-    return load_sentence_embedder(model_folder)
+    return load_bert(model_folder)
 
 
 def assert_same_embeddings(ours, expected):
@@ -151,7 +152,7 @@ def test_checkpoint_shape_mismatch_names_the_tensor(model_folder):
     config["intermediate_size"] = 1024  # the file has 1536
     with pytest.raises(ShapeMismatch, match=r"encoder\.layer\.0\.intermediate\.dense\.weight.*"
                                             r"\[1024, 384\].*\[1536, 384\]"):
-        BertModel.from_safetensors(str(model_folder / "model.safetensors"), config)
+        BertModel.load(str(model_folder / "model.safetensors"), config)
 
 
 def test_model_refuses_too_many_positions_and_bad_ids(embedder):

@@ -45,7 +45,7 @@ def test_ct2_head_counts_are_checked(tiny_en, name, value, expected):
 
     ct2, config, _ = tiny_en
     with pytest.raises(FormatError, match="CTranslate2 whisper model") as info:
-        Whisper.from_ct2(with_variable(ct2, name, value), config)
+        Whisper.load(with_variable(ct2, name, value), config)
     assert expected in str(info.value)
 
 
@@ -68,7 +68,7 @@ def test_ct2_config_json_token_lists_are_checked(tiny_en, tmp_path, field, value
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**config, field: value}))
     with pytest.raises(FormatError) as info:
-        Whisper.from_ct2(ct2, path)
+        Whisper.load(ct2, path)
     message = str(info.value)
     assert str(path) in message and f"'{field}'" in message and limit in message, message
 
@@ -78,7 +78,7 @@ def test_ct2_null_lists_count_as_absent(tiny_en):
     from candle_web.models.whisper import Whisper
 
     ct2, config, _ = tiny_en
-    model = Whisper.from_ct2(ct2, {**config, "lang_ids": None, "suppress_ids_begin": None})
+    model = Whisper.load(ct2, {**config, "lang_ids": None, "suppress_ids_begin": None})
     assert model.config.lang_ids == () and model.config.begin_suppress_tokens == ()
     assert len(model.config.suppress_tokens) == len(config["suppress_ids"])
 
@@ -95,7 +95,7 @@ def test_whisper_config_that_is_not_a_json_object(tiny_en, tmp_path, content, pr
     path = tmp_path / "config.json"
     path.write_bytes(content)
     with pytest.raises(FormatError, match="whisper config.json") as info:
-        Whisper.from_ct2(ct2, path)
+        Whisper.load(ct2, path)
     assert str(path) in str(info.value) and problem in str(info.value)
 
 
@@ -191,7 +191,7 @@ def test_llama_gguf_metadata_is_checked(tiny_state, tmp_path, metadata, expected
 
     path = to_gguf(tiny_state, TINY_CONFIG, tmp_path / "hostile.gguf", extra_metadata=metadata)
     with pytest.raises(FormatError) as info:
-        Llama.from_gguf(path)
+        Llama.load(path)
     message = str(info.value)
     assert message.startswith(f"GGUF {path}: ") and expected in message, message
 
@@ -214,12 +214,12 @@ BERT_BASE = {"vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_at
     ({"tie_word_embeddings": "false"}, "'tie_word_embeddings' must be true or false"),
 ])
 def test_t5_config_fields_are_checked(tmp_path, change, expected):
-    from candle_web.models.t5 import load_t5
+    from candle_web.models.t5 import T5ForConditionalGeneration
 
     (tmp_path / "config.json").write_text(json.dumps({**T5_BASE, **change}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(FormatError) as info:
-        load_t5(tmp_path)
+        T5ForConditionalGeneration.from_pretrained(tmp_path)
     assert str(tmp_path / "config.json") in str(info.value) and expected in str(info.value)
 
 
@@ -247,11 +247,12 @@ def test_bert_config_fields_are_checked(tmp_path, change, expected):
                                      b"[" * 100_000])  # deep nesting: json's RecursionError
 def test_t5_and_bert_config_that_is_not_a_json_object(tmp_path, model, content):
     from candle_web.models.bert import BertModel
-    from candle_web.models.t5 import load_t5
+    from candle_web.models.t5 import T5ForConditionalGeneration
 
     (tmp_path / "config.json").write_bytes(content)
     (tmp_path / "model.safetensors").write_bytes(b"")
-    load = load_t5 if model == "t5" else BertModel.from_pretrained
+    load = (T5ForConditionalGeneration.from_pretrained if model == "t5"
+            else BertModel.from_pretrained)
     with pytest.raises(FormatError, match=f"{model} config.json") as info:
         load(tmp_path)
     assert str(tmp_path / "config.json") in str(info.value)

@@ -156,7 +156,7 @@ def test_blocks_kept_quantized_give_the_same_logits(model_file, smollm2, referen
     logits up to summation order."""
     from candle_web.models.llama import Llama
 
-    packed = Llama.from_gguf(model_file(MODEL, GGUF_NAME), mode="quantized")
+    packed = Llama.load(model_file(MODEL, GGUF_NAME), mode="quantized")
     assert packed.lm_head.is_quantized and packed.embed.qtable is not None
     ids = reference["prompts"][1]["prompt_ids"]
     expected = smollm2[0]

@@ -69,7 +69,7 @@ def assert_same_decode(model, prompt, config, weights, path):
     backend's (the reference), not the numba generic path's: a mistake in a numba kernel that
     both paths share must not widen it."""
     expected_ids, expected = decode(model, prompt, STEPS, fused=False)
-    _, reference = decode(Llama.from_gguf(path, Device.cpu(backend="numpy")), prompt, STEPS,
+    _, reference = decode(Llama.load(path, device=Device.cpu(backend="numpy")), prompt, STEPS,
                           fused=False, feed=expected_ids)
     # The logits read: the prompt's last position, then one per decoded token.
     truth = float64_logits(config, weights, prompt + expected_ids[:-1])[len(prompt) - 1:]
@@ -84,7 +84,7 @@ def assert_same_decode(model, prompt, config, weights, path):
 def test_fused_step_equals_generic_path(numba_device, tmp_path, qtype):
     state, kind = random_state(TINY_CONFIG, seed=3), GgmlDType.parse(qtype)
     path = to_gguf(state, TINY_CONFIG, tmp_path / f"{qtype}.gguf", quantize_to=kind)
-    model = Llama.from_gguf(path, numba_device)
+    model = Llama.load(path, device=numba_device)
     assert model._fused_decoder_for_backend() is not None
     assert_same_decode(model, [1, 5, 9, 33, 70], TINY_CONFIG, dequantized_state(state, kind), path)
 
@@ -93,7 +93,7 @@ def test_fused_step_equals_generic_path(numba_device, tmp_path, qtype):
 def test_fused_step_with_k_quants(numba_device, tmp_path, qtype):
     state, kind = random_state(WIDE_CONFIG, seed=4), GgmlDType.parse(qtype)
     path = to_gguf(state, WIDE_CONFIG, tmp_path / f"{qtype}.gguf", quantize_to=kind)
-    model = Llama.from_gguf(path, numba_device)
+    model = Llama.load(path, device=numba_device)
     assert model._fused_decoder_for_backend() is not None
     assert_same_decode(model, [2, 7, 100], WIDE_CONFIG, dequantized_state(state, kind), path)
 
@@ -103,12 +103,12 @@ def test_fused_step_matches_a_full_pass(numba_device, tmp_path):
     the whole sequence (all_logits, generic path)."""
     state = random_state(TINY_CONFIG, seed=5)
     path = to_gguf(state, TINY_CONFIG, tmp_path / "q8.gguf", quantize_to=GgmlDType.Q8_0)
-    model = Llama.from_gguf(path, numba_device)
+    model = Llama.load(path, device=numba_device)
     ids, logits = decode(model, [4, 8], 6, fused=True)
     model.clear_kv_cache()
     sequence = [4, 8] + ids[:-1]
     full = model.forward([sequence], all_logits=True).to_numpy()[0]
-    reference = Llama.from_gguf(path, Device.cpu(backend="numpy")).forward(
+    reference = Llama.load(path, device=Device.cpu(backend="numpy")).forward(
         [sequence], all_logits=True).to_numpy()[0]
     truth = float64_logits(TINY_CONFIG, dequantized_state(state, GgmlDType.Q8_0), sequence)
     assert_near_truth(full, reference, truth, "full pass")
@@ -120,7 +120,7 @@ def test_fused_step_with_float_weights(numba_device, tmp_path):
     the same fused step through its f32 matrix-vector kernels."""
     state = random_state(TINY_CONFIG, seed=6)
     path = to_gguf(state, TINY_CONFIG, tmp_path / "f32.gguf")
-    model = Llama.from_gguf(path, numba_device, mode="dequantize")
+    model = Llama.load(path, device=numba_device, mode="dequantize")
     assert not model.lm_head.is_quantized
     assert model._fused_decoder_for_backend() is not None
     assert_same_decode(model, [3, 11, 40, 2], TINY_CONFIG, state, path)
@@ -129,4 +129,4 @@ def test_fused_step_with_float_weights(numba_device, tmp_path):
 def test_no_fused_step_on_numpy(tmp_path):
     path = to_gguf(random_state(TINY_CONFIG, seed=6), TINY_CONFIG, tmp_path / "q8.gguf",
                    quantize_to=GgmlDType.Q8_0)
-    assert Llama.from_gguf(path, Device.cpu(backend="numpy"))._fused_decoder_for_backend() is None
+    assert Llama.load(path, device=Device.cpu(backend="numpy"))._fused_decoder_for_backend() is None

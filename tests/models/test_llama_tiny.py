@@ -53,9 +53,21 @@ def test_hf_checkpoint_matches_transformers(hf_model, state):
     assert hf_model.config.rope_interleaved is False
 
 
+def test_weight_names_agree_with_the_gguf_package(state):
+    """The model's HF -> GGUF name table (which also writes this file's GGUF checkpoints) is
+    llama.cpp's converter mapping, as the `gguf` package states it."""
+    gguf = pytest.importorskip("gguf")
+    from candle_web.models.llama import LLAMA_WEIGHT_NAMES
+
+    mapping = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, TINY_CONFIG["num_hidden_layers"])
+    for hf_name in state:
+        expected = mapping.get_name(hf_name, try_suffixes=(".weight",))
+        assert LLAMA_WEIGHT_NAMES.translate(hf_name, "hf", "gguf") == expected, hf_name
+
+
 def test_gguf_layout_gives_the_same_logits_as_hf_layout(hf_model, state, tmp_path):
     # GGUF Q/K rows are permuted and rotated with rope_i; HF rows rotate halves with rope.
-    model = Llama.from_gguf(to_gguf(state, TINY_CONFIG, tmp_path / "tiny.gguf"))
+    model = Llama.load(to_gguf(state, TINY_CONFIG, tmp_path / "tiny.gguf"))
     assert model.config.rope_interleaved is True
     np.testing.assert_allclose(logits_of(model, IDS), logits_of(hf_model, IDS), atol=1e-5, rtol=0)
 
@@ -120,7 +132,7 @@ def test_gguf_rope_freqs_tensor_applies_llama3_scaling(state, tmp_path):
     factors = (plain / scaled.numpy().astype(np.float64)).astype(np.float32)
     path = to_gguf(state, TINY_CONFIG, tmp_path / "scaled.gguf",
                    extra_tensors={"rope_freqs.weight": factors})
-    model = Llama.from_gguf(path)
+    model = Llama.load(path)
     assert model.config.rope_scaling.kind == "freq_factors"
     ids = list(np.random.default_rng(1).integers(0, TINY_CONFIG["vocab_size"], 40))
     np.testing.assert_allclose(logits_of(model, ids), transformers_logits(config, state, ids),
@@ -134,7 +146,7 @@ def test_tied_embeddings_in_both_layouts(tmp_path):
     assert "lm_head.weight" not in state
     expected = transformers_logits(config, state, IDS)
     hf = Llama.from_pretrained(to_hf_folder(state, config, tmp_path / "hf"))
-    gguf = Llama.from_gguf(to_gguf(state, config, tmp_path / "tied.gguf"))
+    gguf = Llama.load(to_gguf(state, config, tmp_path / "tied.gguf"))
     assert hf.config.tie_word_embeddings and gguf.config.tie_word_embeddings
     np.testing.assert_allclose(logits_of(hf, IDS), expected, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(logits_of(gguf, IDS), expected, atol=TOLERANCE, rtol=0)
@@ -161,8 +173,8 @@ def test_quantized_and_dequantized_matmul_modes_agree(state, tmp_path):
     the float64 truth (transformers on the decoded weights) as assert_near_truth allows."""
     pytest.importorskip("transformers")
     path = to_gguf(state, TINY_CONFIG, tmp_path / "q8.gguf", quantize_to=GgmlDType.Q8_0)
-    dense = Llama.from_gguf(path, mode="dequantize")
-    packed = Llama.from_gguf(path, mode="quantized")
+    dense = Llama.load(path, mode="dequantize")
+    packed = Llama.load(path, mode="quantized")
     assert not dense.blocks[0].attn.qkv.is_quantized
     assert packed.blocks[0].attn.qkv.is_quantized and packed.embed.qtable is not None
     truth = transformers_logits(TINY_CONFIG, dequantized_state(state, GgmlDType.Q8_0), IDS,
@@ -174,7 +186,7 @@ def test_quantized_and_dequantized_matmul_modes_agree(state, tmp_path):
 def test_unsupported_gguf_architecture_is_named(state, tmp_path):
     path = to_gguf(state, TINY_CONFIG, tmp_path / "mamba.gguf", arch="mamba")
     with pytest.raises(UnsupportedError, match="mamba"):
-        Llama.from_gguf(path)
+        Llama.load(path)
 
 
 def test_unsupported_hf_model_type_is_named(state, tmp_path):
@@ -191,7 +203,7 @@ def test_unsupported_rope_scaling_is_named(state, tmp_path):
                    extra_metadata={"llama.rope.scaling.type": "yarn",
                                    "llama.rope.scaling.factor": 4.0})
     with pytest.raises(UnsupportedError, match="yarn"):
-        Llama.from_gguf(path)
+        Llama.load(path)
 
 
 def test_gguf_tensor_disagreeing_with_its_metadata(state, tmp_path):
@@ -205,7 +217,7 @@ def test_gguf_tensor_disagreeing_with_its_metadata(state, tmp_path):
     tensors = {name: gguf.qtensor(name) for name in gguf.tensors}
     write_gguf(tmp_path / "lying2.gguf", metadata, tensors)
     with pytest.raises(ShapeMismatch, match="ffn_gate"):
-        Llama.from_gguf(tmp_path / "lying2.gguf")
+        Llama.load(tmp_path / "lying2.gguf")
 
 
 def test_gguf_missing_metadata_key(state, tmp_path):
@@ -217,7 +229,7 @@ def test_gguf_missing_metadata_key(state, tmp_path):
     gguf = GgufFile(tmp_path / "full.gguf")
     write_gguf(tmp_path / "missing.gguf", metadata, {n: gguf.qtensor(n) for n in gguf.tensors})
     with pytest.raises(FormatError, match="llama.block_count"):
-        Llama.from_gguf(tmp_path / "missing.gguf")
+        Llama.load(tmp_path / "missing.gguf")
 
 
 def test_bad_ids_and_positions(hf_model):
@@ -233,7 +245,7 @@ def test_bad_ids_and_positions(hf_model):
 def test_gguf_from_bytes_as_in_the_browser(state, tmp_path, hf_model):
     """The browser hands the fetched file over as bytes (no path, no mmap)."""
     data = to_gguf(state, TINY_CONFIG, tmp_path / "tiny.gguf").read_bytes()
-    model = Llama.from_gguf(data)
+    model = Llama.load(data)
     np.testing.assert_allclose(logits_of(model, IDS), logits_of(hf_model, IDS), atol=1e-5, rtol=0)
 
 

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from candle_web.core.errors import FormatError, ShapeMismatch, UnsupportedError
-from candle_web.models.t5 import (GenerationOptions, T5Config, T5TextGenerator, load_t5,
-                                  load_t5_safetensors, relative_position_bucket)
+from candle_web.models.t5 import (GenerationOptions, T5Config, T5ForConditionalGeneration,
+                                  relative_position_bucket)
+from candle_web.pipelines.text2text import T5TextGenerator
 from candle_web.tokenizers import Tokenizer
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "reference"
@@ -55,7 +56,8 @@ def model_dirs(recorder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(model_dirs):
-    return {name: load_t5(folder) for name, folder in model_dirs.items()}
+    return {name: T5ForConditionalGeneration.from_pretrained(folder)
+            for name, folder in model_dirs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +224,7 @@ def test_empty_prompt_still_generates(models, tokenizer):
 def test_over_long_input_is_truncated_with_a_notice(model_dirs, tokenizer):
     config = json.loads((model_dirs["v1_0"] / "config.json").read_text())
     config["n_positions"] = 16
-    model = load_t5_safetensors(str(model_dirs["v1_0"] / "model.safetensors"), config)
+    model = T5ForConditionalGeneration.load(str(model_dirs["v1_0"] / "model.safetensors"), config)
     generator = T5TextGenerator(model, tokenizer)
     long_prompt = "summarize: " + "the quick brown fox jumps over the lazy dog " * 20
     with pytest.warns(UserWarning, match="truncated"):
@@ -264,7 +266,8 @@ def test_checkpoint_shape_mismatch_names_the_tensor(recorder, tmp_path):
     weights[name] = weights[name][:, :-1].copy()
     save(weights, tmp_path / "model.safetensors")
     with pytest.raises(ShapeMismatch, match=r"EncDecAttention\.k\.weight.*\[32, 32\].*\[32, 31\]"):
-        load_t5_safetensors(str(tmp_path / "model.safetensors"), recorder.config_json("v1_0"))
+        T5ForConditionalGeneration.load(str(tmp_path / "model.safetensors"),
+                                        recorder.config_json("v1_0"))
 
 
 def test_bad_ids_and_masks_are_refused(models):

@@ -17,7 +17,7 @@ import pytest
 
 from candle_web.core.errors import FormatError, ShapeMismatch, UnsupportedError
 from candle_web.io.gguf import write_gguf
-from candle_web.models.t5 import (GenerationOptions, llama_cpp_name, load_t5, load_t5_gguf)
+from candle_web.models.t5 import GenerationOptions, T5_WEIGHT_NAMES, T5ForConditionalGeneration
 from candle_web.quantized.qtensor import QTensor
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "reference"
@@ -40,7 +40,8 @@ def recorder():
 @pytest.fixture(scope="module")
 def reference_models(recorder, tmp_path_factory):
     root = tmp_path_factory.mktemp("t5-st")
-    return {name: load_t5(recorder.write_model(name, root / name)) for name in ("v1_0", "v1_1")}
+    return {name: T5ForConditionalGeneration.from_pretrained(
+        recorder.write_model(name, root / name)) for name in ("v1_0", "v1_1")}
 
 
 def llama_cpp_metadata(config: dict) -> dict:
@@ -57,6 +58,10 @@ def llama_cpp_metadata(config: dict) -> dict:
             "tokenizer.ggml.padding_token_id": 0}
 
 
+def llama_cpp_name(hf_name: str) -> str:
+    return T5_WEIGHT_NAMES.translate(hf_name, "hf", "gguf")
+
+
 def outputs(model):
     encoder = model.encode(PROMPT_IDS).to_numpy()
     logits = model.forward(PROMPT_IDS, DECODER_IDS).to_numpy()
@@ -67,11 +72,11 @@ def outputs(model):
 def test_gguf_with_hf_names_and_config_equals_safetensors(name, recorder, reference_models, tmp_path):
     path = tmp_path / "model.gguf"
     write_gguf(path, {}, recorder.random_t5_weights(name))
-    model = load_t5_gguf(path, recorder.config_json(name))
+    model = T5ForConditionalGeneration.load(path, recorder.config_json(name))
     for ours, expected in zip(outputs(model), outputs(reference_models[name])):
         np.testing.assert_allclose(ours, expected, rtol=0, atol=EXACT_ATOL)
     with pytest.raises(FormatError, match="pass its config.json"):
-        load_t5_gguf(path)
+        T5ForConditionalGeneration.load(path)
 
 
 def test_llama_cpp_names_agree_with_the_gguf_package(recorder):
@@ -90,11 +95,12 @@ def test_llama_cpp_gguf_with_metadata_equals_safetensors(name, recorder, referen
     tensors = {llama_cpp_name(k): v for k, v in recorder.random_t5_weights(name).items()}
     path = tmp_path / "t5.gguf"
     write_gguf(path, llama_cpp_metadata(config), tensors)
-    model = load_t5(path)  # a lone .gguf file: the config comes from the metadata
+    # a lone .gguf file: the config comes from the metadata
+    model = T5ForConditionalGeneration.from_pretrained(path)
     assert model.config.is_gated_act == (name == "v1_1")
     assert model.config.scale_decoder_outputs == (name == "v1_0")  # no output.weight: tied
     # llama.cpp does not store the maximum distance; these test configs use non-default ones.
-    model = load_t5_gguf(path, config)
+    model = T5ForConditionalGeneration.load(path, config)
     for ours, expected in zip(outputs(model), outputs(reference_models[name])):
         np.testing.assert_allclose(ours, expected, rtol=0, atol=EXACT_ATOL)
 
@@ -107,8 +113,8 @@ def test_q8_0_gguf_stays_close_and_both_matmul_modes_agree(recorder, reference_m
     path = tmp_path / "t5-q8_0.gguf"
     config = recorder.config_json("v1_0")
     write_gguf(path, llama_cpp_metadata(config), tensors)
-    dequantized = load_t5_gguf(path, config, mode="dequantize")
-    kept = load_t5_gguf(path, config, mode="quantized")
+    dequantized = T5ForConditionalGeneration.load(path, config, mode="dequantize")
+    kept = T5ForConditionalGeneration.load(path, config, mode="quantized")
     assert kept.encoder_blocks[0].attn.q.is_quantized
     assert not dequantized.encoder_blocks[0].attn.q.is_quantized
     expected_encoder, expected_logits = outputs(reference_models["v1_0"])
@@ -130,21 +136,21 @@ def test_bad_gguf_files_are_refused(recorder, tmp_path):
     path = tmp_path / "no-meta.gguf"
     write_gguf(path, {k: v for k, v in metadata.items() if k != "t5.attention.head_count"}, tensors)
     with pytest.raises(FormatError, match="t5.attention.head_count"):
-        load_t5_gguf(path)
+        T5ForConditionalGeneration.load(path)
 
     path = tmp_path / "llama.gguf"
     write_gguf(path, {**metadata, "general.architecture": "llama"}, tensors)
     with pytest.raises(UnsupportedError, match="'llama' is not t5"):
-        load_t5_gguf(path)
+        T5ForConditionalGeneration.load(path)
 
     path = tmp_path / "bad-shape.gguf"
     bad = dict(tensors)
     bad["dec.blk.1.cross_attn_v.weight"] = bad["dec.blk.1.cross_attn_v.weight"][:16].copy()
     write_gguf(path, metadata, bad)
     with pytest.raises(ShapeMismatch, match=r"dec\.blk\.1\.cross_attn_v\.weight.*\[16, 32\].*\[32, 32\]"):
-        load_t5_gguf(path)
+        T5ForConditionalGeneration.load(path)
 
     path = tmp_path / "not-t5.gguf"
     write_gguf(path, {"general.architecture": "llama"}, {"blk.0.attn_q.weight": np.zeros((4, 4), np.float32)})
     with pytest.raises(FormatError, match="not a T5 model"):
-        load_t5_gguf(path)
+        T5ForConditionalGeneration.load(path)

@@ -94,7 +94,7 @@ def hf_checkpoint(tmp_path_factory, model_file):
 def test_hf_layout_gives_the_same_tokens_as_ct2(hf_checkpoint, whisper_models, speech_clips):
     folder, config = hf_checkpoint
     ct2_model, tokenizer = whisper_models("whisper-tiny.en")
-    hf_model = Whisper.from_safetensors(str(folder / "model.safetensors"), config)
+    hf_model = Whisper.load(str(folder / "model.safetensors"), config)
     samples = speech_clips["goforward.raw"]
     greedy = TranscribeOptions(temperatures=(0.0,))
     want = [s.tokens for s in transcribe(ct2_model, tokenizer, samples, greedy).segments]
@@ -111,7 +111,7 @@ def test_logits_match_transformers(hf_checkpoint, speech_clips):
 
     folder, config = hf_checkpoint
     reference = transformers.WhisperForConditionalGeneration.from_pretrained(str(folder)).eval()
-    ours = Whisper.from_safetensors(str(folder / "model.safetensors"), config)
+    ours = Whisper.load(str(folder / "model.safetensors"), config)
     mel = audio.pad_or_trim(audio.log_mel_spectrogram(speech_clips["something.raw"]), audio.N_FRAMES)
     prefix = np.array([[50257, 50363, 1514, 7382]], dtype=np.int64)  # sot, 0.00, " Go", " somewhere"
     with torch.no_grad():

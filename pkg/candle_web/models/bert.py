@@ -1,29 +1,23 @@
-"""BERT (Devlin et al. 2019) as a sentence embedder (sentence-transformers style), top to bottom.
+"""BERT (Devlin et al. 2019) for sentence embeddings (sentence-transformers style), top to bottom.
 
     ids, token types [b, t] -> embeddings: word + position + token type, LayerNorm
       -> n x post-norm layer: x = LN(x + attn(x)); x = LN(x + W2 gelu(W1 x))
       -> hidden states [b, t, d]
       -> mean over the real tokens (attention mask) -> L2-normalised vector [b, d]
-    similarity = cosine = dot product of normalised vectors
 
 all-MiniLM-L6-v2 (the registry's "all-minilm-l6-v2") is exactly this: 6 layers, 384 dims,
-mean pooling, normalised. Its tokenizer.json pads every input to 128 tokens and truncates at 128:
-padding is turned off here (the batch is padded to its longest input and masked instead), and
-an input longer than the limit is truncated with a warning and a `truncated` flag.
+mean pooling, normalised. Sentences in, vectors out (tokenizing, batching, truncation) is
+pipelines/embed.py.
 
-Weight names (HF `BertModel`; a `bert.` prefix, as in BertForMaskedLM checkpoints, is accepted):
-    embeddings.word_embeddings | position_embeddings | token_type_embeddings .weight
-    embeddings.LayerNorm.weight|bias
-    encoder.layer.N.attention.self.query|key|value .weight|bias     -> fused qkv here
-    encoder.layer.N.attention.output.dense, .attention.output.LayerNorm
-    encoder.layer.N.intermediate.dense, encoder.layer.N.output.dense, .output.LayerNorm
-The pooler (pooler.dense, tanh of the first token) is not used by sentence embeddings.
+Weights: HF `BertModel` names through the table BERT_WEIGHT_NAMES at the end of this file (a
+`bert.` prefix, as in BertForMaskedLM checkpoints, is accepted); query/key/value are stacked
+into one matrix at load. The pooler (pooler.dense, tanh of the first token) is not used by
+sentence embeddings.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,21 +26,19 @@ import numpy as np
 from ..core import dtype as dt
 from ..core.device import Device
 from ..core.errors import FormatError, ModelNotFound, ShapeMismatch
+from ..io.weights import WeightNames, open_weights
 from ..nn import ops
 from ..nn.layers import Activation, LayerNorm, Linear
+from ..nn.var_builder import VarBuilder
 from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 from .inputs import additive_padding_mask, token_ids
 
 REQUIRED_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers",
                           "num_attention_heads", "intermediate_size", "max_position_embeddings")
-# Sentences embedded per forward pass: padding is to the longest in the batch, so batches are
-# formed from inputs sorted by length.
-DEFAULT_BATCH_SIZE = 32
-# Padded tokens per forward pass: bounds memory (attention is [batch, heads, t, t]) and the
-# work wasted on padding when lengths differ.
-MAX_BATCH_TOKENS = 2048
-PADDING_RATIO = 2
+# What a BertForMaskedLM (or BertForSequenceClassification...) checkpoint puts before the
+# BertModel names.
+TASK_MODEL_PREFIX = "bert."
 
 
 @dataclass(frozen=True)
@@ -158,28 +150,33 @@ class BertModel:
 
     # -- loading ----------------------------------------------------------------------------
     @staticmethod
-    def from_safetensors(weights, config, device=None) -> "BertModel":
-        """HF safetensors (path(s) or bytes) + config.json (path, dict or BertConfig)."""
-        from ..nn.var_builder import VarBuilder
-
+    def load(weights, config, device=None) -> "BertModel":
+        """weights: a weights source (io/weights.py) or what `open_weights` takes (safetensors
+        path(s) or bytes, a dict of arrays); config: a BertConfig or config.json (path, bytes
+        or parsed). Every tensor is checked against the shape the config implies."""
         device = Device.parse(device)
+        # First: a broken config.json is named before the weights load.
         config = _read_config(config)
-        vb = VarBuilder.from_safetensors(weights, dt.f32, device)
-        if not vb.contains("embeddings.word_embeddings.weight") and vb.contains(
-                "bert.embeddings.word_embeddings.weight"):
-            vb = vb.pp("bert")
+        weights = open_weights(weights)
+        names = BERT_WEIGHT_NAMES.view(weights, "hf")
+        if not names.has("embeddings.word"):
+            prefixed = BERT_WEIGHT_NAMES.view(weights, "hf", TASK_MODEL_PREFIX)
+            names = prefixed if prefixed.has("embeddings.word") else names
+        vb = VarBuilder(names, dt.f32, device)
         return _build(config, vb, device)
 
     @staticmethod
     def from_pretrained(folder, device=None) -> "BertModel":
+        """A folder with config.json and *.safetensors."""
         folder = Path(folder)
         shards = sorted(folder.glob("*.safetensors"))
         if not (folder / "config.json").exists() or not shards:
             raise ModelNotFound(f"{folder}: expected config.json and *.safetensors BERT weights")
-        return BertModel.from_safetensors([str(s) for s in shards], folder / "config.json", device)
+        return BertModel.load([str(s) for s in shards], folder / "config.json", device)
 
 
-def _build(config: BertConfig, vb, device) -> BertModel:
+def _build(config: BertConfig, vb: VarBuilder, device) -> BertModel:
+    """The modules from the weights, by the model's names (BERT_WEIGHT_NAMES)."""
     d, ffn, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
 
     def linear(v, out_dim, in_dim):
@@ -190,22 +187,21 @@ def _build(config: BertConfig, vb, device) -> BertModel:
 
     emb = vb.pp("embeddings")
     embeddings = BertEmbeddings(
-        emb.get((config.vocab_size, d), "word_embeddings.weight"),
-        emb.get((config.max_position_embeddings, d), "position_embeddings.weight"),
-        emb.get((config.type_vocab_size, d), "token_type_embeddings.weight"),
-        layer_norm(emb.pp("LayerNorm")))
+        emb.get((config.vocab_size, d), "word"),
+        emb.get((config.max_position_embeddings, d), "position"),
+        emb.get((config.type_vocab_size, d), "token_type"), layer_norm(emb.pp("norm")))
     layers = []
     for i in range(config.num_hidden_layers):
-        v = vb.pp(f"encoder.layer.{i}")
-        q, k, vv = (linear(v.pp(f"attention.self.{n}"), d, d) for n in ("query", "key", "value"))
+        v = vb.pp(f"layers.{i}")
+        q, k, vv = (linear(v.pp(f"attention.{n}"), d, d) for n in ("q", "k", "v"))
         qkv = Linear(Tensor.cat([q.weight, k.weight, vv.weight], 0),
                      Tensor.cat([q.bias, k.bias, vv.bias], 0))
-        attention = BertSelfAttention(qkv, linear(v.pp("attention.output.dense"), d, d),
+        attention = BertSelfAttention(qkv, linear(v.pp("attention.out"), d, d),
                                       config.num_attention_heads)
-        layers.append(BertLayer(attention, layer_norm(v.pp("attention.output.LayerNorm")),
-                                linear(v.pp("intermediate.dense"), ffn, d),
-                                linear(v.pp("output.dense"), d, ffn),
-                                layer_norm(v.pp("output.LayerNorm")), config.hidden_act))
+        layers.append(BertLayer(attention, layer_norm(v.pp("attention_norm")),
+                                linear(v.pp("intermediate"), ffn, d),
+                                linear(v.pp("output"), d, ffn), layer_norm(v.pp("output_norm")),
+                                config.hidden_act))
     return BertModel(config, embeddings, layers, device)
 
 
@@ -217,7 +213,7 @@ def _read_config(config) -> BertConfig:
     return BertConfig.from_hf_config(read_json_config(config, "bert config.json"), source)
 
 
-# -- pooling and similarity -----------------------------------------------------------------
+# -- pooling ------------------------------------------------------------------------------
 def mean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """Mean of the hidden states of the real tokens: [b, t, d], [b, t] -> [b, d]."""
     mask = np.asarray(attention_mask, dtype=np.float32)[:, :, None]
@@ -230,117 +226,31 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(norms, 1e-12)  # torch.nn.functional.normalize's eps
 
 
-def cosine_similarity(a: np.ndarray, b: np.ndarray = None) -> np.ndarray:
-    """Pairwise cosine similarity [n, m] of the rows of a and b (b defaults to a)."""
-    a = l2_normalize(np.atleast_2d(np.asarray(a, dtype=np.float32)))
-    b = a if b is None else l2_normalize(np.atleast_2d(np.asarray(b, dtype=np.float32)))
-    return a @ b.T
+# -- weight names ---------------------------------------------------------------------------
+# The model's names (its modules' attribute paths; query/key/value, stacked at load, by their
+# own names) -> HF `BertModel` names.
+BERT_WEIGHT_NAMES = WeightNames(("hf",), {
+    "embeddings.word": ("embeddings.word_embeddings.weight",),
+    "embeddings.position": ("embeddings.position_embeddings.weight",),
+    "embeddings.token_type": ("embeddings.token_type_embeddings.weight",),
+    "embeddings.norm.weight": ("embeddings.LayerNorm.weight",),
+    "embeddings.norm.bias": ("embeddings.LayerNorm.bias",),
+    "layers.{i}.attention.q.weight": ("encoder.layer.{i}.attention.self.query.weight",),
+    "layers.{i}.attention.q.bias": ("encoder.layer.{i}.attention.self.query.bias",),
+    "layers.{i}.attention.k.weight": ("encoder.layer.{i}.attention.self.key.weight",),
+    "layers.{i}.attention.k.bias": ("encoder.layer.{i}.attention.self.key.bias",),
+    "layers.{i}.attention.v.weight": ("encoder.layer.{i}.attention.self.value.weight",),
+    "layers.{i}.attention.v.bias": ("encoder.layer.{i}.attention.self.value.bias",),
+    "layers.{i}.attention.out.weight": ("encoder.layer.{i}.attention.output.dense.weight",),
+    "layers.{i}.attention.out.bias": ("encoder.layer.{i}.attention.output.dense.bias",),
+    "layers.{i}.attention_norm.weight": ("encoder.layer.{i}.attention.output.LayerNorm.weight",),
+    "layers.{i}.attention_norm.bias": ("encoder.layer.{i}.attention.output.LayerNorm.bias",),
+    "layers.{i}.intermediate.weight": ("encoder.layer.{i}.intermediate.dense.weight",),
+    "layers.{i}.intermediate.bias": ("encoder.layer.{i}.intermediate.dense.bias",),
+    "layers.{i}.output.weight": ("encoder.layer.{i}.output.dense.weight",),
+    "layers.{i}.output.bias": ("encoder.layer.{i}.output.dense.bias",),
+    "layers.{i}.output_norm.weight": ("encoder.layer.{i}.output.LayerNorm.weight",),
+    "layers.{i}.output_norm.bias": ("encoder.layer.{i}.output.LayerNorm.bias",),
+}, marker="embeddings.word")
 
-
-# -- sentences in, vectors out --------------------------------------------------------------
-@dataclass
-class Embeddings:
-    vectors: np.ndarray  # [n, d] float32, L2-normalised unless asked otherwise
-    token_counts: list  # tokens used per sentence (after truncation, with [CLS]/[SEP])
-    truncated: list  # per sentence: was it longer than the limit
-
-    def similarity(self) -> np.ndarray:
-        return cosine_similarity(self.vectors)
-
-
-class SentenceEmbedder:
-    """BertModel + tokenizer -> sentence vectors (mean pooling, L2 normalisation)."""
-
-    def __init__(self, model: BertModel, tokenizer, max_tokens: int = None):
-        self.model = model
-        self.tokenizer = tokenizer
-        # The limit: the tokenizer.json truncation length when it has one (what the model was
-        # used with), never more than the model's positions.
-        limit = model.config.max_position_embeddings
-        truncation = getattr(tokenizer, "truncation", None)
-        if max_tokens is None and truncation is not None:
-            max_tokens = truncation.max_length
-        self.max_tokens = min(limit, max_tokens) if max_tokens else limit
-        # Tokenize the whole input and cut here, so that a cut can be reported.
-        if truncation is not None:
-            tokenizer.no_truncation()
-        if getattr(tokenizer, "padding", None) is not None:
-            tokenizer.no_padding()
-        sep = tokenizer.token_to_id("[SEP]")
-        self.sep_id = sep
-
-    def tokenize(self, text: str) -> tuple:
-        """(ids, truncated): [CLS] ... [SEP], cut to max_tokens keeping the final [SEP]."""
-        if not isinstance(text, str):
-            raise TypeError(f"embed: expected str sentences, got {type(text).__name__}")
-        ids = list(self.tokenizer.encode(text).ids)
-        if len(ids) <= self.max_tokens:
-            return ids, False
-        if self.sep_id is not None and ids[-1] == self.sep_id:
-            return ids[:self.max_tokens - 1] + [self.sep_id], True
-        return ids[:self.max_tokens], True
-
-    def embed(self, sentences, normalize: bool = True,
-              batch_size: int = DEFAULT_BATCH_SIZE) -> Embeddings:
-        if isinstance(sentences, str):
-            sentences = [sentences]
-        sentences = list(sentences)
-        hidden = self.model.config.hidden_size
-        if not sentences:
-            return Embeddings(np.zeros((0, hidden), np.float32), [], [])
-        tokenized = [self.tokenize(text) for text in sentences]
-        cut = [index for index, (_, truncated) in enumerate(tokenized) if truncated]
-        if cut:
-            warnings.warn(f"embed: {len(cut)} input(s) longer than the model's limit of "
-                          f"{self.max_tokens} tokens were truncated (inputs {cut[:10]})",
-                          stacklevel=2)
-        vectors = np.zeros((len(sentences), hidden), np.float32)
-        for rows in _length_batches([len(ids) for ids, _ in tokenized], batch_size):
-            width = max(len(tokenized[row][0]) for row in rows)
-            ids = np.full((len(rows), width), self.model.config.pad_token_id, np.int64)
-            mask = np.zeros((len(rows), width), np.int64)
-            for i, row in enumerate(rows):
-                tokens = tokenized[row][0]
-                ids[i, :len(tokens)] = tokens
-                mask[i, :len(tokens)] = 1
-            states = self.model(ids, mask).to_numpy()
-            vectors[rows] = mean_pool(states, mask)
-        if normalize:
-            vectors = l2_normalize(vectors)
-        return Embeddings(vectors.astype(np.float32), [len(ids) for ids, _ in tokenized],
-                          [truncated for _, truncated in tokenized])
-
-
-# -- helpers --------------------------------------------------------------------------------
-def _length_batches(lengths: list, batch_size: int) -> list:
-    """Row indices grouped for batched forwards: sorted by length, and cut where the longest
-    input would be more than PADDING_RATIO times the shortest, or the batch would exceed
-    MAX_BATCH_TOKENS padded tokens (one long input does not pad many short ones to its length)."""
-    order = sorted(range(len(lengths)), key=lambda index: lengths[index])
-    batches, current = [], []
-    for index in order:
-        width = lengths[index]  # the longest so far: the order is ascending
-        too_uneven = width > PADDING_RATIO * lengths[current[0]] if current else False
-        if current and (len(current) >= batch_size or too_uneven
-                        or (len(current) + 1) * width > MAX_BATCH_TOKENS):
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def load_sentence_embedder(folder, device=None) -> SentenceEmbedder:
-    """A folder with config.json, *.safetensors and tokenizer.json."""
-    from ..tokenizers import Tokenizer
-
-    folder = Path(folder)
-    tokenizer_path = folder / "tokenizer.json"
-    if not tokenizer_path.exists():
-        raise ModelNotFound(f"{folder}: no tokenizer.json next to the BERT weights")
-    return SentenceEmbedder(BertModel.from_pretrained(folder, device), Tokenizer.from_file(tokenizer_path))
-
-
-__all__ = ["BertConfig", "BertModel", "SentenceEmbedder", "Embeddings", "mean_pool",
-           "l2_normalize", "cosine_similarity", "load_sentence_embedder"]
+__all__ = ["BertConfig", "BertModel", "BERT_WEIGHT_NAMES", "mean_pool", "l2_normalize"]

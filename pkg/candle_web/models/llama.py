@@ -7,19 +7,11 @@
       -> rms_norm -> logits = x @ W_out^T   [b, vocab] (last position) or [b, t, vocab]
     W_out is the embedding table when the checkpoint has no separate output weight (tied).
 
-Weights load from two layouts onto the same modules:
-
-    GGUF (quantized)          HF safetensors (float)                      here
-    token_embd.weight         model.embed_tokens.weight                   embed
-    blk.N.attn_norm.weight    model.layers.N.input_layernorm.weight       blocks[N].attn_norm
-    blk.N.attn_q|k|v.weight   model.layers.N.self_attn.q|k|v_proj.weight  blocks[N].attn.qkv
-    blk.N.attn_output.weight  model.layers.N.self_attn.o_proj.weight      blocks[N].attn.out
-    blk.N.ffn_norm.weight     model.layers.N.post_attention_layernorm.w.  blocks[N].mlp_norm
-    blk.N.ffn_gate|up.weight  model.layers.N.mlp.gate|up_proj.weight      blocks[N].mlp.gate_up
-    blk.N.ffn_down.weight     model.layers.N.mlp.down_proj.weight         blocks[N].mlp.down
-    output_norm.weight        model.norm.weight                           norm
-    output.weight             lm_head.weight                              lm_head
-    rope_freqs.weight         (rope_scaling llama3 in config.json)        rotary (freq factors)
+Weights load from HF safetensors (float) and GGUF (quantized) onto the same modules, through
+the table LLAMA_WEIGHT_NAMES at the end of this file; Q/K/V are stacked into one matrix and so
+are gate/up (one matmul each per step). The head is the embedding table when the checkpoint has
+no separate output weight (tied). llama3 rope scaling: `rope_scaling` in config.json, or a
+`rope_freqs.weight` tensor in GGUF (read with the config).
 
 RoPE layouts: llama.cpp's converter permutes the rows of Q and K inside each head so that the
 rotated pairs are adjacent (the original Meta layout), so GGUF weights use interleaved RoPE
@@ -50,10 +42,12 @@ from ..core import dtype as dt
 from ..backend import parts
 from ..core.device import Device
 from ..core.errors import FormatError, IndexOutOfRange, ModelNotFound, ShapeMismatch, UnsupportedError
+from ..io.weights import GgufWeights, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import RmsNorm
 from ..nn.rotary import rope, rope_frequencies, rope_i
+from ..nn.var_builder import VarBuilder
 from ..quantized.qmatmul import QMatMul
 from ..quantized.qtensor import QTensor
 from ..core.tensor import Tensor
@@ -460,96 +454,36 @@ class Llama:
 
     # -- loading ------------------------------------------------------------------------
     @staticmethod
-    def from_gguf(source, device=None, mode: str = "auto") -> "Llama":
-        """From a GGUF file (path, bytes or GgufFile). `mode` chooses how quantized matmuls
-        run (see quantized/qmatmul.py): by default the numpy backend dequantizes at load."""
-        from ..io.gguf import GgufFile
-
-        gguf = source if isinstance(source, GgufFile) else GgufFile(source)
-        cfg = LlamaConfig.from_gguf(gguf)
+    def load(weights, config=None, device=None, mode: str = "auto",
+             chat_template: str = None) -> "Llama":
+        """weights: a weights source (io/weights.py) or what `open_weights` takes (a .gguf,
+        safetensors path(s) or bytes, a dict of arrays or QTensors); config: a LlamaConfig or
+        HF config.json (path, bytes or parsed), or None for a GGUF (config, and chat template,
+        from its metadata). `mode` chooses how quantized matmuls run (quantized/qmatmul.py): by
+        default the numpy backend dequantizes at load. Weights of any float dtype compute in
+        f32; every tensor is checked against the shape the config implies, so a file whose
+        tensors disagree with its own metadata fails here, naming the tensor."""
+        if config is not None and not isinstance(config, LlamaConfig):
+            source = (f"llama config.json {config}" if isinstance(config, (str, Path))
+                      else "llama config.json")
+            config = LlamaConfig.from_hf_config(read_json_config(config, "llama config.json"),
+                                                source)
+        weights = open_weights(weights)
+        gguf = weights.gguf if isinstance(weights, GgufWeights) else None
+        if config is None:
+            if gguf is None:
+                raise FormatError(f"{weights.label}: pass the model's config.json (only a GGUF "
+                                  f"carries its own config)")
+            config = LlamaConfig.from_gguf(gguf)
+        if chat_template is None and gguf is not None:
+            chat_template = gguf.metadata.get("tokenizer.chat_template")
+        naming = LLAMA_WEIGHT_NAMES.naming_of(weights)
+        if naming is None:
+            raise FormatError(f"{weights.label}: no token embedding (model.embed_tokens.weight "
+                              f"or token_embd.weight); not a LLaMA-family model")
         device = Device.parse(device)
-
-        d, hd, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-        kv_rows = cfg.num_kv_heads * hd
-        # Each tensor's expected [rows, cols]: a file whose tensors disagree with its own
-        # metadata fails here, naming the tensor, not later inside a matmul.
-        shapes = {"attn_q": (cfg.num_heads * hd, d), "attn_k": (kv_rows, d),
-                  "attn_v": (kv_rows, d), "attn_output": (d, cfg.num_heads * hd),
-                  "ffn_gate": (ffn, d), "ffn_up": (ffn, d), "ffn_down": (d, ffn),
-                  "attn_norm": (d,), "ffn_norm": (d,), "token_embd": (cfg.vocab_size, d),
-                  "output": (cfg.vocab_size, d), "output_norm": (d,)}
-
-        def qtensor(name):
-            tensor = gguf.qtensor(name)
-            expected = shapes[name.split(".")[-2]]
-            if tensor.shape != expected:
-                raise ShapeMismatch(f"GGUF {gguf.source}: tensor {name} has shape "
-                                    f"{list(tensor.shape)}, the metadata implies "
-                                    f"{list(expected)}")
-            return tensor
-
-        def vector(name):
-            return Tensor.from_numpy(qtensor(name).dequantize(), dt.f32, device)
-
-        def matmul(*names):
-            return QMatMul.fused([qtensor(n) for n in names], device, mode)
-
-        blocks = []
-        for i in range(cfg.num_layers):
-            p = f"blk.{i}."
-            attn = Attention(cfg, matmul(p + "attn_q.weight", p + "attn_k.weight",
-                                         p + "attn_v.weight"),
-                             matmul(p + "attn_output.weight"))
-            mlp = Mlp(matmul(p + "ffn_gate.weight", p + "ffn_up.weight"),
-                      matmul(p + "ffn_down.weight"))
-            blocks.append(Block(RmsNorm(vector(p + "attn_norm.weight"), cfg.rms_norm_eps), attn,
-                                RmsNorm(vector(p + "ffn_norm.weight"), cfg.rms_norm_eps), mlp))
-        embed_q = qtensor("token_embd.weight")
-        head_name = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
-        lm_head = matmul(head_name)
-        if cfg.tie_word_embeddings and not lm_head.is_quantized:
-            embed = TokenEmbedding(table=lm_head.weight)  # one f32 table serves both
-        else:
-            embed = TokenEmbedding(qtable=embed_q, device=device)
-        return Llama(cfg, embed, blocks, RmsNorm(vector("output_norm.weight"), cfg.rms_norm_eps),
-                     lm_head, device, gguf.metadata.get("tokenizer.chat_template"))
-
-    @staticmethod
-    def from_safetensors(files, cfg: LlamaConfig, device=None,
-                         chat_template: str = None) -> "Llama":
-        """From HF safetensors files (paths or bytes) with their config; weights of any float
-        dtype are computed in f32."""
-        from ..nn.var_builder import VarBuilder
-
-        device = Device.parse(device)
-        vb = VarBuilder.from_safetensors(files, dt.f32, device)
-        d, hd = cfg.hidden_size, cfg.head_dim
-
-        def weight(name, rows, cols):
-            return vb.get((rows, cols), name)
-
-        def norm(name):
-            return RmsNorm(vb.get((d,), name), cfg.rms_norm_eps)
-
-        blocks = []
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            qkv = Tensor.cat([weight(p + "self_attn.q_proj.weight", cfg.num_heads * hd, d),
-                              weight(p + "self_attn.k_proj.weight", cfg.num_kv_heads * hd, d),
-                              weight(p + "self_attn.v_proj.weight", cfg.num_kv_heads * hd, d)], 0)
-            out = weight(p + "self_attn.o_proj.weight", d, cfg.num_heads * hd)
-            gate_up = Tensor.cat([weight(p + "mlp.gate_proj.weight", cfg.intermediate_size, d),
-                                  weight(p + "mlp.up_proj.weight", cfg.intermediate_size, d)], 0)
-            down = weight(p + "mlp.down_proj.weight", d, cfg.intermediate_size)
-            blocks.append(Block(norm(p + "input_layernorm.weight"),
-                                Attention(cfg, QMatMul.from_tensor(qkv), QMatMul.from_tensor(out)),
-                                norm(p + "post_attention_layernorm.weight"),
-                                Mlp(QMatMul.from_tensor(gate_up), QMatMul.from_tensor(down))))
-        table = weight("model.embed_tokens.weight", cfg.vocab_size, d)
-        tied = cfg.tie_word_embeddings or not vb.contains("lm_head.weight")
-        head = table if tied else weight("lm_head.weight", cfg.vocab_size, d)
-        return Llama(cfg, TokenEmbedding(table=table), blocks, norm("model.norm.weight"),
-                     QMatMul.from_tensor(head), device, chat_template)
+        vb = VarBuilder(LLAMA_WEIGHT_NAMES.view(weights, naming), dt.f32, device, mode=mode)
+        return _build(config, vb, device, chat_template)
 
     @staticmethod
     def from_pretrained(path, device=None, mode: str = "auto") -> "Llama":
@@ -559,7 +493,7 @@ class Llama:
         if path.is_file():
             if path.suffix != ".gguf":
                 raise UnsupportedError(f"{path}: expected a .gguf file or a model folder")
-            return Llama.from_gguf(path, device, mode)
+            return Llama.load(path, None, device, mode)
         if not path.is_dir():
             raise ModelNotFound(f"no such model file or folder: {path}")
         ggufs = sorted(path.glob("*.gguf"))
@@ -571,12 +505,42 @@ class Llama:
             cfg = _with_generation_eos(LlamaConfig.from_hf_config(
                 read_json_config(config_path, "llama config.json"),
                 f"llama config.json {config_path}"), path)
-            return Llama.from_safetensors([str(s) for s in shards], cfg, device,
-                                          _hf_chat_template(path))
+            return Llama.load([str(s) for s in shards], cfg, device, mode, _hf_chat_template(path))
         if len(ggufs) == 1:
-            return Llama.from_gguf(ggufs[0], device, mode)
+            return Llama.load(ggufs[0], None, device, mode)
         raise ModelNotFound(f"{path}: expected config.json + *.safetensors or exactly one .gguf "
                             f"file (found {len(ggufs)} .gguf files)")
+
+
+def _build(cfg: LlamaConfig, vb: VarBuilder, device, chat_template) -> Llama:
+    """The modules from the weights, by the model's names (LLAMA_WEIGHT_NAMES)."""
+    d, hd, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q_rows, kv_rows = cfg.num_heads * hd, cfg.num_kv_heads * hd
+
+    def norm(v, name):
+        return RmsNorm(v.get((d,), name), cfg.rms_norm_eps)
+
+    blocks = []
+    for i in range(cfg.num_layers):
+        v = vb.pp(f"blocks.{i}")
+        attn = Attention(cfg, v.fused_matrix([((q_rows, d), "attn.q.weight"),
+                                              ((kv_rows, d), "attn.k.weight"),
+                                              ((kv_rows, d), "attn.v.weight")]),
+                         v.matrix((d, q_rows), "attn.out.weight"))
+        mlp = Mlp(v.fused_matrix([((ffn, d), "mlp.gate.weight"), ((ffn, d), "mlp.up.weight")]),
+                  v.matrix((d, ffn), "mlp.down.weight"))
+        blocks.append(Block(norm(v, "attn_norm.weight"), attn, norm(v, "mlp_norm.weight"), mlp))
+    tied = cfg.tie_word_embeddings or not vb.has("lm_head.weight")
+    embedding_shape = (cfg.vocab_size, d)
+    lm_head = vb.matrix(embedding_shape, "embed.table" if tied else "lm_head.weight")
+    if tied and not lm_head.is_quantized:
+        embed = TokenEmbedding(table=lm_head.weight)  # one f32 table serves both
+    else:
+        # Only rows are looked up: GGML blocks stay packed, each row decoded when read.
+        table = vb.pp("embed").set_mode("quantized").matrix(embedding_shape, "table")
+        embed = (TokenEmbedding(qtable=table.qweights[0], device=device) if table.is_quantized
+                 else TokenEmbedding(table=table.weight))
+    return Llama(cfg, embed, blocks, norm(vb, "norm.weight"), lm_head, device, chat_template)
 
 
 def _with_generation_eos(cfg: LlamaConfig, folder: Path) -> LlamaConfig:
@@ -603,3 +567,28 @@ def _hf_chat_template(folder: Path):
     return None
 
 
+# -- weight names ---------------------------------------------------------------------------
+# The model's names (its modules' attribute paths; the pieces of the stacked qkv and gate_up
+# matrices by their own names) -> HF `LlamaForCausalLM` and llama.cpp's GGUF names.
+LLAMA_WEIGHT_NAMES = WeightNames(("hf", "gguf"), {
+    "embed.table": ("model.embed_tokens.weight", "token_embd.weight"),
+    "blocks.{i}.attn_norm.weight": ("model.layers.{i}.input_layernorm.weight",
+                                    "blk.{i}.attn_norm.weight"),
+    "blocks.{i}.attn.q.weight": ("model.layers.{i}.self_attn.q_proj.weight",
+                                 "blk.{i}.attn_q.weight"),
+    "blocks.{i}.attn.k.weight": ("model.layers.{i}.self_attn.k_proj.weight",
+                                 "blk.{i}.attn_k.weight"),
+    "blocks.{i}.attn.v.weight": ("model.layers.{i}.self_attn.v_proj.weight",
+                                 "blk.{i}.attn_v.weight"),
+    "blocks.{i}.attn.out.weight": ("model.layers.{i}.self_attn.o_proj.weight",
+                                   "blk.{i}.attn_output.weight"),
+    "blocks.{i}.mlp_norm.weight": ("model.layers.{i}.post_attention_layernorm.weight",
+                                   "blk.{i}.ffn_norm.weight"),
+    "blocks.{i}.mlp.gate.weight": ("model.layers.{i}.mlp.gate_proj.weight",
+                                   "blk.{i}.ffn_gate.weight"),
+    "blocks.{i}.mlp.up.weight": ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight"),
+    "blocks.{i}.mlp.down.weight": ("model.layers.{i}.mlp.down_proj.weight",
+                                   "blk.{i}.ffn_down.weight"),
+    "norm.weight": ("model.norm.weight", "output_norm.weight"),
+    "lm_head.weight": ("lm_head.weight", "output.weight"),
+}, marker="embed.table")

@@ -17,27 +17,17 @@ What sets T5 apart from the textbook transformer:
   * a tied head (v1.0: logits = (h * d_model ** -0.5) @ shared^T); v1.1 / flan have an untied
     lm_head and no rescale. The rescale follows `tie_word_embeddings` in config.json.
 
-Weight names (HF `T5ForConditionalGeneration`; llama.cpp's GGUF `t5` arch in brackets):
-    shared.weight [token_embd]                      the embedding for both stacks
-    encoder.block.N.layer.0.layer_norm [enc.blk.N.attn_norm]
-    encoder.block.N.layer.0.SelfAttention.q|k|v|o [enc.blk.N.attn_q|k|v|o]
-    encoder.block.0.layer.0.SelfAttention.relative_attention_bias [enc.blk.0.attn_rel_b]
-    encoder.block.N.layer.1.layer_norm [enc.blk.N.ffn_norm]
-    encoder.block.N.layer.1.DenseReluDense.wi | wi_0, wi_1 | wo [ffn_up | ffn_gate, ffn_up | ffn_down]
-    encoder.final_layer_norm [enc.output_norm]
-    decoder.block.N.layer.0 (self-attention, [dec.blk.N.attn_*]), layer.1.EncDecAttention
-      [dec.blk.N.cross_attn_*], layer.2 (FF, [dec.blk.N.ffn_*]), decoder.final_layer_norm
-      [dec.output_norm], lm_head.weight [output]
-Old checkpoints also carry decoder.block.0.layer.1.EncDecAttention.relative_attention_bias,
-which T5 never uses (cross-attention has no position bias): it is ignored.
-GGUF files come in two namings: the HF names above (Candle's quantized T5, with config.json
-beside the file) and llama.cpp's (`general.architecture = t5`, config in the metadata).
+Weights load from two namings onto the same modules, through the table T5_WEIGHT_NAMES at the
+end of this file: HF `T5ForConditionalGeneration` names (safetensors, or a GGUF with HF names as
+Candle's quantized T5 writes, with config.json beside it) and llama.cpp's GGUF `t5` arch (config
+in the metadata). Old checkpoints also carry
+decoder.block.0.layer.1.EncDecAttention.relative_attention_bias, which T5 never uses
+(cross-attention has no position bias): it is ignored.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,15 +35,15 @@ import numpy as np
 
 from ..core import dtype as dt
 from ..core.device import Device
-from ..core.errors import Cancelled, FormatError, ModelNotFound, ShapeMismatch, UnsupportedError
-from ..generation import (STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, GenerationOptions,
-                          LogitsProcessor, StopStringMatcher, TokenOutputStream,
-                          apply_repeat_penalty, penalty_window)
+from ..core.errors import FormatError, ModelNotFound, UnsupportedError
+from ..core.tensor import Tensor
+from ..generation import GenerationOptions, Seq2SeqLM, sample_steps
+from ..io.weights import FirstOf, GgufWeights, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import Activation, RmsNorm
+from ..nn.var_builder import VarBuilder
 from ..quantized.qmatmul import QMatMul
-from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 from .inputs import additive_padding_mask, token_ids
 
@@ -376,256 +366,126 @@ class T5ForConditionalGeneration:
     def generate(self, input_ids, attention_mask=None, options: GenerationOptions = None,
                  on_step=None) -> list:
         """Generated ids per batch row (without the start token; ending with the eos token
-        unless the budget ran out). Sampling, repeat penalty and eos ids come from the shared
-        `generation.GenerationOptions` (stop strings are applied by T5TextGenerator).
-        `on_step(step, new_ids)` is called after each step: the hook for streaming, progress
-        and cancel (it may raise `Cancelled`)."""
+        unless the budget ran out), through generation's token loop. Sampling, repeat penalty
+        and eos ids come from the shared `generation.GenerationOptions` (stop strings are
+        applied by pipelines.text2text). `on_step(step, new_ids)` is called after each step:
+        the hook for progress and cancel (it may raise `Cancelled`)."""
         options = options or GenerationOptions(max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
-        ids = token_ids(input_ids, self.device, "t5 generate")
-        b = ids.dims()[0]
-        state = self.start_decoding(self.encode(ids, attention_mask), attention_mask)
-        # One seeded processor per row: row 0 samples exactly as a batch of one would.
-        processors = [LogitsProcessor(options.seed + row, sampling=options.sampling())
-                      for row in range(b)]
+        lm = Seq2SeqLM(self, attention_mask)  # the encoder once, then decoder steps
         eos = set(options.eos_token_ids if options.eos_token_ids is not None
-                  else (self.config.eos_token_id,))
-        generated = [[] for _ in range(b)]
-        finished = np.zeros(b, dtype=bool)
-        step_ids = np.full((b, 1), self.config.decoder_start_token_id, dtype=np.int64)
-        for step in range(options.max_new_tokens):
-            logits = self.decode(step_ids, state).narrow(1, 0, 1).reshape(b, -1).to_numpy()
-            next_ids = np.full(b, self.config.pad_token_id, dtype=np.int64)
-            for row in np.flatnonzero(~finished):
-                scores = logits[row]
-                if options.repeat_penalty != 1.0:
-                    scores = apply_repeat_penalty(scores, options.repeat_penalty,
-                                                  penalty_window(generated[row], options.repeat_last_n))
-                next_ids[row] = processors[row].sample(scores)
-                generated[row].append(int(next_ids[row]))
-                finished[row] = next_ids[row] in eos
+                  else lm.eos_token_ids)
+        logits = lm.start(input_ids)
+        generated = [[] for _ in range(logits.shape[0])]
+        steps = sample_steps(lm, logits, options, eos, options.max_new_tokens, generated)
+        for step, (next_ids, _) in enumerate(steps):
             if on_step is not None:
                 on_step(step, next_ids)
-            if finished.all():
-                break
-            step_ids = next_ids.reshape(b, 1)
         return generated
 
+    # -- loading ----------------------------------------------------------------------------
+    @staticmethod
+    def load(weights, config=None, device=None, mode: str = "auto") -> "T5ForConditionalGeneration":
+        """weights: a weights source (io/weights.py) or what `open_weights` takes (safetensors
+        path(s) or bytes, a .gguf, a dict of arrays); config: a T5Config or config.json (path,
+        bytes or parsed), or None for a GGUF of llama.cpp's `t5` arch (config from its
+        metadata). `mode`: how GGML matrices multiply (quantized/qmatmul.py). Every tensor is
+        checked against the shape the config implies."""
+        if config is not None:
+            # First: a broken config.json is named before the weights load.
+            config = _read_config(config)
+        weights = open_weights(weights)
+        naming = T5_WEIGHT_NAMES.naming_of(weights)
+        if naming is None:
+            raise FormatError(f"{weights.label}: no T5 embedding tensor (token_embd.weight or "
+                              f"shared.weight); not a T5 model")
+        gguf = weights.gguf if isinstance(weights, GgufWeights) else None
+        if naming == "gguf" and gguf is not None:
+            arch = gguf.get("general.architecture")
+            if arch not in (None, "t5"):
+                raise UnsupportedError(f"GGUF {gguf.source}: architecture {arch!r} is not t5")
+        if config is None:
+            if gguf is None:
+                raise FormatError(f"{weights.label}: pass its config.json (only a GGUF of "
+                                  f"llama.cpp's t5 arch carries its config)")
+            if naming != "gguf":
+                raise FormatError(f"{weights.label} uses HF tensor names and has no t5 metadata: "
+                                  f"pass its config.json")
+            config = T5Config.from_gguf(gguf)
+        device = Device.parse(device)
+        vb = VarBuilder(T5_WEIGHT_NAMES.view(weights, naming), dt.f32, device, mode=mode)
+        return _build(config, vb, device)
 
-# -- text in, text out ----------------------------------------------------------------------
-@dataclass
-class Text2TextResult:
-    text: str
-    token_ids: list  # as generated, the final eos included
-    input_tokens: int
-    truncated: bool  # the input was longer than the model's limit and was cut
-    stop_reason: str = STOP_MAX_TOKENS
-
-
-class T5TextGenerator:
-    """A T5 model with its tokenizer: prompt (with its task prefix, e.g. "translate English to
-    German: ...") in, text out, streamed through the shared generation callback protocol."""
-
-    def __init__(self, model: T5ForConditionalGeneration, tokenizer):
-        self.model = model
-        self.tokenizer = tokenizer
-        # Padding in tokenizer.json would feed pad tokens into the encoder unmasked.
-        if getattr(tokenizer, "padding", None) is not None:
-            tokenizer.no_padding()
-
-    def encode_prompt(self, prompt: str) -> tuple:
-        """(ids, truncated): the prompt's ids (ending with </s>), cut to the model's limit."""
-        if not isinstance(prompt, str):
-            raise TypeError(f"t5 prompt: expected a str, got {type(prompt).__name__}")
-        ids = list(self.tokenizer.encode(prompt).ids)
-        if not ids:
-            ids = [self.model.config.eos_token_id]
-        limit = self.model.config.max_input_tokens
-        if len(ids) <= limit:
-            return ids, False
-        warnings.warn(f"t5: the input has {len(ids)} tokens, more than the model's limit of "
-                      f"{limit}; it was truncated to the first {limit}", stacklevel=3)
-        ends_with_eos = ids[-1] == self.model.config.eos_token_id
-        kept = ids[:limit - 1] + [ids[-1]] if ends_with_eos else ids[:limit]
-        return kept, True
-
-    def __call__(self, prompt: str, options: GenerationOptions = None, on_event=None) -> Text2TextResult:
-        """on_event(kind, payload) as in generation.generate: ("token", {"index", "id",
-        "text"}) per generated token (text is the new piece, '' while a character or a
-        possible stop string is open) and ("done", {"reason", "n_tokens"}); returning False
-        (or raising Cancelled) cancels."""
-        options = options or GenerationOptions(max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
-        ids, truncated = self.encode_prompt(prompt)
-        eos = set(options.eos_token_ids if options.eos_token_ids is not None
-                  else (self.model.config.eos_token_id,))
-        stream = TokenOutputStream(self.tokenizer)
-        stops = StopStringMatcher(options.stop_strings)
-        pieces = []
-        reason = STOP_MAX_TOKENS
-
-        class _Stop(Exception):
-            pass
-
-        def on_step(step, next_ids):
-            nonlocal reason
-            token = int(next_ids[0])
-            if token in eos:
-                reason = STOP_EOS
-                return
-            text = stops.feed(stream.next_token(token))
-            pieces.append(text)
-            if on_event is not None and on_event("token", {"index": step, "id": token, "text": text}) is False:
-                raise Cancelled(f"t5 generation cancelled at token {step}")
-            if stops.stopped:
-                reason = STOP_STRING
-                raise _Stop
-
-        try:
-            out = self.model.generate([ids], options=options, on_step=on_step)[0]
-        except _Stop:
-            out = list(stream.tokens)
-        tail = stops.feed(stream.finish()) + stops.flush()
-        if tail:
-            pieces.append(tail)
-            if on_event is not None:
-                on_event("token", {"index": len(out), "id": None, "text": tail})
-        if on_event is not None:
-            on_event("done", {"reason": reason, "n_tokens": len(out)})
-        return Text2TextResult("".join(pieces), out, len(ids), truncated, reason)
+    @staticmethod
+    def from_pretrained(path, device=None, mode: str = "auto") -> "T5ForConditionalGeneration":
+        """A folder with config.json + *.safetensors (or one .gguf), or a .gguf file (with a
+        config.json beside it when it uses HF names)."""
+        path = Path(path)
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise UnsupportedError(f"{path}: expected a .gguf file or a T5 model folder")
+            config = path.with_name("config.json")
+            return T5ForConditionalGeneration.load(path, config if config.exists() else None,
+                                                   device, mode)
+        if not path.is_dir():
+            raise ModelNotFound(f"no such T5 model file or folder: {path}")
+        shards = sorted(path.glob("*.safetensors"))
+        config = path / "config.json"
+        if shards:
+            if not config.exists():
+                raise ModelNotFound(f"{path}: T5 safetensors weights but no config.json")
+            return T5ForConditionalGeneration.load([str(s) for s in shards], config, device)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return T5ForConditionalGeneration.load(ggufs[0], config if config.exists() else None,
+                                                   device, mode)
+        raise ModelNotFound(f"{path}: expected config.json + *.safetensors or one .gguf file")
 
 
-# -- weight loading -------------------------------------------------------------------------
-class _Weights:
-    """What build_t5 reads by HF name: has(name), tensor(name, shape), matrix(name, rows,
-    cols) -> a callable layer, tied_head(shared) -> the head when it is the embedding."""
-
-    def tied_head(self, shared: Tensor):
-        return QMatMul.from_tensor(shared)
-
-
-class _SafetensorsWeights(_Weights):
-    """HF names through a VarBuilder (shape-checked; float weights computed in f32)."""
-
-    def __init__(self, vb):
-        self.vb = vb
-
-    def has(self, name: str) -> bool:
-        return self.vb.contains(name)
-
-    def tensor(self, name: str, shape: tuple) -> Tensor:
-        return self.vb.get(shape, name)
-
-    def matrix(self, name: str, rows: int, cols: int) -> QMatMul:
-        return QMatMul.from_tensor(self.vb.get((rows, cols), name))
-
-
-class _GgufWeights(_Weights):
-    """GGUF tensors by HF name: matrices stay quantized (or are dequantized at load, by
-    backend), vectors and tables are dequantized. `names` maps HF names to the file's."""
-
-    def __init__(self, gguf, device, mode: str, names=None):
-        self.gguf, self.device, self.mode = gguf, device, mode
-        self.names = names or (lambda name: name)
-
-    def has(self, name: str) -> bool:
-        return self.names(name) in self.gguf.tensors
-
-    def _qtensor(self, name: str, shape: tuple):
-        file_name = self.names(name)
-        if file_name not in self.gguf.tensors:
-            raise ModelNotFound(f"GGUF {self.gguf.source}: missing tensor {file_name!r}")
-        qtensor = self.gguf.qtensor(file_name)
-        if tuple(qtensor.shape) != tuple(shape):
-            raise ShapeMismatch(f"GGUF {self.gguf.source}: tensor {file_name!r} has shape "
-                                f"{list(qtensor.shape)}, the config implies {list(shape)}")
-        return qtensor
-
-    def tensor(self, name: str, shape: tuple) -> Tensor:
-        values = self._qtensor(name, shape).dequantize().reshape(shape)
-        return Tensor.from_numpy(np.ascontiguousarray(values, dtype=np.float32), dt.f32, self.device)
-
-    def matrix(self, name: str, rows: int, cols: int) -> QMatMul:
-        return QMatMul.from_qtensor(self._qtensor(name, (rows, cols)), self.device, self.mode)
-
-
-def llama_cpp_name(hf_name: str) -> str:
-    """HF T5 tensor name -> llama.cpp's GGUF name (the converter's mapping)."""
-    parts = hf_name.split(".")
-    if hf_name == "shared.weight":
-        return "token_embd.weight"
-    if hf_name == "lm_head.weight":
-        return "output.weight"
-    if parts[0] in ("encoder", "decoder") and parts[1] == "final_layer_norm":
-        return ("enc" if parts[0] == "encoder" else "dec") + ".output_norm.weight"
-    stack = "enc" if parts[0] == "encoder" else "dec"
-    block, layer, module = parts[2], int(parts[4]), parts[5]
-    prefix = f"{stack}.blk.{block}."
-    is_ff = module == "DenseReluDense" or (module == "layer_norm" and (
-        (stack == "enc" and layer == 1) or (stack == "dec" and layer == 2)))
-    cross = module == "EncDecAttention" or (module == "layer_norm" and stack == "dec" and layer == 1)
-    if module == "layer_norm":
-        kind = "ffn_norm" if is_ff else ("cross_attn_norm" if cross else "attn_norm")
-        return prefix + kind + ".weight"
-    if is_ff:
-        ff_names = {"wi": "ffn_up", "wi_0": "ffn_gate", "wi_1": "ffn_up", "wo": "ffn_down"}
-        return prefix + ff_names[parts[6]] + ".weight"
-    attn = "cross_attn" if cross else "attn"
-    if parts[6] == "relative_attention_bias":
-        return prefix + attn + "_rel_b.weight"
-    return prefix + f"{attn}_{parts[6]}.weight"
-
-
-def build_t5(config: T5Config, weights, device) -> T5ForConditionalGeneration:
-    """Map HF names onto the modules (`weights`: see _Weights); every tensor is checked
-    against the config's shape."""
+def _build(config: T5Config, vb: VarBuilder, device) -> T5ForConditionalGeneration:
+    """The modules from the weights, by the model's names (T5_WEIGHT_NAMES); each checked
+    against the config's shape. The order of the reads is the order a fresh training VarMap
+    draws its initial values in (models/t5_training.py): keep it."""
     d, inner, d_ff, eps = config.d_model, config.inner_dim, config.d_ff, config.layer_norm_epsilon
 
-    def norm(name):
-        return RmsNorm(weights.tensor(name + ".weight", (d,)), eps)
+    def norm(v):
+        return RmsNorm(v.get((d,), "weight"), eps)
 
-    def attention(prefix):
-        return T5Attention(weights.matrix(prefix + ".q.weight", inner, d),
-                           weights.matrix(prefix + ".k.weight", inner, d),
-                           weights.matrix(prefix + ".v.weight", inner, d),
-                           weights.matrix(prefix + ".o.weight", d, inner),
+    def attention(v):
+        return T5Attention(v.matrix((inner, d), "q.weight"), v.matrix((inner, d), "k.weight"),
+                           v.matrix((inner, d), "v.weight"), v.matrix((d, inner), "o.weight"),
                            config.num_heads, config.d_kv)
 
-    def feed_forward(prefix):
-        wo = weights.matrix(prefix + ".wo.weight", d, d_ff)
+    def feed_forward(v):
+        wo = v.matrix((d, d_ff), "wo.weight")
         if config.is_gated_act:
-            return FeedForward(config.dense_act_fn, wo, wi_0=weights.matrix(prefix + ".wi_0.weight", d_ff, d),
-                               wi_1=weights.matrix(prefix + ".wi_1.weight", d_ff, d))
-        return FeedForward(config.dense_act_fn, wo, wi=weights.matrix(prefix + ".wi.weight", d_ff, d))
+            return FeedForward(config.dense_act_fn, wo, wi_0=v.matrix((d_ff, d), "wi_0.weight"),
+                               wi_1=v.matrix((d_ff, d), "wi_1.weight"))
+        return FeedForward(config.dense_act_fn, wo, wi=v.matrix((d_ff, d), "wi.weight"))
 
-    def position_bias(prefix, bidirectional):
-        table = weights.tensor(prefix + ".relative_attention_bias.weight",
-                               (config.relative_attention_num_buckets, config.num_heads))
+    def position_bias(name, bidirectional):
+        table = vb.get((config.relative_attention_num_buckets, config.num_heads), name)
         return RelativePositionBias(table, bidirectional, config.relative_attention_max_distance)
 
     encoder_blocks = []
     for i in range(config.num_layers):
-        p = f"encoder.block.{i}.layer"
-        encoder_blocks.append(EncoderBlock(norm(f"{p}.0.layer_norm"), attention(f"{p}.0.SelfAttention"),
-                                           norm(f"{p}.1.layer_norm"), feed_forward(f"{p}.1.DenseReluDense")))
+        v = vb.pp(f"encoder_blocks.{i}")
+        encoder_blocks.append(EncoderBlock(norm(v.pp("attn_norm")), attention(v.pp("attn")),
+                                           norm(v.pp("ff_norm")), feed_forward(v.pp("ff"))))
     decoder_blocks = []
     for i in range(config.num_decoder_layers):
-        p = f"decoder.block.{i}.layer"
+        v = vb.pp(f"decoder_blocks.{i}")
         decoder_blocks.append(DecoderBlock(
-            norm(f"{p}.0.layer_norm"), attention(f"{p}.0.SelfAttention"),
-            norm(f"{p}.1.layer_norm"), attention(f"{p}.1.EncDecAttention"),
-            norm(f"{p}.2.layer_norm"), feed_forward(f"{p}.2.DenseReluDense")))
-    shared_name = "shared.weight"
-    if not weights.has(shared_name) and weights.has("encoder.embed_tokens.weight"):
-        shared_name = "encoder.embed_tokens.weight"  # some exports keep only the stack copies
-    shared = weights.tensor(shared_name, (config.vocab_size, d))
-    if weights.has("lm_head.weight"):
-        lm_head = weights.matrix("lm_head.weight", config.vocab_size, d)
+            norm(v.pp("attn_norm")), attention(v.pp("attn")), norm(v.pp("cross_norm")),
+            attention(v.pp("cross")), norm(v.pp("ff_norm")), feed_forward(v.pp("ff"))))
+    shared = vb.get((config.vocab_size, d), "shared")
+    if vb.has("lm_head.weight"):
+        lm_head = vb.matrix((config.vocab_size, d), "lm_head.weight")
     else:
-        lm_head = weights.tied_head(shared)
+        lm_head = vb.tied_matrix(shared)  # v1.0: the head is the embedding (one table)
     return T5ForConditionalGeneration(
-        config, shared, encoder_blocks, position_bias("encoder.block.0.layer.0.SelfAttention", True),
-        norm("encoder.final_layer_norm"), decoder_blocks,
-        position_bias("decoder.block.0.layer.0.SelfAttention", False),
-        norm("decoder.final_layer_norm"), lm_head, device)
+        config, shared, encoder_blocks, position_bias("encoder_bias.table", True),
+        norm(vb.pp("encoder_norm")), decoder_blocks, position_bias("decoder_bias.table", False),
+        norm(vb.pp("decoder_norm")), lm_head, device)
 
 
 def _read_config(config) -> T5Config:
@@ -636,60 +496,71 @@ def _read_config(config) -> T5Config:
     return T5Config.from_hf_config(read_json_config(config, "t5 config.json"), source)
 
 
-def load_t5_safetensors(weights, config, device=None) -> T5ForConditionalGeneration:
-    """HF safetensors (path(s) or bytes) + config.json (path, dict or T5Config)."""
-    from ..nn.var_builder import VarBuilder
+# -- weight names ---------------------------------------------------------------------------
+# The model's names (its modules' attribute paths) -> HF `T5ForConditionalGeneration` names and
+# llama.cpp's GGUF `t5` names (its converter's mapping). Only layer 0 of each stack stores the
+# position bias table.
+T5_WEIGHT_NAMES = WeightNames(("hf", "gguf"), {
+    # Some exports keep only the stacks' copies of the embedding.
+    "shared": (FirstOf("shared.weight", "encoder.embed_tokens.weight"), "token_embd.weight"),
+    "encoder_blocks.{i}.attn_norm.weight": ("encoder.block.{i}.layer.0.layer_norm.weight",
+                                            "enc.blk.{i}.attn_norm.weight"),
+    "encoder_blocks.{i}.attn.q.weight": ("encoder.block.{i}.layer.0.SelfAttention.q.weight",
+                                         "enc.blk.{i}.attn_q.weight"),
+    "encoder_blocks.{i}.attn.k.weight": ("encoder.block.{i}.layer.0.SelfAttention.k.weight",
+                                         "enc.blk.{i}.attn_k.weight"),
+    "encoder_blocks.{i}.attn.v.weight": ("encoder.block.{i}.layer.0.SelfAttention.v.weight",
+                                         "enc.blk.{i}.attn_v.weight"),
+    "encoder_blocks.{i}.attn.o.weight": ("encoder.block.{i}.layer.0.SelfAttention.o.weight",
+                                         "enc.blk.{i}.attn_o.weight"),
+    "encoder_blocks.{i}.ff_norm.weight": ("encoder.block.{i}.layer.1.layer_norm.weight",
+                                          "enc.blk.{i}.ffn_norm.weight"),
+    "encoder_blocks.{i}.ff.wi.weight": ("encoder.block.{i}.layer.1.DenseReluDense.wi.weight",
+                                        "enc.blk.{i}.ffn_up.weight"),
+    "encoder_blocks.{i}.ff.wi_0.weight": ("encoder.block.{i}.layer.1.DenseReluDense.wi_0.weight",
+                                          "enc.blk.{i}.ffn_gate.weight"),
+    "encoder_blocks.{i}.ff.wi_1.weight": ("encoder.block.{i}.layer.1.DenseReluDense.wi_1.weight",
+                                          "enc.blk.{i}.ffn_up.weight"),
+    "encoder_blocks.{i}.ff.wo.weight": ("encoder.block.{i}.layer.1.DenseReluDense.wo.weight",
+                                        "enc.blk.{i}.ffn_down.weight"),
+    "encoder_bias.table": ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                           "enc.blk.0.attn_rel_b.weight"),
+    "encoder_norm.weight": ("encoder.final_layer_norm.weight", "enc.output_norm.weight"),
+    "decoder_blocks.{i}.attn_norm.weight": ("decoder.block.{i}.layer.0.layer_norm.weight",
+                                            "dec.blk.{i}.attn_norm.weight"),
+    "decoder_blocks.{i}.attn.q.weight": ("decoder.block.{i}.layer.0.SelfAttention.q.weight",
+                                         "dec.blk.{i}.attn_q.weight"),
+    "decoder_blocks.{i}.attn.k.weight": ("decoder.block.{i}.layer.0.SelfAttention.k.weight",
+                                         "dec.blk.{i}.attn_k.weight"),
+    "decoder_blocks.{i}.attn.v.weight": ("decoder.block.{i}.layer.0.SelfAttention.v.weight",
+                                         "dec.blk.{i}.attn_v.weight"),
+    "decoder_blocks.{i}.attn.o.weight": ("decoder.block.{i}.layer.0.SelfAttention.o.weight",
+                                         "dec.blk.{i}.attn_o.weight"),
+    "decoder_blocks.{i}.cross_norm.weight": ("decoder.block.{i}.layer.1.layer_norm.weight",
+                                             "dec.blk.{i}.cross_attn_norm.weight"),
+    "decoder_blocks.{i}.cross.q.weight": ("decoder.block.{i}.layer.1.EncDecAttention.q.weight",
+                                          "dec.blk.{i}.cross_attn_q.weight"),
+    "decoder_blocks.{i}.cross.k.weight": ("decoder.block.{i}.layer.1.EncDecAttention.k.weight",
+                                          "dec.blk.{i}.cross_attn_k.weight"),
+    "decoder_blocks.{i}.cross.v.weight": ("decoder.block.{i}.layer.1.EncDecAttention.v.weight",
+                                          "dec.blk.{i}.cross_attn_v.weight"),
+    "decoder_blocks.{i}.cross.o.weight": ("decoder.block.{i}.layer.1.EncDecAttention.o.weight",
+                                          "dec.blk.{i}.cross_attn_o.weight"),
+    "decoder_blocks.{i}.ff_norm.weight": ("decoder.block.{i}.layer.2.layer_norm.weight",
+                                          "dec.blk.{i}.ffn_norm.weight"),
+    "decoder_blocks.{i}.ff.wi.weight": ("decoder.block.{i}.layer.2.DenseReluDense.wi.weight",
+                                        "dec.blk.{i}.ffn_up.weight"),
+    "decoder_blocks.{i}.ff.wi_0.weight": ("decoder.block.{i}.layer.2.DenseReluDense.wi_0.weight",
+                                          "dec.blk.{i}.ffn_gate.weight"),
+    "decoder_blocks.{i}.ff.wi_1.weight": ("decoder.block.{i}.layer.2.DenseReluDense.wi_1.weight",
+                                          "dec.blk.{i}.ffn_up.weight"),
+    "decoder_blocks.{i}.ff.wo.weight": ("decoder.block.{i}.layer.2.DenseReluDense.wo.weight",
+                                        "dec.blk.{i}.ffn_down.weight"),
+    "decoder_bias.table": ("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                           "dec.blk.0.attn_rel_b.weight"),
+    "decoder_norm.weight": ("decoder.final_layer_norm.weight", "dec.output_norm.weight"),
+    "lm_head.weight": ("lm_head.weight", "output.weight"),
+}, marker="shared")
 
-    config = _read_config(config)  # first: a broken config.json is named before the weights load
-    vb = VarBuilder.from_safetensors(weights, dt.f32, device)
-    return build_t5(config, _SafetensorsWeights(vb), Device.parse(device))
-
-
-def load_t5_gguf(source, config=None, device=None, mode: str = "auto") -> T5ForConditionalGeneration:
-    """A GGUF file: llama.cpp's `t5` arch (config from its metadata), or HF tensor names with
-    config.json given (Candle's quantized T5 files)."""
-    from ..io.gguf import GgufFile
-
-    gguf = source if isinstance(source, GgufFile) else GgufFile(source)
-    device = Device.parse(device)
-    if "token_embd.weight" in gguf.tensors:
-        arch = gguf.get("general.architecture")
-        if arch not in (None, "t5"):
-            raise UnsupportedError(f"GGUF {gguf.source}: architecture {arch!r} is not t5")
-        cfg = _read_config(config) if config is not None else T5Config.from_gguf(gguf)
-        return build_t5(cfg, _GgufWeights(gguf, device, mode, llama_cpp_name), device)
-    if "shared.weight" in gguf.tensors or "encoder.embed_tokens.weight" in gguf.tensors:
-        if config is None:
-            raise FormatError(f"GGUF {gguf.source} uses HF tensor names and has no t5 metadata: "
-                              f"pass its config.json")
-        return build_t5(_read_config(config), _GgufWeights(gguf, device, mode), device)
-    raise FormatError(f"GGUF {gguf.source}: no T5 embedding tensor (token_embd.weight or "
-                      f"shared.weight); not a T5 model")
-
-
-def load_t5(path, device=None, mode: str = "auto") -> T5ForConditionalGeneration:
-    """A folder with config.json + model.safetensors (or one .gguf), or a .gguf file."""
-    path = Path(path)
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise UnsupportedError(f"{path}: expected a .gguf file or a T5 model folder")
-        config = path.with_name("config.json")
-        return load_t5_gguf(path, config if config.exists() else None, device, mode)
-    if not path.is_dir():
-        raise ModelNotFound(f"no such T5 model file or folder: {path}")
-    shards = sorted(path.glob("*.safetensors"))
-    config = path / "config.json"
-    if shards:
-        if not config.exists():
-            raise ModelNotFound(f"{path}: T5 safetensors weights but no config.json")
-        return load_t5_safetensors([str(s) for s in shards], config, device)
-    ggufs = sorted(path.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return load_t5_gguf(ggufs[0], config if config.exists() else None, device, mode)
-    raise ModelNotFound(f"{path}: expected config.json + *.safetensors or one .gguf file")
-
-
-# -- helpers --------------------------------------------------------------------------------
-__all__ = ["T5Config", "T5ForConditionalGeneration", "T5TextGenerator", "Text2TextResult",
-           "GenerationOptions", "relative_position_bucket", "llama_cpp_name",
-           "load_t5", "load_t5_safetensors", "load_t5_gguf", "build_t5"]
+__all__ = ["T5Config", "T5ForConditionalGeneration", "T5_WEIGHT_NAMES", "GenerationOptions",
+           "relative_position_bucket"]

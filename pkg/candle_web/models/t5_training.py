@@ -9,7 +9,8 @@
 Inference builds matrices as `QMatMul` layers, which call the backend directly and record
 nothing; here they are `nn.Linear` layers over the Vars, so the same modules train. The tied
 head (v1.0 configs) multiplies by the shared embedding Var itself, so both uses of it get
-gradients. The saved file loads back with `load_t5` / transformers' `from_pretrained`.
+gradients. The saved file loads back with `T5ForConditionalGeneration.load` / transformers'
+`from_pretrained`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from ..core.errors import ShapeMismatch, UnsupportedError
 from ..nn import init as nn_init
 from ..nn.layers import Linear
 from ..nn.loss import cross_entropy
-from ..nn.var_builder import VarBuilder, VarMap
+from ..nn.var_builder import VarMap
 from ..core.tensor import Tensor
-from .t5 import T5Config, T5ForConditionalGeneration, _Weights, build_t5
+from ..io.weights import Weights
+from .t5 import T5Config, T5ForConditionalGeneration
 
 LM_HEAD = "lm_head.weight"
 
@@ -43,29 +45,38 @@ def initial_std(config: T5Config, name: str) -> float:
     return table[leaf]
 
 
-class _VarMapWeights(_Weights):
-    """Weights by HF name from a VarMap: existing Vars are reused (shape-checked), missing
-    ones created; layer norms start at 1."""
+class _VarMapWeights(Weights):
+    """A weights source over a VarMap, by HF name: existing Vars are reused (shape-checked),
+    missing ones created; layer norms start at 1. Matrices are `nn.Linear` over the Vars."""
+
+    naming = "hf"  # the names T5.load asks for, and the ones saved
+    label = "the VarMap"
 
     def __init__(self, config: T5Config, varmap: VarMap, device):
-        self.config = config
-        self.vb = VarBuilder.from_varmap(varmap, dt.f32, device)
+        self.config, self.varmap, self.device = config, varmap, device
+
+    def names(self) -> list:
+        return self.varmap.names()
 
     def has(self, name: str) -> bool:
         if name == LM_HEAD:  # a fresh VarMap holds nothing yet: the config decides
             return not self.config.scale_decoder_outputs
-        return self.vb.contains(name)
+        return self.varmap.has(name)
 
-    def tensor(self, name: str, shape: tuple) -> Tensor:
+    def shape(self, name: str) -> tuple:
+        return self.varmap.shape(name)
+
+    def tensor(self, name: str, shape=None, dtype=None, device=None) -> Tensor:
         init = (nn_init.ONE if "layer_norm" in name
                 else nn_init.Randn(0.0, initial_std(self.config, name)))
-        return self.vb.get_with_init(shape, name, init)
+        return self.varmap.get_or_create(name, shape, init, dt.f32, self.device)
 
-    def matrix(self, name: str, rows: int, cols: int) -> Linear:
-        return Linear(self.tensor(name, (rows, cols)))
+    def matrix(self, parts, device=None, mode: str = "auto") -> Linear:
+        (name, shape), = parts
+        return Linear(self.tensor(name, shape))
 
-    def tied_head(self, shared: Tensor) -> Linear:
-        return Linear(shared)
+    def tied_matrix(self, tensor: Tensor) -> Linear:
+        return Linear(tensor)
 
 
 def trainable_t5(config: T5Config, varmap: VarMap, device=None) -> T5ForConditionalGeneration:
@@ -74,7 +85,7 @@ def trainable_t5(config: T5Config, varmap: VarMap, device=None) -> T5ForConditio
     from ..core.device import Device
 
     device = Device.parse(device)
-    return build_t5(config, _VarMapWeights(config, varmap, device), device)
+    return T5ForConditionalGeneration.load(_VarMapWeights(config, varmap, device), config, device)
 
 
 def sequence_cross_entropy(logits: Tensor, labels, label_mask) -> Tensor:

@@ -6,13 +6,12 @@
     tokens [b, t] -> TextDecoder: embed + positions, blocks (self-attn with KV cache,
       cross-attn over the audio features), ln, logits = x @ embed^T  [b, t, vocab]
 
-Weights load from two layouts, mapped onto the same modules:
-  * Hugging Face safetensors (`openai/whisper-*`): model.encoder.layers.N.self_attn.q_proj...
-  * CTranslate2 model.bin (faster-whisper): encoder/layer_N/self_attention/linear_0 is the
-    fused QKV (its k-bias slice is zero); cross-attention linear_0 = q, linear_1 = fused KV,
-    linear_2 = out; ffn/linear_0|1 = fc1|fc2; layer_norm/gamma|beta; decoder embeddings are
-    tied to the output projection.
-Self-attention Q/K/V are kept fused (one matmul per step); HF weights are concatenated at load.
+Weights load from two layouts onto the same modules, through the table WHISPER_WEIGHT_NAMES at
+the end of this file: Hugging Face safetensors (`openai/whisper-*`) and CTranslate2 model.bin
+(faster-whisper), whose self-attention linear_0 is the fused QKV and whose cross-attention
+linear_1 is the fused KV. Self-attention Q/K/V (and cross-attention K/V) are kept fused, one
+matmul per step: stacked at load; k has no bias (HF stores none, CTranslate2 a zero slice).
+The decoder's token embedding is tied to the output projection.
 Decoding (greedy, beam search, timestamps, long-form transcription) is in whisper_decode.py.
 """
 
@@ -28,9 +27,11 @@ from ..core import dtype as dt
 from ..core.autograd import is_tracking
 from ..backend import parts
 from ..core.errors import FormatError, ShapeMismatch
+from ..io.weights import Ct2Weights, Part, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import LayerNorm, Linear
+from ..nn.var_builder import VarBuilder
 from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 
@@ -370,53 +371,115 @@ class Whisper:
 
     # -- loading ----------------------------------------------------------------------------
     @staticmethod
-    def from_ct2(model_bin, config_json=None, device=None) -> "Whisper":
-        """Load a faster-whisper CTranslate2 model.bin (a path, bytes or a Ct2Model) with its
-        config.json (a path, bytes or the parsed object; token lists, alignment heads)."""
-        from ..io.ct2 import Ct2Model, read_ct2
-
-        ct2 = model_bin if isinstance(model_bin, Ct2Model) else read_ct2(model_bin)
-        model_source = _source_name("CTranslate2 whisper model", model_bin)
-        extra, config_source = {}, _source_name("whisper config.json", config_json)
-        if config_json is not None:
-            extra = read_json_config(config_json, "whisper config.json")
-        config = _ct2_config(ct2, extra, model_source, config_source)
-        return _build_from_ct2(ct2, config, model_source, device)
-
-    @staticmethod
-    def from_safetensors(weights, config, device=None) -> "Whisper":
-        """Load HF `openai/whisper-*` weights (one or more safetensors) with their config.json
-        (a path, bytes, the parsed object or a WhisperConfig)."""
-        from ..nn.var_builder import VarBuilder
-
+    def load(weights, config=None, device=None) -> "Whisper":
+        """weights: a weights source (io/weights.py) or what `open_weights` takes: HF
+        `openai/whisper-*` safetensors (path(s) or bytes), or a faster-whisper CTranslate2
+        model.bin (a path, a Ct2Model, or `Ct2Weights(data)` for bytes). config: a
+        WhisperConfig or the checkpoint's config.json (a path, bytes or the parsed object):
+        HF's (required), or faster-whisper's (optional: token lists and alignment heads; the
+        sizes come from model.bin itself)."""
+        weights = open_weights(weights)
+        naming = WHISPER_WEIGHT_NAMES.naming_of(weights)
+        if naming is None:
+            raise FormatError(f"{weights.label}: neither HF (model.decoder.embed_tokens.weight) "
+                              f"nor CTranslate2 (decoder/embeddings/weight) Whisper weights")
         if not isinstance(config, WhisperConfig):
-            source = _source_name("whisper config.json", config)
-            config = WhisperConfig.from_hf_config(read_json_config(config, "whisper config.json"),
-                                                  source)
-        vb = VarBuilder.from_safetensors(weights, dt.f32, device)
-        return _build_from_hf(vb, config)
+            config = (_ct2_config_of(weights, config) if naming == "ct2"
+                      else _hf_config(config))
+        vb = VarBuilder(WHISPER_WEIGHT_NAMES.view(weights, naming), dt.f32, device)
+        return _build(config, vb)
 
     @staticmethod
     def from_pretrained(model_dir, device=None) -> "Whisper":
         """A directory holding either model.bin (CT2) or model.safetensors (HF) + config.json."""
         model_dir = Path(model_dir)
+        config = model_dir / "config.json"
         if (model_dir / "model.bin").exists():
-            cfg = model_dir / "config.json"
-            return Whisper.from_ct2(model_dir / "model.bin", cfg if cfg.exists() else None, device)
-        return Whisper.from_safetensors(str(model_dir / "model.safetensors"),
-                                        model_dir / "config.json", device)
+            return Whisper.load(Ct2Weights(model_dir / "model.bin"),
+                                config if config.exists() else None, device)
+        # The config first: a broken config.json is named before the weights are read.
+        return Whisper.load(str(model_dir / "model.safetensors"), _hf_config(config), device)
 
 
-# -- weight loading -------------------------------------------------------------------------
-def _f32(array, device) -> Tensor:
-    return Tensor.from_numpy(np.ascontiguousarray(array, dtype=np.float32), device=device)
+def _build(config: WhisperConfig, vb: VarBuilder) -> Whisper:
+    """The modules from the weights, by the model's names (WHISPER_WEIGHT_NAMES)."""
+    d = config.d_model
+
+    def layer_norm(v):
+        return LayerNorm(v.get((d,), "weight"), v.get((d,), "bias"), 1e-5)
+
+    def linear(v, out_dim, in_dim):
+        return Linear(v.get((out_dim, in_dim), "weight"), v.get((out_dim,), "bias"))
+
+    def stacked(v, names):
+        """One Linear for several [d, d] projections of the same input; a missing bias is 0."""
+        weights = [v.get((d, d), f"{name}.weight") for name in names]
+        biases = [v.get((d,), f"{name}.bias") if v.has(f"{name}.bias")
+                  else Tensor.zeros((d,), dt.f32, vb.device) for name in names]
+        return Linear(Tensor.cat(weights, 0), Tensor.cat(biases, 0))
+
+    def mlp(v):
+        hidden = v.shape("fc1.weight")[0]  # 4 * d for every released size
+        return Mlp(linear(v.pp("fc1"), hidden, d), linear(v.pp("fc2"), d, hidden))
+
+    def self_attention(v, n_head):
+        return MultiHeadAttention(n_head, out=linear(v.pp("out"), d, d),
+                                  qkv=stacked(v, ("q", "k", "v")))
+
+    enc = vb.pp("encoder")
+    encoder_blocks = []
+    for i in range(config.n_audio_layer):
+        v = enc.pp(f"blocks.{i}")
+        encoder_blocks.append(ResidualAttentionBlock(
+            layer_norm(v.pp("attn_ln")), self_attention(v.pp("attn"), config.n_audio_head),
+            layer_norm(v.pp("mlp_ln")), mlp(v.pp("mlp"))))
+    dec = vb.pp("decoder")
+    decoder_blocks = []
+    for i in range(config.n_text_layer):
+        v = dec.pp(f"blocks.{i}")
+        cross = v.pp("cross_attn")
+        decoder_blocks.append(ResidualAttentionBlock(
+            layer_norm(v.pp("attn_ln")), self_attention(v.pp("attn"), config.n_text_head),
+            layer_norm(v.pp("mlp_ln")), mlp(v.pp("mlp")), cross_ln=layer_norm(v.pp("cross_ln")),
+            cross_attn=MultiHeadAttention(config.n_text_head, out=linear(cross.pp("out"), d, d),
+                                          q=linear(cross.pp("q"), d, d),
+                                          kv=stacked(cross, ("k", "v")))))
+    encoder = AudioEncoder(enc.get((d, config.n_mels, 3), "conv1_w"), enc.get((d,), "conv1_b"),
+                           enc.get((d, d, 3), "conv2_w"), enc.get((d,), "conv2_b"),
+                           enc.get((config.n_audio_ctx, d), "positions"), encoder_blocks,
+                           layer_norm(enc.pp("ln_post")))
+    decoder = TextDecoder(dec.get((config.n_vocab, d), "token_embedding"),
+                          dec.get((config.n_text_ctx, d), "positions"), decoder_blocks,
+                          layer_norm(dec.pp("ln")))
+    return Whisper(config, encoder, decoder)
 
 
+# -- configs from the checkpoint ---------------------------------------------------------------
 def _source_name(what: str, source) -> str:
     """`what` and the file's path when `source` is one (bytes from the browser have none)."""
     if isinstance(source, (str, Path)):
         return f"{what} {source}"
     return what
+
+
+def _hf_config(config) -> WhisperConfig:
+    """HF's config.json (a path, bytes or the parsed object) as a WhisperConfig."""
+    if isinstance(config, WhisperConfig):
+        return config
+    if config is None:
+        raise FormatError("whisper: HF safetensors weights need their config.json")
+    return WhisperConfig.from_hf_config(read_json_config(config, "whisper config.json"),
+                                        _source_name("whisper config.json", config))
+
+
+def _ct2_config_of(weights, config_json) -> WhisperConfig:
+    """The config of a CTranslate2 model.bin, with faster-whisper's config.json (or None)."""
+    if not isinstance(weights, Ct2Weights):
+        raise FormatError(f"{weights.label}: CTranslate2 names without a model.bin: pass a "
+                          f"WhisperConfig")
+    extra = {} if config_json is None else read_json_config(config_json, "whisper config.json")
+    return _ct2_config(weights.ct2, extra, _source_name("CTranslate2 whisper model", weights.path),
+                       _source_name("whisper config.json", config_json))
 
 
 def _ct2_variable(ct2, name: str, source: str):
@@ -442,10 +505,14 @@ def _ct2_config(ct2, extra: dict, source: str, config_source: str) -> WhisperCon
     embeddings = _ct2_variable(ct2, "decoder/embeddings/weight", source).shape
     conv1 = _ct2_variable(ct2, "encoder/conv1/weight", source).shape
     positions = _ct2_variable(ct2, "decoder/position_encodings/encodings", source).shape
+    audio_positions = _ct2_variable(ct2, "encoder/position_encodings/encodings", source).shape
     if len(embeddings) != 2 or len(conv1) != 3 or len(positions) != 2 or 0 in embeddings + conv1:
         raise FormatError(f"{source}: decoder/embeddings/weight {list(embeddings)}, "
                           f"encoder/conv1/weight {list(conv1)} and decoder/position_encodings "
                           f"{list(positions)} must be non-empty [vocab, d], [d, mels, 3], [ctx, d]")
+    if len(audio_positions) != 2 or not audio_positions[0]:
+        raise FormatError(f"{source}: encoder/position_encodings {list(audio_positions)} must be "
+                          f"non-empty [ctx, d]")
     n_vocab, d_model = embeddings
     names = ("encoder/num_heads", "decoder/num_heads")
     variables = ConfigFields({name: ct2.scalar(name) for name in names if name in ct2}, source,
@@ -458,113 +525,13 @@ def _ct2_config(ct2, extra: dict, source: str, config_source: str) -> WhisperCon
     return WhisperConfig(
         n_mels=conv1[1], n_vocab=n_vocab, d_model=d_model,
         n_audio_layer=_count_ct2_layers(ct2, "encoder", source), n_audio_head=n_audio_head,
-        n_text_layer=n_text_layer, n_text_head=n_text_head, n_text_ctx=positions[0],
+        n_text_layer=n_text_layer, n_text_head=n_text_head, n_audio_ctx=audio_positions[0],
+        n_text_ctx=positions[0],
         suppress_tokens=fields.int_list("suppress_ids", (), 0, n_vocab - 1),
         begin_suppress_tokens=fields.int_list("suppress_ids_begin", (), 0, n_vocab - 1),
         alignment_heads=fields.int_pairs("alignment_heads", n_text_layer, n_text_head,
                                          names=("decoder layer", "head")),
         lang_ids=fields.int_list("lang_ids", (), 0, n_vocab - 1))
-
-
-def _build_from_ct2(ct2, config: WhisperConfig, source: str, device) -> Whisper:
-    """Map CTranslate2 WhisperSpec variables onto the modules."""
-
-    def var(name):
-        return _ct2_variable(ct2, name, source)
-
-    def tensor(name):
-        var(name)  # a clear error naming the missing variable
-        return _f32(ct2.get_f32(name), device)
-
-    def layer_norm(prefix):
-        return LayerNorm(tensor(f"{prefix}/gamma"), tensor(f"{prefix}/beta"), 1e-5)
-
-    def linear(prefix):
-        return Linear(tensor(f"{prefix}/weight"), tensor(f"{prefix}/bias"))
-
-    n_audio_layer, n_text_layer = config.n_audio_layer, config.n_text_layer
-    n_audio_head, n_text_head = config.n_audio_head, config.n_text_head
-    embeddings = tensor("decoder/embeddings/weight")
-    conv1_w = tensor("encoder/conv1/weight")
-
-    def self_attention(prefix, n_head):
-        return MultiHeadAttention(n_head, out=linear(f"{prefix}/linear_1"), qkv=linear(f"{prefix}/linear_0"))
-
-    encoder_blocks = []
-    for i in range(n_audio_layer):
-        p = f"encoder/layer_{i}"
-        encoder_blocks.append(ResidualAttentionBlock(
-            layer_norm(f"{p}/self_attention/layer_norm"), self_attention(f"{p}/self_attention", n_audio_head),
-            layer_norm(f"{p}/ffn/layer_norm"), Mlp(linear(f"{p}/ffn/linear_0"), linear(f"{p}/ffn/linear_1"))))
-    decoder_blocks = []
-    for i in range(n_text_layer):
-        p = f"decoder/layer_{i}"
-        cross = MultiHeadAttention(n_text_head, out=linear(f"{p}/attention/linear_2"),
-                                   q=linear(f"{p}/attention/linear_0"), kv=linear(f"{p}/attention/linear_1"))
-        decoder_blocks.append(ResidualAttentionBlock(
-            layer_norm(f"{p}/self_attention/layer_norm"), self_attention(f"{p}/self_attention", n_text_head),
-            layer_norm(f"{p}/ffn/layer_norm"), Mlp(linear(f"{p}/ffn/linear_0"), linear(f"{p}/ffn/linear_1")),
-            cross_ln=layer_norm(f"{p}/attention/layer_norm"), cross_attn=cross))
-    encoder = AudioEncoder(conv1_w, tensor("encoder/conv1/bias"), tensor("encoder/conv2/weight"),
-                           tensor("encoder/conv2/bias"), tensor("encoder/position_encodings/encodings"),
-                           encoder_blocks, layer_norm("encoder/layer_norm"))
-    decoder = TextDecoder(embeddings, tensor("decoder/position_encodings/encodings"), decoder_blocks,
-                          layer_norm("decoder/layer_norm"))
-    return Whisper(config, encoder, decoder)
-
-
-def _build_from_hf(vb, config: WhisperConfig) -> Whisper:
-    """Map HF `WhisperForConditionalGeneration` names onto the modules."""
-    d = config.d_model
-
-    def layer_norm(v):
-        return LayerNorm(v.get((d,), "weight"), v.get((d,), "bias"), 1e-5)
-
-    def linear(v, out_dim, in_dim, bias=True):
-        return Linear(v.get((out_dim, in_dim), "weight"), v.get((out_dim,), "bias") if bias else None)
-
-    def fused_qkv(v):
-        q, k, vv = linear(v.pp("q_proj"), d, d), linear(v.pp("k_proj"), d, d, bias=False), linear(v.pp("v_proj"), d, d)
-        weight = Tensor.cat([q.weight, k.weight, vv.weight], 0)
-        bias = Tensor.cat([q.bias, Tensor.zeros((d,), q.bias.dtype, q.bias.device), vv.bias], 0)
-        return Linear(weight, bias)
-
-    def fused_kv(v):
-        k, vv = linear(v.pp("k_proj"), d, d, bias=False), linear(v.pp("v_proj"), d, d)
-        bias = Tensor.cat([Tensor.zeros((d,), vv.bias.dtype, vv.bias.device), vv.bias], 0)
-        return Linear(Tensor.cat([k.weight, vv.weight], 0), bias)
-
-    def mlp(v):
-        hidden = v.get_unchecked("fc1.weight").dims()[0]  # 4 * d for every released size
-        return Mlp(linear(v.pp("fc1"), hidden, d), linear(v.pp("fc2"), d, hidden))
-
-    enc = vb.pp("model.encoder")
-    encoder_blocks = []
-    for i in range(config.n_audio_layer):
-        v = enc.pp(f"layers.{i}")
-        attn = MultiHeadAttention(config.n_audio_head, out=linear(v.pp("self_attn.out_proj"), d, d),
-                                  qkv=fused_qkv(v.pp("self_attn")))
-        encoder_blocks.append(ResidualAttentionBlock(layer_norm(v.pp("self_attn_layer_norm")), attn,
-                                                     layer_norm(v.pp("final_layer_norm")), mlp(v)))
-    dec = vb.pp("model.decoder")
-    decoder_blocks = []
-    for i in range(config.n_text_layer):
-        v = dec.pp(f"layers.{i}")
-        attn = MultiHeadAttention(config.n_text_head, out=linear(v.pp("self_attn.out_proj"), d, d),
-                                  qkv=fused_qkv(v.pp("self_attn")))
-        cross = MultiHeadAttention(config.n_text_head, out=linear(v.pp("encoder_attn.out_proj"), d, d),
-                                   q=linear(v.pp("encoder_attn.q_proj"), d, d), kv=fused_kv(v.pp("encoder_attn")))
-        decoder_blocks.append(ResidualAttentionBlock(
-            layer_norm(v.pp("self_attn_layer_norm")), attn, layer_norm(v.pp("final_layer_norm")), mlp(v),
-            cross_ln=layer_norm(v.pp("encoder_attn_layer_norm")), cross_attn=cross))
-    encoder = AudioEncoder(enc.get((d, config.n_mels, 3), "conv1.weight"), enc.get((d,), "conv1.bias"),
-                           enc.get((d, d, 3), "conv2.weight"), enc.get((d,), "conv2.bias"),
-                           enc.get((config.n_audio_ctx, d), "embed_positions.weight"), encoder_blocks,
-                           layer_norm(enc.pp("layer_norm")))
-    decoder = TextDecoder(dec.get((config.n_vocab, d), "embed_tokens.weight"),
-                          dec.get((config.n_text_ctx, d), "embed_positions.weight"), decoder_blocks,
-                          layer_norm(dec.pp("layer_norm")))
-    return Whisper(config, encoder, decoder)
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:
@@ -574,3 +541,81 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.
     scaled_time = np.arange(length)[:, None] * inv_timescales[None, :]
     return np.concatenate([np.sin(scaled_time), np.cos(scaled_time)], axis=1).astype(np.float32)
 
+
+# -- weight names ---------------------------------------------------------------------------
+def _block_names(hf: str, ct2: str, cross: bool) -> dict:
+    """The rows of one encoder or decoder block: `hf` and `ct2` are the block's prefix in each
+    naming (with {i}); the model's prefix is the key's."""
+    rows = {
+        "attn_ln.weight": (f"{hf}.self_attn_layer_norm.weight",
+                           f"{ct2}/self_attention/layer_norm/gamma"),
+        "attn_ln.bias": (f"{hf}.self_attn_layer_norm.bias",
+                         f"{ct2}/self_attention/layer_norm/beta"),
+        "mlp_ln.weight": (f"{hf}.final_layer_norm.weight", f"{ct2}/ffn/layer_norm/gamma"),
+        "mlp_ln.bias": (f"{hf}.final_layer_norm.bias", f"{ct2}/ffn/layer_norm/beta"),
+        "mlp.fc1.weight": (f"{hf}.fc1.weight", f"{ct2}/ffn/linear_0/weight"),
+        "mlp.fc1.bias": (f"{hf}.fc1.bias", f"{ct2}/ffn/linear_0/bias"),
+        "mlp.fc2.weight": (f"{hf}.fc2.weight", f"{ct2}/ffn/linear_1/weight"),
+        "mlp.fc2.bias": (f"{hf}.fc2.bias", f"{ct2}/ffn/linear_1/bias"),
+        "attn.out.weight": (f"{hf}.self_attn.out_proj.weight",
+                            f"{ct2}/self_attention/linear_1/weight"),
+        "attn.out.bias": (f"{hf}.self_attn.out_proj.bias", f"{ct2}/self_attention/linear_1/bias"),
+        # CTranslate2 fuses Q/K/V in linear_0 (its k-bias slice is zero); HF has no k bias.
+        "attn.q.weight": (f"{hf}.self_attn.q_proj.weight",
+                          Part(f"{ct2}/self_attention/linear_0/weight", 0, 3)),
+        "attn.q.bias": (f"{hf}.self_attn.q_proj.bias",
+                        Part(f"{ct2}/self_attention/linear_0/bias", 0, 3)),
+        "attn.k.weight": (f"{hf}.self_attn.k_proj.weight",
+                          Part(f"{ct2}/self_attention/linear_0/weight", 1, 3)),
+        "attn.k.bias": (None, Part(f"{ct2}/self_attention/linear_0/bias", 1, 3)),
+        "attn.v.weight": (f"{hf}.self_attn.v_proj.weight",
+                          Part(f"{ct2}/self_attention/linear_0/weight", 2, 3)),
+        "attn.v.bias": (f"{hf}.self_attn.v_proj.bias",
+                        Part(f"{ct2}/self_attention/linear_0/bias", 2, 3)),
+    }
+    if cross:  # CTranslate2: attention/linear_0 = q, linear_1 = fused K/V, linear_2 = out
+        rows.update({
+            "cross_ln.weight": (f"{hf}.encoder_attn_layer_norm.weight",
+                                f"{ct2}/attention/layer_norm/gamma"),
+            "cross_ln.bias": (f"{hf}.encoder_attn_layer_norm.bias",
+                              f"{ct2}/attention/layer_norm/beta"),
+            "cross_attn.q.weight": (f"{hf}.encoder_attn.q_proj.weight",
+                                    f"{ct2}/attention/linear_0/weight"),
+            "cross_attn.q.bias": (f"{hf}.encoder_attn.q_proj.bias",
+                                  f"{ct2}/attention/linear_0/bias"),
+            "cross_attn.k.weight": (f"{hf}.encoder_attn.k_proj.weight",
+                                    Part(f"{ct2}/attention/linear_1/weight", 0, 2)),
+            "cross_attn.k.bias": (None, Part(f"{ct2}/attention/linear_1/bias", 0, 2)),
+            "cross_attn.v.weight": (f"{hf}.encoder_attn.v_proj.weight",
+                                    Part(f"{ct2}/attention/linear_1/weight", 1, 2)),
+            "cross_attn.v.bias": (f"{hf}.encoder_attn.v_proj.bias",
+                                  Part(f"{ct2}/attention/linear_1/bias", 1, 2)),
+            "cross_attn.out.weight": (f"{hf}.encoder_attn.out_proj.weight",
+                                      f"{ct2}/attention/linear_2/weight"),
+            "cross_attn.out.bias": (f"{hf}.encoder_attn.out_proj.bias",
+                                    f"{ct2}/attention/linear_2/bias"),
+        })
+    side = "decoder" if cross else "encoder"
+    return {f"{side}.blocks.{{i}}.{name}": entries for name, entries in rows.items()}
+
+
+# The model's names (its modules' attribute paths; the pieces of the stacked qkv and kv
+# matrices by their own names) -> HF `WhisperForConditionalGeneration` and CTranslate2's
+# WhisperSpec names.
+WHISPER_WEIGHT_NAMES = WeightNames(("hf", "ct2"), {
+    "encoder.conv1_w": ("model.encoder.conv1.weight", "encoder/conv1/weight"),
+    "encoder.conv1_b": ("model.encoder.conv1.bias", "encoder/conv1/bias"),
+    "encoder.conv2_w": ("model.encoder.conv2.weight", "encoder/conv2/weight"),
+    "encoder.conv2_b": ("model.encoder.conv2.bias", "encoder/conv2/bias"),
+    "encoder.positions": ("model.encoder.embed_positions.weight",
+                          "encoder/position_encodings/encodings"),
+    **_block_names("model.encoder.layers.{i}", "encoder/layer_{i}", cross=False),
+    "encoder.ln_post.weight": ("model.encoder.layer_norm.weight", "encoder/layer_norm/gamma"),
+    "encoder.ln_post.bias": ("model.encoder.layer_norm.bias", "encoder/layer_norm/beta"),
+    "decoder.token_embedding": ("model.decoder.embed_tokens.weight", "decoder/embeddings/weight"),
+    "decoder.positions": ("model.decoder.embed_positions.weight",
+                          "decoder/position_encodings/encodings"),
+    **_block_names("model.decoder.layers.{i}", "decoder/layer_{i}", cross=True),
+    "decoder.ln.weight": ("model.decoder.layer_norm.weight", "decoder/layer_norm/gamma"),
+    "decoder.ln.bias": ("model.decoder.layer_norm.bias", "decoder/layer_norm/beta"),
+}, marker="decoder.token_embedding")

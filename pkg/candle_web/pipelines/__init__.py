@@ -1,5 +1,6 @@
 """Load a model with its tokenizer from a registry name or a local folder: the one place the
-CLI, the benchmarks and the tests share."""
+CLI, the benchmarks and the tests share. The tasks built on the models live beside:
+text2text.py (T5: text in, text out), embed.py (BERT sentence vectors), subtitles.py."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def load_llama(name_or_path, progress=None, device=None, mode: str = "auto"):
     ggufs = [path for name, path in files.items() if name.endswith(".gguf")]
     if len(ggufs) == 1:
         gguf = GgufFile(ggufs[0])
-        return Llama.from_gguf(gguf, device, mode), Tokenizer.from_gguf_metadata(gguf.metadata)
+        return (Llama.load(gguf, device=device, mode=mode),
+                Tokenizer.from_gguf_metadata(gguf.metadata))
     folder = model_folder(name_or_path, progress)
     tokenizer_path = folder / "tokenizer.json"
     if len(ggufs) > 1 or not tokenizer_path.exists():
@@ -102,19 +104,28 @@ def _t5_folder(name_or_path, progress=None) -> Path:
 def load_t5(name_or_path=DEFAULT_T5, progress=None, device=None, mode: str = "auto"):
     """A T5TextGenerator (model + tokenizer) from a folder (config.json, *.safetensors or one
     .gguf, tokenizer.json), a registry name, or a Hub repo "org/name@revision"."""
-    from ..models.t5 import T5TextGenerator, load_t5 as load_t5_model
+    from ..models.t5 import T5ForConditionalGeneration
     from ..tokenizers import Tokenizer
+    from .text2text import T5TextGenerator
 
     folder = _t5_folder(name_or_path, progress)
     tokenizer_path = folder / "tokenizer.json"
     if not tokenizer_path.exists():
         raise ModelNotFound(f"{folder}: no tokenizer.json next to the T5 weights")
-    return T5TextGenerator(load_t5_model(folder, device, mode), Tokenizer.from_file(str(tokenizer_path)))
+    model = T5ForConditionalGeneration.from_pretrained(folder, device, mode)
+    return T5TextGenerator(model, Tokenizer.from_file(str(tokenizer_path)))
 
 
 def load_bert(name_or_path=DEFAULT_BERT, progress=None, device=None):
     """A SentenceEmbedder (BERT + tokenizer, mean pooling, L2 normalisation) from a registry
     name (e.g. 'all-minilm-l6-v2') or a folder (config.json, *.safetensors, tokenizer.json)."""
-    from ..models.bert import load_sentence_embedder
+    from ..models.bert import BertModel
+    from ..tokenizers import Tokenizer
+    from .embed import SentenceEmbedder
 
-    return load_sentence_embedder(model_folder(name_or_path, progress), device)
+    folder = model_folder(name_or_path, progress)
+    tokenizer_path = folder / "tokenizer.json"
+    if not tokenizer_path.exists():
+        raise ModelNotFound(f"{folder}: no tokenizer.json next to the BERT weights")
+    return SentenceEmbedder(BertModel.from_pretrained(folder, device),
+                            Tokenizer.from_file(tokenizer_path))

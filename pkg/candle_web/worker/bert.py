@@ -28,9 +28,12 @@ class BertSession(Session):
     required_files = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
 
     def build(self, files: dict):
-        from candle_web.models.bert import BertModel, SentenceEmbedder
+        from candle_web.io.weights import SafetensorsWeights
+        from candle_web.models.bert import BertModel
+        from candle_web.pipelines.embed import SentenceEmbedder
 
-        model = BertModel.from_safetensors(memoryview(files[WEIGHTS_FILE]), json_file(files))
+        weights = SafetensorsWeights(memoryview(files[WEIGHTS_FILE]))
+        model = BertModel.load(weights, json_file(files))
         return SentenceEmbedder(model, tokenizer_file(files), max_tokens=MAX_SEQ_LENGTH)
 
     def describe(self, embedder) -> dict:

@@ -49,7 +49,7 @@ class LlamaSession(Session):
         if len(ggufs) != 1:
             raise FormatError(f"load: expected one .gguf file, received {sorted(files)}")
         gguf = GgufFile(memoryview(files[ggufs[0]]))
-        return Llama.from_gguf(gguf), Tokenizer.from_gguf_metadata(gguf.metadata)
+        return Llama.load(gguf), Tokenizer.from_gguf_metadata(gguf.metadata)
 
     def describe(self, model) -> dict:
         from candle_web.generation.chat_templates import chat_template_for

@@ -36,9 +36,12 @@ class T5Session(Session):
     hint = HOW_TO_GET_A_T5
 
     def build(self, files: dict):
-        from candle_web.models.t5 import T5TextGenerator, load_t5_safetensors
+        from candle_web.io.weights import SafetensorsWeights
+        from candle_web.models.t5 import T5ForConditionalGeneration
+        from candle_web.pipelines.text2text import T5TextGenerator
 
-        model = load_t5_safetensors(memoryview(files[WEIGHTS_FILE]), json_file(files))
+        weights = SafetensorsWeights(memoryview(files[WEIGHTS_FILE]))
+        model = T5ForConditionalGeneration.load(weights, json_file(files))
         return T5TextGenerator(model, tokenizer_file(files))
 
     def describe(self, generator) -> dict:

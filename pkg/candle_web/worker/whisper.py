@@ -45,9 +45,10 @@ class WhisperSession(Session):
     required_files = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE)
 
     def build(self, files: dict) -> tuple:
+        from candle_web.io.weights import Ct2Weights
         from candle_web.models.whisper import Whisper
 
-        model = Whisper.from_ct2(memoryview(files[MODEL_FILE]), json_file(files))
+        model = Whisper.load(Ct2Weights(memoryview(files[MODEL_FILE])), json_file(files))
         return model, tokenizer_file(files)
 
     def describe(self, model) -> dict:
