@@ -928,7 +928,7 @@ export function setUpTranscribe(client, ready) {
       await ensureModel(model, jobs.track);
       state.jobId = null;
       while (current.active && !live.cancelled) {
-        status.set("live", live.passes === 0 ? "Listening… the first words appear after a few seconds." : `Listening… ${live.passes} passes, ${live.final.length} segments kept.`);
+        status.set("live", live.passes === 0 ? "Listening… the first words appear after a few seconds." : `Listening… ${live.passes} ${live.passes === 1 ? "pass" : "passes"}, ${live.final.length} ${live.final.length === 1 ? "segment" : "segments"} kept.`);
         // The next pass once LIVE_STEP_SECONDS more have come since the last one's end (at
         // once when passes fall behind the speaker).
         await current.waitForSeconds(live.passEnd + LIVE_STEP_SECONDS);
