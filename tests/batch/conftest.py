@@ -219,16 +219,33 @@ def clip_set(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cli_transcripts(clip_set, tmp_path_factory):
-    """path -> `candle-web transcribe --format json` of each good clip: the single-file
-    command's answer (one call per folder, as the CLI names its outputs by file stem)."""
+def cli_started(clip_set, tmp_path_factory):
+    """`candle-web transcribe --format json` on the good clips, started now so that it runs
+    while the cluster comes up (one call per folder: the CLI names its outputs by file stem)."""
     by_folder: dict[Path, list[str]] = {}
     for path in clip_set["good"]:
         by_folder.setdefault(Path(path).parent, []).append(path)
-    answers = {}
+    calls = []
     for index, (folder, paths) in enumerate(sorted(by_folder.items())):
         out = tmp_path_factory.mktemp(f"cli-{index}")
-        run_cli("transcribe", *paths, "--format", "json", "--output-dir", out, check_code=0)
+        process = subprocess.Popen([sys.executable, "-m", "candle_web.cli", "transcribe", *paths,
+                                    "--format", "json", "--output-dir", str(out)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   env=cli_env())
+        calls.append((process, out, paths))
+    yield calls
+    for process, _, _ in calls:
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.fixture(scope="module")
+def cli_transcripts(cli_started):
+    """path -> the single-file command's answer for each good clip."""
+    answers = {}
+    for process, out, paths in cli_started:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-3000:]
         for path in paths:
             answers[path] = json.loads((out / f"{Path(path).stem}.json").read_text())
     return answers

@@ -51,7 +51,7 @@ def summary_of(stderr: str) -> tuple[int, int, int]:
 
 
 @pytest.fixture(scope="module")
-def runs(ray_cluster, clip_set, tmp_path_factory):
+def runs(cli_started, ray_cluster, clip_set, tmp_path_factory):
     out = tmp_path_factory.mktemp("batch-out")
     record = {"out": out}
 

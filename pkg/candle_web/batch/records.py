@@ -7,8 +7,9 @@
     OUT/transcripts/NAME.txt|srt|vtt     per-file transcripts, when asked for (transcribe)
     OUT/quarantine/                      Parquet files a killed run left half-written
 
-Every row carries the input's id (its path, or the JSONL id), the sha256 of its bytes and the
-config key: a hash of the model (its files' sha256 from the registry, or its local files' sizes
+Every row carries the input's id (its path; for embed the line's "id", else path:line), the
+sha256 of the input (the file's bytes; for embed the text's UTF-8, or the raw line's when it
+does not parse; none for a file that could not be read) and the config key: a hash of the model (its files' sha256 from the registry, or its local files' sizes
 and times) and the decoding options. A rerun skips an input whose (id, sha256, config key)
 already has a row, so nothing is computed twice and a killed run loses only what was not
 written yet. pyarrow comes with Ray (the `cluster` extra) and is imported inside functions.

@@ -42,6 +42,7 @@ class ClusterOptions:
     address: str | None = None
     concurrency: int | None = None
     cpus_per_actor: float = 1.0
+    threads_per_actor: int | None = None  # None: the node's default, as the single-file command
     verbose: bool = False
 
 
@@ -170,7 +171,8 @@ class _Job:
                             fn_kwargs={"config": config, "skip": skip, "progress": progress})
         ds = ds.map_batches(self.model_class, batch_format="pyarrow", batch_size=self.per_block,
                             compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus,
-                            fn_constructor_kwargs={**self.model_kwargs, "progress": progress})
+                            fn_constructor_kwargs={**self.model_kwargs, "progress": progress,
+                                                   "threads": self.cluster.threads_per_actor})
         bar = BatchBar(f"batch {self.task}", len(self.items), self.task == "transcribe", self.stream)
         stop = threading.Event()
 

@@ -138,6 +138,13 @@ def write_transcripts(transcript, folder: str, name: str, formats) -> None:
         os.replace(temporary, final)
 
 
+def set_kernel_threads(threads: int | None) -> None:
+    """NUMBA_NUM_THREADS for this actor's kernels, set before numba is first imported (the
+    actor's process is its own; the model loads on the first input)."""
+    if threads:
+        os.environ["NUMBA_NUM_THREADS"] = str(int(threads))
+
+
 class Transcriber:
     """The model stage: one instance per Ray actor. The model loads on the first input that
     needs it (a rerun where everything is done never loads it), then stays loaded.
@@ -145,10 +152,12 @@ class Transcriber:
     The kernels keep the node's default thread count (NUMBA_NUM_THREADS: all its cores), as
     `candle-web transcribe` has there: the fused steps' reductions split by thread, so another
     count would move log-probabilities in the 7th digit and the answers would no longer be the
-    single-file command's, bit for bit. --cpus-per-actor is what Ray reserves."""
+    single-file command's, bit for bit. --cpus-per-actor is what Ray reserves; threads (the
+    --threads-per-actor option) sets NUMBA_NUM_THREADS for this actor instead."""
 
     def __init__(self, model: str, options: dict, transcripts: str | None = None,
-                 formats=(), progress=None):
+                 formats=(), progress=None, threads: int | None = None):
+        set_kernel_threads(threads)
         self.model_spec, self.options_dict = model, options
         self.transcripts, self.formats = transcripts, tuple(formats)
         self.progress = progress
@@ -237,7 +246,8 @@ class Embedder:
     """The model stage of `batch embed`: each text is embedded on its own, as `candle-web embed
     TEXT` does, so a result never depends on which other texts Ray put in the same batch."""
 
-    def __init__(self, model: str, progress=None):
+    def __init__(self, model: str, progress=None, threads: int | None = None):
+        set_kernel_threads(threads)
         self.model_spec, self.progress = model, progress
         self.embedder = None
 
