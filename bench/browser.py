@@ -512,7 +512,7 @@ def print_side_by_side(model: str, clips: list[dict], modes: list[dict], peers: 
         return
     print(f"\nside by side: {model}, {len(clips)} LibriVox clips, RTF = seconds / audio seconds "
           "(below 1: faster than real time)")
-    width = {name: max(14, len(name)) for name, _, _ in engines}
+    width = {name: max(15, len(name)) for name, _, _ in engines}
     header = f"{'clip':6} {'audio s':>7} | " + " ".join(f"{name:>{width[name]}}"
                                                          for name, _, _ in engines)
     if native["clips"]:
@@ -534,7 +534,7 @@ def print_side_by_side(model: str, clips: list[dict], modes: list[dict], peers: 
             audio = (result["timings"]["audioSeconds"] if kind == "candle"
                      else result["audioSeconds"])
             totals[name] += seconds
-            cells.append(f"{f'{seconds:6.2f}s {seconds / audio:5.3f}':>{width[name]}}")
+            cells.append(f"{f'{seconds:7.2f}s {seconds / audio:6.3f}':>{width[name]}}")
         audio_total += audio or 0.0
         line = f"{file[-8:-4]:6} {audio or 0:7.2f} | " + " ".join(cells)
         if native["clips"]:
@@ -543,7 +543,7 @@ def print_side_by_side(model: str, clips: list[dict], modes: list[dict], peers: 
         print(line)
     print("-" * len(header))
     line = f"{'all':6} {audio_total:7.2f} | " + " ".join(
-        f"{f'{totals[name]:6.2f}s {totals[name] / audio_total:5.3f}':>{width[name]}}"
+        f"{f'{totals[name]:7.2f}s {totals[name] / audio_total:6.3f}':>{width[name]}}"
         for name, _, _ in engines)
     if native["clips"]:
         native_total = sum(native["clips"][clip["file"]]["seconds"] for clip in clips)
