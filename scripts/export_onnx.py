@@ -23,10 +23,11 @@ EXPORTER_TAG naming this script's format version, torch's version and the opset;
 written last (provenance and every file's sha256), so a folder without it is incomplete and is
 rebuilt; a second run only reads export.json (torch is not imported).
 
---verify (always after a fresh export) runs the exported graphs in onnxruntime on one LibriVox
-clip / the Generate prompt, greedily, and compares the token ids with candle-web's numpy
-backend on the same input (same log-mel features for Whisper). It prints the first difference
-with both logit margins if there is one.
+After a fresh export the graphs run in onnxruntime, greedily, on the first LibriVox clip / the
+Generate prompt, and their token ids are compared with candle-web's numpy backend on the same
+input (the same log-mel features for Whisper); --verify does it on every LibriVox clip. The
+first difference is printed with onnxruntime's top-2 logit margin there. Exit status 1 when
+the fp32 ids differ (a q8 graph's weights are re-quantized: its differences are reported only).
 
 Needs the `bench` extra: `pip install -e '.[bench]'` (onnx, onnxruntime) on top of `dev` (torch,
 transformers, gguf).
@@ -623,27 +624,38 @@ def first_difference(a: list, b: list):
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def verify_whisper(model: str, folder: Path, variant: str = "") -> dict:
-    """ORT greedy ids vs candle-web numpy greedy ids (no timestamps) on the first LibriVox clip,
-    from the same log-mel features."""
-    import numpy as np
-
+def verify_whisper(model: str, folder: Path, variant: str = "", all_clips: bool = False) -> dict:
+    """ORT greedy ids vs candle-web numpy greedy ids (no timestamps) on the first LibriVox clip
+    (all of them with all_clips), from the same log-mel features."""
     os.environ.setdefault("CANDLE_WEB_BACKEND", "numpy")
-    from candle_web import Tensor
-    from candle_web.io import audio
-    from candle_web.models.whisper_decode import TranscribeOptions, transcribe
     from candle_web.pipelines import load_whisper
 
-    clip = clip_path()
-    samples = audio.load_audio(str(clip))
     cw_model, tokenizer = load_whisper(model)
-    options = TranscribeOptions(temperatures=(0.0,), without_timestamps=True)
-    transcript = transcribe(cw_model, tokenizer, samples, options)
-    want = [token for segment in transcript.segments for token in segment.tokens]
-
     generation = json.loads((folder / "generation_config.json").read_text())
     encoder = ort_session(folder / "onnx" / f"encoder_model{variant}.onnx")
     decoder = ort_session(folder / "onnx" / f"decoder_model_merged{variant}.onnx")
+    clips = [whisper_clip_check(clip, cw_model, tokenizer, encoder, decoder, generation)
+             for clip in clip_paths()[: None if all_clips else 1]]
+    equal = sum(clip["equal"] for clip in clips)
+    differences = "; ".join(f"{clip['clip']}: first at {clip['firstDifference']} (ORT margin "
+                            f"{clip['ortMarginThere']})" for clip in clips if not clip["equal"])
+    return {"variant": variant or "fp32", "equal": equal == len(clips), "clips": clips,
+            "summary": f"{equal}/{len(clips)} LibriVox clip(s) with equal token ids "
+                       f"({sum(len(clip['ortTokens']) for clip in clips)} tokens)"
+                       + (f"; {differences}" if differences else "")}
+
+
+def whisper_clip_check(clip: Path, cw_model, tokenizer, encoder, decoder, generation) -> dict:
+    import numpy as np
+
+    from candle_web import Tensor
+    from candle_web.io import audio
+    from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+
+    samples = audio.load_audio(str(clip))
+    options = TranscribeOptions(temperatures=(0.0,), without_timestamps=True)
+    transcript = transcribe(cw_model, tokenizer, samples, options)
+    want = [token for segment in transcript.segments for token in segment.tokens]
     mel = audio.pad_or_trim(audio.log_mel_spectrogram(samples), audio.N_FRAMES)
     audio_states = encoder.run(None, {"input_features": mel[None].astype(np.float32)})[0]
     reference_states = cw_model.encode(Tensor.from_numpy(mel[None])).to_numpy()
@@ -673,7 +685,7 @@ def verify_whisper(model: str, folder: Path, variant: str = "") -> dict:
                 feeds[name.replace("present", "past_key_values")] = value
         ids = np.array([[best]], dtype=np.int64)
     diff = first_difference(tokens, want)
-    report = {"clip": clip.name, "variant": variant or "fp32", "ortTokens": tokens,
+    report = {"clip": clip.name, "ortTokens": tokens,
               "candleTokens": want, "equal": diff is None,
               "encoderMaxAbsDiff": float(np.max(np.abs(audio_states - reference_states))),
               "text": tokenizer.decode(tokens)}
@@ -718,7 +730,10 @@ def verify_llama(model: str, folder: Path, tokens: int = 32, variant: str = "") 
     want = native["tokenIds"][: len(produced)]
     diff = first_difference(produced, want)
     report = {"variant": variant or "fp32", "ortTokens": produced, "candleTokens": want,
-              "equal": diff is None, "promptTokens": len(prompt)}
+              "equal": diff is None, "promptTokens": len(prompt),
+              "summary": f"{len(produced)} greedy token(s) on the Generate prompt, "
+                         + ("equal" if diff is None else
+                            f"first difference at {diff} (ORT margin {margins[diff]})")}
     if diff is not None:
         report["firstDifference"] = diff
         report["ortMarginThere"] = margins[diff]
@@ -754,12 +769,12 @@ def llama_native_ids(model: str, prompt: str, tokens: int) -> dict:
     return {"promptIds": result["promptIds"], "tokenIds": result["tokenIds"], "eos": eos}
 
 
-def clip_path() -> Path:
+def clip_paths() -> list[Path]:
     manifest = json.loads((SAMPLES_DIR / "manifest.json").read_text())
-    for clip in manifest["clips"]:
-        if clip["librivox"]:
-            return SAMPLES_DIR / clip["file"]
-    raise ExportError(f"no LibriVox clip in {SAMPLES_DIR}: run scripts/vendor_samples.py")
+    clips = [SAMPLES_DIR / clip["file"] for clip in manifest["clips"] if clip["librivox"]]
+    if not clips:
+        raise ExportError(f"no LibriVox clip in {SAMPLES_DIR}: run scripts/vendor_samples.py")
+    return clips
 
 
 # --- driver ----------------------------------------------------------------------------------
@@ -768,7 +783,10 @@ def ensure_export(model: str, q8: bool = False, force: bool = False, verify: boo
     """export.json (with "folder") of the cached export of `model`, made now if needed."""
     kind = kind_of(model)
     folder = export_folder(model)
-    check = verify_whisper if kind == "whisper" else verify_llama
+    # After an export, one clip; asked for (--verify), every LibriVox clip.
+    quick = verify_whisper if kind == "whisper" else verify_llama
+    full = (lambda *args, **kw: verify_whisper(*args, all_clips=True, **kw)) \
+        if kind == "whisper" else verify_llama
     info = None if force else cached_export(model)
     reports = []
     if info is None:
@@ -781,14 +799,14 @@ def ensure_export(model: str, q8: bool = False, force: bool = False, verify: boo
                 export_llama(model, building)
             finish(building, exported, time.perf_counter() - started)
             log(f"exported {model} in {time.perf_counter() - started:.1f} s; verifying")
-            reports.append(check(model, building))  # before it is cached: raises if unusable
+            reports.append(quick(model, building))  # before it is cached: raises if unusable
             if folder.exists():
                 shutil.rmtree(folder)
             building.rename(folder)
         finally:
             shutil.rmtree(building, ignore_errors=True)
     elif verify:
-        reports.append(check(model, folder))
+        reports.append(full(model, folder))
     if q8 and (cached_export(model, q8=True) is None or (force and not reports)):
         started = time.perf_counter()
         log(f"quantizing {model} (q8)")
@@ -800,24 +818,27 @@ def ensure_export(model: str, q8: bool = False, force: bool = False, verify: boo
                       "seconds": time.perf_counter() - started,
                       "how": "quantize_dynamic, 8-bit weights of MatMul/Gemm/Gather, per tensor"}
         write_json(folder / MARKER, info)
-        verify = True
-    if q8 and verify:
-        reports.append(check(model, folder, variant="_quantized"))
+        reports.append(quick(model, folder, variant="_quantized"))
+    elif q8 and verify:
+        reports.append(full(model, folder, variant="_quantized"))
     if reports:
         stored = json.loads((folder / MARKER).read_text())
         stored.setdefault("verify", {}).update(
-            {report["variant"]: {key: value for key, value in report.items()
-                                 if key not in ("ortTokens", "candleTokens")}
-             for report in reports})
+            {report["variant"]: without_token_lists(report) for report in reports})
         write_json(folder / MARKER, stored)
     info = cached_export(model, q8=q8)
     for report in reports:
-        log(f"verify {model} {report['variant']}: token ids "
-            f"{'EQUAL to' if report['equal'] else 'DIFFER from'} candle-web numpy "
-            f"({len(report['ortTokens'])} tokens)"
-            + ("" if report["equal"] else f", first at {report['firstDifference']} "
-               f"(ORT margin {report['ortMarginThere']})"))
+        log(f"verify {model} {report['variant']} against candle-web numpy: token ids "
+            f"{'EQUAL' if report['equal'] else 'DIFFER'}: {report['summary']}")
     return info
+
+
+def without_token_lists(report: dict) -> dict:
+    """A verification report for export.json: the id lists left out (they are long)."""
+    out = {key: value for key, value in report.items() if key not in ("ortTokens", "candleTokens")}
+    if "clips" in out:
+        out["clips"] = [without_token_lists(clip) for clip in out["clips"]]
+    return out
 
 
 def finish(folder: Path, exported: dict, seconds: float) -> dict:
