@@ -10,9 +10,11 @@
  * (the COMMANDS table below). `kind` picks the model family and its Python session
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
- *   init {control?: SharedArrayBuffer, backend?: "wasm"|"numpy"|"auto", snapshot?: boolean}
+ *   init {control?: SharedArrayBuffer, backend?: "auto"|"wasm"|"wasm-simd128"|"numpy",
+ *         snapshot?: boolean}
  *       (backend: the page's ?backend=; auto, the default: wasm when the kernels load, else
- *       numpy, saying why; wasm: the kernels or an error; numpy: the reference, for A/B.
+ *       numpy, saying why; wasm: the kernels or an error; wasm-simd128: the plain SIMD build
+ *       even where relaxed SIMD exists; numpy: the reference, for A/B.
  *       snapshot: false (?snapshot=0) starts Python without the vendored memory snapshot)
  *       progress {phase: "runtime"|"kernels"|"wheel"|"packages"|"backend", state, ms} (phases
  *       overlap: the kernels and the wheel are fetched while Pyodide starts)
@@ -192,7 +194,10 @@ const KERNEL_VARIANTS = [
 ];
 const KERNEL_ABI_VERSION = 1;
 const KERNEL_JS_MODULE = "candle_kernels"; // `import candle_kernels` in Python
-const BACKEND_CHOICES = ["auto", "wasm", "numpy"]; // the page's ?backend=
+// The page's ?backend=: wasm-simd128 forces the plain SIMD build (what browsers without
+// relaxed SIMD run), for A/B and for testing that build in a browser that has both.
+const BACKEND_CHOICES = ["auto", "wasm", "wasm-simd128", "numpy"];
+const FORCED_VARIANTS = { "wasm-simd128": "simd128" };
 
 // Why the kernels are not used: the start goes on with the numpy backend and says this.
 class KernelsUnavailable extends Error {
@@ -202,15 +207,18 @@ class KernelsUnavailable extends Error {
   }
 }
 
-function bestKernelVariant() {
-  return KERNEL_VARIANTS.find((variant) => WebAssembly.validate(variant.probe)) ?? null;
+// The best build this engine validates, or the one `forced` names (if it validates).
+function chooseKernelVariant(forced) {
+  const candidates = forced ? KERNEL_VARIANTS.filter((variant) => variant.name === forced) : KERNEL_VARIANTS;
+  return candidates.find((variant) => WebAssembly.validate(variant.probe)) ?? null;
 }
 
-// Fetches, verifies and compiles the best kernel build this engine runs; needs no Pyodide,
-// so it runs while Pyodide starts. Resolves {variant, label, file, sha256, module}.
-async function compileKernels(manifestPromise) {
-  const variant = bestKernelVariant();
-  if (variant === null) throw new KernelsUnavailable("this browser has no WebAssembly SIMD");
+// Fetches, verifies and compiles the best kernel build this engine runs (or the `forced` one);
+// needs no Pyodide, so it runs while Pyodide starts. Resolves {variant, label, file, sha256,
+// module}.
+async function compileKernels(manifestPromise, forced = null) {
+  const variant = chooseKernelVariant(forced);
+  if (variant === null) throw new KernelsUnavailable(`this browser has no WebAssembly ${forced ?? "SIMD"}`);
   const manifest = await manifestPromise;
   const entry = manifest.kernels?.[variant.name];
   if (!entry) {
@@ -466,13 +474,15 @@ async function startPhase(id, phases, phase, work) {
 // The start: Pyodide, the kernels and the wheel are fetched at the same time; numpy (and
 // scipy, only when the numpy backend runs: its BLAS is what makes that backend's matmul fast)
 // loads while the wheel is unpacked. `choice`: "auto" (wasm when the kernels load, else numpy
-// with the reason), "wasm" (the kernels or an error) or "numpy" (the reference, for A/B).
+// with the reason), "wasm" or "wasm-simd128" (the kernels or an error) or "numpy" (the
+// reference, for A/B). `useSnapshot`: restore the vendored Pyodide snapshot when there is one.
 async function startRuntime(id, choice, useSnapshot) {
   const started = performance.now();
   const phases = {};
   const manifestPromise = fetchChecked(WHEEL_MANIFEST_URL, "wheel manifest").then((response) => response.json());
   manifestPromise.catch(() => {}); // awaited below; this only keeps it from counting as unhandled
-  const kernelsPromise = choice === "numpy" ? null : startPhase(id, phases, "kernels", () => compileKernels(manifestPromise));
+  const kernelsPromise = choice === "numpy" ? null
+    : startPhase(id, phases, "kernels", () => compileKernels(manifestPromise, FORCED_VARIANTS[choice]));
   kernelsPromise?.catch(() => {});
   const wheelPromise = startPhase(id, phases, "wheel", async () => {
     const manifest = await manifestPromise;
@@ -508,7 +518,7 @@ async function startRuntime(id, choice, useSnapshot) {
     }
   }
   const fallBack = (why) => {
-    if (choice === "wasm") throw new TypedError("KernelsUnavailable", `?backend=wasm needs the wasm kernels: ${why}`);
+    if (choice !== "auto") throw new TypedError("KernelsUnavailable", `?backend=${choice} needs the wasm kernels: ${why}`);
     console.warn(`candle-web: the wasm kernels are not used, numpy runs instead: ${why}`);
   };
   if (kernels === null && reason !== null && choice !== "numpy") fallBack(reason);

@@ -16,7 +16,8 @@
   is the init result.
 - `fresh_page` (function): a new page in the same browser, for tests that need clean state;
   `open_ui_page` opens such pages at any path (a ?backend= query) with routes set before they
-  load, and `page_ready(page)` waits for a page's worker like ready_page's.
+  load, and `page_ready(page)` waits for a page's worker like ready_page's; `ready_page_at(path)`
+  is a shared started page at another path.
 After each test a screenshot of its page lands in test-artifacts/ui/ (git-ignored).
 """
 from __future__ import annotations
@@ -370,6 +371,25 @@ def open_ui_page(browser_context, network_guard, ui_server_url):
 def page_ready():
     """page_ready(page) -> the worker's init result (wait_until_ready)."""
     return wait_until_ready
+
+
+@pytest.fixture(scope="session")
+def ready_page_at(browser_context, network_guard, ui_server_url):
+    """ready_page_at(path) -> a page at `path` (e.g. "/?backend=wasm-simd128") with its worker
+    started (its init result as page.ready_summary): opened once a session, shared like
+    ready_page."""
+    pages = {}
+
+    def get(path: str):
+        if path not in pages:
+            page = open_page(browser_context, network_guard, ui_server_url + path)
+            page.ready_summary = wait_until_ready(page)
+            pages[path] = page
+        return pages[path]
+
+    yield get
+    for page in pages.values():
+        page.close()
 
 
 # --- artifacts ----------------------------------------------------------------------------------

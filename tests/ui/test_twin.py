@@ -2,9 +2,10 @@
 
 softmax(a @ b) with a [64, 128], b [128, 128] from candle_web.worker.twin_check (the very
 module the worker imports). The inputs must be bit-identical (same SHA-256). The outputs need
-not be: in Pyodide candle_web's matmul is scipy's sgemm (OpenBLAS for wasm32, no SIMD),
-natively it is numpy's matmul (OpenBLAS with AVX kernels); both are correct f32 matmuls that
-add the 128 products in different orders, so most outputs differ in the last bits.
+not be: in the page candle_web's matmul is the wasm kernels' gemm_f32 (SIMD lanes, FMA with
+relaxed SIMD; scipy's sgemm on the numpy backend), natively it is numpy's matmul (OpenBLAS
+with AVX kernels) or numba's; all are correct f32 matmuls that add the 128 products in
+different orders, so most outputs differ in the last bits.
 
 Tolerance. A k-term f32 dot product is off by about sqrt(k) * 2**-24 * sum|a_i b_i| (here
 sum|a_i b_i| ~ 8, so ~5e-6 at worst, ~1.5e-6 measured natively against float64), and softmax

@@ -4,15 +4,17 @@ wasm backend against the numpy reference in the same page.
 Which backend (each on a fresh page, i.e. a fresh worker start):
 - by default the page runs "wasm" on the best kernel build this Chromium validates (relaxed
   SIMD) without loading scipy, and the footer says "backend: wasm (relaxed SIMD)";
+- `?backend=wasm-simd128` runs the plain-SIMD build (what browsers without relaxed SIMD get);
 - `?backend=numpy` runs the numpy reference (with scipy's BLAS) and says it was asked for;
 - when kernels.wasm answers 404 the page still starts, on numpy, and the footer says why;
   `?backend=wasm` then refuses to start with an error naming the missing kernels;
 - an unknown `?backend=` is refused, naming the field.
 
-The op suite: inputs are made here (numpy, seeded), sent to the page's worker, and each op runs
-there twice, through the page's wasm backend (on a host that records the kernels it calls, so a
-silent fall-through to numpy cannot pass) and through the numpy backend; both results come
-back and are compared here within the bounds tests/tolerances.py derives for two f32
+The op suite, on each of the two builds: inputs are made here (numpy, seeded), sent to the
+page's worker, and each op runs there twice, through the page's wasm backend (on a host that
+records the kernels it calls, so a silent fall-through to numpy cannot pass) and through the
+numpy backend; both results come back and are compared here within the bounds
+tests/tolerances.py derives for two f32
 evaluations of the same op (any summation order, FMA or not): dot products for matmul and the
 f16 / GGML linears, the softmax, norm and attention bounds from their lengths and weights, and
 the ulps of the activations. The shapes include the real models' (whisper-tiny's 384/1536
@@ -25,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -77,6 +79,17 @@ def test_the_page_runs_wasm_by_default_and_says_so(ready_page, ready_summary):
     assert worker_python(ready_page, "from candle_web import Device\n"
                                      "from candle_web.backend import backend_for\n"
                                      "result = backend_for(Device.cpu()).name") == "wasm"
+    # Served as application/wasm, which streaming compilation requires.
+    assert ready_page.evaluate("""async () => (await fetch('vendor/kernels.wasm', {method: 'HEAD'}))
+        .headers.get('Content-Type')""") == "application/wasm"
+
+
+def test_backend_wasm_simd128_in_the_url_runs_the_plain_simd_build(ready_page_at):
+    page = ready_page_at(BUILDS["simd128"])
+    backend = page.ready_summary["backend"]
+    assert backend["name"] == "wasm" and backend["requested"] == "wasm-simd128"
+    assert backend["kernels"]["file"] == "kernels-simd128.wasm"
+    assert footer_backend(page) == "backend: wasm (SIMD128)"
 
 
 def test_backend_numpy_in_the_url_runs_the_reference(open_ui_page, page_ready):
@@ -222,7 +235,6 @@ class Case:
     operands: str  # the method's arguments, a Python expression over `arrays`
     kernel: str  # the kernel the wasm backend must call for it
     bound: Callable  # (operands, want) -> allowed |wasm - numpy| per element
-    extra: dict = field(default_factory=dict)
 
 
 def f32(rng, *shape, scale=1.0):
@@ -410,16 +422,24 @@ def all_cases() -> list[Case]:
     return [*matmul_cases(rng), *linear_cases(rng), *row_cases(rng), *attention_cases(rng)]
 
 
-@pytest.fixture(scope="module")
-def page_results(ready_page, ready_summary):
-    if ready_summary["backend"]["name"] != "wasm":
-        pytest.fail(f"the page did not start the wasm backend: {ready_summary['backend']}",
-                    pytrace=False)
+# The op suite runs on both kernel builds: the relaxed-SIMD one the page picks here, and the
+# plain-SIMD one (what browsers without relaxed SIMD get), forced with ?backend=wasm-simd128.
+BUILDS = {"relaxed-simd": None, "simd128": "/?backend=wasm-simd128"}
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def page_results(request, ready_page, ready_page_at):
+    build = request.param
+    page = ready_page if BUILDS[build] is None else ready_page_at(BUILDS[build])
+    backend = page.ready_summary["backend"]
+    if backend["name"] != "wasm" or backend["variant"] != build:
+        pytest.fail(f"the page did not start the {build} wasm kernels: {backend}", pytrace=False)
     cases = all_cases()
-    request = [{"op": c.op, "operands": c.operands,
-                "arrays": {name: encode(a) for name, a in c.arrays.items()}} for c in cases]
-    replies = json.loads(worker_python(ready_page, PAGE_PROGRAM, json.dumps(request)))
-    return dict(zip((c.name for c in cases), zip(cases, replies)))
+    request_json = json.dumps([{"op": c.op, "operands": c.operands,
+                                "arrays": {name: encode(a) for name, a in c.arrays.items()}}
+                               for c in cases])
+    replies = json.loads(worker_python(page, PAGE_PROGRAM, request_json))
+    return build, dict(zip((c.name for c in cases), zip(cases, replies)))
 
 
 CASE_NAMES = [c.name for c in all_cases()]
@@ -427,7 +447,8 @@ CASE_NAMES = [c.name for c in all_cases()]
 
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_wasm_backend_in_the_page_matches_numpy_in_the_page(page_results, report, name):
-    case, reply = page_results[name]
+    build, results = page_results
+    case, reply = results[name]
     got, want = decode(reply["wasm"]), decode(reply["numpy"])
     assert case.kernel in reply["kernels"], \
         f"{name}: the wasm backend called {reply['kernels']}, not {case.kernel}"
@@ -437,5 +458,5 @@ def test_wasm_backend_in_the_page_matches_numpy_in_the_page(page_results, report
     finite = np.isfinite(want)
     worst = float(np.abs(got[finite].astype(np.float64) - want[finite]).max()) \
         if finite.any() else 0.0
-    report(f"\n[ui] wasm vs numpy in the page, {name}: max |diff| {worst:.3g}, "
+    report(f"\n[ui] wasm ({build}) vs numpy in the page, {name}: max |diff| {worst:.3g}, "
            f"{ratio:.3f} of the bound")
