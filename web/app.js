@@ -141,6 +141,16 @@ export function describeBackend(backend) {
   return backend.reason ? `${backend.name} (${backend.reason})` : backend.name;
 }
 
+// "start 4.6 s: runtime 0.8 s (snapshot), kernels 0.3 s, ..." (the phases overlap).
+function describeStart(summary) {
+  const phases = Object.entries(summary.phases).map(([phase, ms]) => {
+    const note = phase === "runtime" && summary.snapshot?.used ? " (snapshot)" : "";
+    const label = phase === "packages" && summary.versions.scipy ? "numpy + scipy" : PHASE_LABELS[phase] || phase;
+    return `${label} ${formatSeconds(ms)}${note}`;
+  });
+  return `· start ${formatSeconds(summary.totalMs)}: ${phases.join(", ")}`;
+}
+
 function setUpStatus(client) {
   const status = document.getElementById("runtime-status");
   const text = document.getElementById("runtime-text");
@@ -164,8 +174,9 @@ function setUpStatus(client) {
     const v = summary.versions;
     const scipy = v.scipy ? ` · scipy ${v.scipy}` : "";
     document.getElementById("runtime-versions").textContent =
-      `Python ${v.python} · numpy ${v.numpy}${scipy} · candle_web ${v.candle_web}`;
+      `Python ${v.python} · numpy ${v.numpy}${scipy} · candle_web ${v.candle_web} ·`;
     document.getElementById("runtime-backend").textContent = `backend: ${describeBackend(summary.backend)}`;
+    document.getElementById("runtime-start").textContent = describeStart(summary);
     if (summary.backend?.reason && summary.backend.name !== "wasm") {
       console.warn(`candle-web runs the ${summary.backend.name} backend: ${summary.backend.reason}`);
     }

@@ -41,6 +41,9 @@ def test_the_page_starts_from_the_vendored_snapshot(ready_page, ready_summary, r
     manifest = json.loads(MANIFEST.read_text())
     assert "snapshot" in manifest, "scripts/vendor_pyodide.py made no snapshot (is node there?)"
     assert ready_summary["snapshot"] == {"used": True, "reason": None}
+    footer = ready_page.locator("#runtime-start").inner_text()
+    assert footer.startswith("· start ") and "Python runtime" in footer
+    assert "(snapshot)" in footer
     phases = ", ".join(f"{name} {ms / 1000:.2f} s" for name, ms in ready_summary["phases"].items())
     report(f"\n[ui] start from the snapshot: ready in {ready_summary['totalMs'] / 1000:.2f} s "
            f"({phases})")
