@@ -135,20 +135,24 @@ def main(argv=None) -> int:
         one = per_actor.get("batch-1")
         if one and one[1]:
             per_actor_rate = 60 / one[1]
+            scaling = ", ".join(f"{key}: {value[0] / one[0]:.2f}x the 1-actor steady rate"
+                                for key, value in per_actor.items()
+                                if key != "batch-1" and value[0] and one[0])
             print(f"\nnote: one actor transcribes ~{per_actor_rate:.0f} files/min of these clips "
-                  f"({one[1]:.2f} model s per file, each padded to a 30 s window: the encoder "
-                  "cost is per window, not per second of audio). N machines with k actors each "
-                  f"give ~N*k*{per_actor_rate:.0f} files/min while k actors fit the cores (an "
-                  "actor's kernels use all of a node's threads, so k x threads > cores "
-                  "oversubscribes: the 2-actor row on this 2-core machine). It stops scaling "
-                  "at: (1) model load, once per actor (~1-3 s for tiny.en, tens of seconds "
-                  "for larger models) plus Ray's start-up, which dominate short runs (the gap "
-                  "between the wall rate and the steady rate above); (2) I/O: every input is "
-                  "read twice (hash, decode) from storage all nodes share, and its decoded "
-                  "audio (230 MB per hour at 16 kHz float32) moves through the object store; "
-                  "(3) the driver: one Ray Data driver schedules one task per file and the "
-                  "results land as one small Parquet file each, fine for files that take "
-                  "seconds, a limit only for thousands of tiny files per second.")
+                  f"({one[1]:.2f} model s per file; each clip is padded to a 30 s window, so the "
+                  "encoder costs the same for a 2 s and a 30 s file). "
+                  + (f"On this machine: {scaling}. " if scaling else "")
+                  + f"N machines with k actors each give up to ~N*k*{per_actor_rate:.0f} files/min "
+                  "while the actors' threads fit the cores (by default an actor's kernels use all "
+                  "of its node's threads; --threads-per-actor T with k*T = cores avoids "
+                  "oversubscription). It stops scaling at: (1) start-up: Ray's, then the model "
+                  "load, once per actor (~1-3 s for tiny.en, tens of seconds for larger models), "
+                  "which dominate short runs (the gap between the wall and the steady rate "
+                  "above); (2) I/O: each input is read twice (hash, decode) from storage all "
+                  "nodes share, and its decoded audio (230 MB per hour at 16 kHz float32) moves "
+                  "through the object store to the actor; (3) the driver: one Ray Data driver "
+                  "schedules a task per file and each result lands as a small Parquet file: "
+                  "fine for files that take seconds, a limit for thousands of tiny files a second.")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

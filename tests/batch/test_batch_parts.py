@@ -217,3 +217,18 @@ def test_read_text_skips_what_is_done_and_refused_lines_alike():
     assert [(row["status"], row["text"]) for row in rows] == [("pending", "hello"), ("error", None)]
     done = frozenset((row["input_id"], row["sha256"]) for row in rows)
     assert stages.read_text(batch, config=config, skip=done).num_rows == 0
+
+
+def test_an_address_where_no_head_answers_fails_in_seconds_naming_it(tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    clip = tmp_path / "a.wav"
+    clip.write_bytes(b"")
+    out = subprocess.run([sys.executable, "-m", "candle_web.cli", "batch", "transcribe", str(clip),
+                          "--out", str(tmp_path / "out"), "--ray-address", f"127.0.0.1:{port}"],
+                         capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert f"--ray-address 127.0.0.1:{port}: no Ray head answers there" in out.stderr

@@ -260,11 +260,29 @@ def _connect(ray, cluster: ClusterOptions) -> bool:
     kwargs = {"log_to_driver": not quiet, "logging_level": logging.INFO if not quiet else logging.ERROR}
     if address == "local":
         kwargs["include_dashboard"] = False
+    else:
+        _check_reachable(address)
     try:
         ray.init(address=address, **kwargs)
-    except ConnectionError as error:
+    except (ConnectionError, RuntimeError) as error:
         raise InvalidOption(f"--ray-address {address}: cannot join a Ray cluster there ({error})") from None
     return True
+
+
+def _check_reachable(address: str) -> None:
+    """A head that is not there fails in seconds with its address, instead of Ray retrying to
+    reach it for minutes."""
+    import re
+    import socket
+
+    match = re.fullmatch(r"\[?([^\]]+?)\]?:(\d+)", address)
+    if match is None:
+        return  # "auto", ray://... : left to Ray
+    try:
+        socket.create_connection((match.group(1), int(match.group(2))), timeout=5).close()
+    except OSError as error:
+        raise InvalidOption(f"--ray-address {address}: no Ray head answers there "
+                            f"({error.strerror or error})") from None
 
 
 def _cluster_cpus(ray) -> float:
