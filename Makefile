@@ -48,12 +48,12 @@ models: $(STAMP_DEV)
 	@if [ -f models/fetch.py ]; then $(PY) models/fetch.py --default; fi
 	@if [ -x scripts/fetch_test_audio.sh ]; then scripts/fetch_test_audio.sh; fi
 
-# The browser runtime: Pyodide 0.27.7 (npm + verified wheels) and the candle_web wheel; then
-# the WebAssembly SIMD kernels (web/kernels/ -> web/vendor/kernels*.wasm, cached by a hash of
-# the sources, checked for stack use, imports, exports and data segments).
+# The browser runtime: Pyodide 0.27.7 (npm + verified wheels), the WebAssembly SIMD kernels
+# (vendor_pyodide.py runs scripts/build_kernels.py first: web/kernels/ -> web/vendor/kernels*.wasm,
+# cached by a hash of the sources, checked for stack use, imports, exports and data segments),
+# the candle_web wheel with a manifest naming the kernels' sha256, and the start-up snapshot.
 web: $(STAMP_DEV)
 	$(PY) scripts/vendor_pyodide.py
-	$(PY) scripts/build_kernels.py
 
 # -- the two commands -----------------------------------------------------------------------
 # One BLAS thread: results do not depend on it, but with pytest, Chromium and native twin

@@ -1,6 +1,6 @@
 """The demo page shell in headless Chromium: loads, is cross-origin isolated, is accessible by
 keyboard, and its worker starts Pyodide + numpy + candle_web (on the wasm kernels; scipy only
-for the numpy backend, see test_wasm_backend.py) from 127.0.0.1 only."""
+for the numpy backend, see test_page_wasm_ops.py) from 127.0.0.1 only."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ TAB_IDS = ["tab-transcribe", "tab-generate", "tab-text2text", "tab-similarity"]
 # The worker's start-up phases (they overlap; the order they end in varies).
 INIT_PHASES = {"runtime", "kernels", "wheel", "packages", "backend"}
 # What the vendored lock pins (scripts/vendor_pyodide.py); the worker must report exactly these.
-# scipy: none on the default (wasm) page; test_wasm_backend.py checks 1.14.1 on the numpy one.
+# scipy: none on the default (wasm) page; test_page_wasm_ops.py checks 1.14.1 on the numpy one.
 EXPECTED_VERSIONS = {"pyodide": "0.27.7", "python": "3.12.7", "numpy": "2.0.2", "scipy": None}
 
 pytestmark = pytest.mark.ui

@@ -1,9 +1,11 @@
 """The Generate view's session: a LLaMA-family model from one GGUF file (its tokenizer and chat
 template from the GGUF's own metadata), then generation with streamed tokens.
 
-In Pyodide the numpy backend dequantizes the weights to float32 once at load
-(quantized/qmatmul.py): SmolLM2-135M's 98 MB of Q4_1 blocks become ~540 MB of f32, each array
-far below wasm32's 2 GiB limit, and every decode step is then BLAS matmuls.
+In the page the wasm backend keeps the GGML blocks packed (`supports_qmatmul`) and each decode
+step is one kernel call per block (backend/wasm_parts.py). With `?backend=numpy` the weights are
+dequantized to float32 once at load (quantized/qmatmul.py): SmolLM2-135M's 98 MB of Q4_1 blocks
+become ~540 MB of f32, each array far below wasm32's 2 GiB limit, and every decode step is then
+BLAS matmuls.
 """
 from __future__ import annotations
 
@@ -97,7 +99,7 @@ class LlamaSession(Session):
 
 
 def _weight_bytes(block) -> int:
-    """Bytes held by a block's matmul weights (f32 when dequantized at load)."""
+    """Bytes held by a block's matmul weights (packed blocks, or f32 when dequantized at load)."""
     total = 0
     for layer in (block.attn.qkv, block.attn.out, block.mlp.gate_up, block.mlp.down):
         if layer.weight is not None:
