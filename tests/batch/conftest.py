@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -204,6 +205,7 @@ def ray_cluster():
         yield cluster.start()
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
