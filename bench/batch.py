@@ -55,7 +55,7 @@ def make_inputs(folder: Path, copies: int) -> tuple[list[str], float]:
     from candle_web import hub
     from candle_web.io.audio import load_audio
 
-    from clips import make_clips
+    from batch_clips import make_clips
 
     speech = hub.cache_dir() / "testdata" / "speech"
     if not (speech / "librivox").is_dir():

@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import cli_env, read_results, run_cli
+from batch_testlib import cli_env, read_results, run_cli
 
 WHISPER = "whisper-tiny.en"
 SEGMENT_KEYS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
