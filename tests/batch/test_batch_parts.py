@@ -232,3 +232,17 @@ def test_an_address_where_no_head_answers_fails_in_seconds_naming_it(tmp_path):
                          capture_output=True, text=True, env=cli_env(), timeout=120)
     assert out.returncode == 2, out.stderr
     assert f"--ray-address 127.0.0.1:{port}: no Ray head answers there" in out.stderr
+
+
+def test_a_stopped_run_names_what_the_stage_raised():
+    """Ray gives the driver its own wrapper; the stage's exception survives in the remote
+    traceback's text (this is the shape of Ray 2.60's message for a model that did not load)."""
+    from candle_web.batch.runner import _cause_of
+
+    ray_text = ("\x1b[36mray::MapWorker(MapBatches(Transcriber)).submit()\x1b[39m (pid=1, ip=1)\n"
+                "  File \"stages.py\", line 164, in _model\n"
+                "candle_web.core.errors.ModelNotFound: /m: no tokenizer.json next to the Whisper weights\n"
+                "\nThe above exception was the direct cause of the following exception:\n\n"
+                "ray.exceptions.UserCodeException: UDF failed to process a data block.")
+    assert _cause_of(RuntimeError(ray_text)) == \
+        "ModelNotFound: /m: no tokenizer.json next to the Whisper weights"

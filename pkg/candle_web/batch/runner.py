@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -190,8 +191,9 @@ class _Job:
             ds.write_parquet(str(self.out / records.RESULTS), partition_cols=["status"],
                              schema=records.SCHEMAS[self.task](), ray_remote_args={"num_cpus": 0})
         except ray.exceptions.RayError as error:
-            cause = _root_cause(error)
-            raise BatchStopped(f"batch {self.task} stopped: {type(cause).__name__}: {cause} "
+            stop.set()
+            bar.close()
+            raise BatchStopped(f"batch {self.task} stopped: {_cause_of(error)} "
                                f"(what was written to {self.out} is kept: rerun to resume)") from error
         finally:
             stop.set()
@@ -234,12 +236,16 @@ class BatchStopped(CandleError):
     results written so far stay, a rerun resumes."""
 
 
-def _root_cause(error: BaseException) -> BaseException:
-    seen = set()
-    while error.__cause__ is not None and id(error) not in seen:
-        seen.add(id(error))
-        error = error.__cause__
-    return error
+def _cause_of(error: BaseException) -> str:
+    """'ModelNotFound: ...': what a stage raised. Ray hands the driver a RayTaskError whose
+    chain ends at its own UserCodeException; the stage's exception survives only in the remote
+    traceback text, as its last-but-wrapped `module.Class: message` line."""
+    for line in str(error).splitlines():
+        found = re.match(r"([A-Za-z_][\w.]*): (.+)", line.strip())
+        if found and not found.group(1).startswith("ray."):
+            return f"{found.group(1).rsplit('.', 1)[-1]}: {found.group(2)}"
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first}"
 
 
 def _connect(ray, cluster: ClusterOptions) -> bool:
@@ -252,8 +258,9 @@ def _connect(ray, cluster: ClusterOptions) -> bool:
     if quiet:
         # Ray's notices (token authentication, disabled progress bars) are for Ray users; the
         # batch prints its own progress and summary.
-        for name in ("ray", "ray.data"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        # A failed run's cause is reported once, by the batch (BatchStopped), not also by Ray Data.
+        logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     if ray.is_initialized():
         return False
     address = cluster.address or os.environ.get("RAY_ADDRESS") or "local"
@@ -272,7 +279,6 @@ def _connect(ray, cluster: ClusterOptions) -> bool:
 def _check_reachable(address: str) -> None:
     """A head that is not there fails in seconds with its address, instead of Ray retrying to
     reach it for minutes."""
-    import re
     import socket
 
     match = re.fullmatch(r"\[?([^\]]+?)\]?:(\d+)", address)
