@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 # `cw.audio` is the name the audio decoding had before it moved into io/.
 __getattr__, __dir__ = lazy_submodules(__name__, (
     "core", "nn", "io", "quantized", "tokenizers", "generation", "models", "hub", "pipelines",
-    "worker", "backend", "cli", "serve"), globals(), aliases={"audio": "candle_web.io.audio"})
+    "worker", "batch", "backend", "cli", "serve"), globals(),
+    aliases={"audio": "candle_web.io.audio"})
 
 __all__ = [
     "Tensor", "Var", "custom_op", "Device", "DType", "Shape", "GradStore", "no_grad", "manual_seed", "cat",
