@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from batch_testlib import cli_env, read_results, run_cli
 
@@ -198,8 +199,13 @@ def test_batch_embed_equals_the_cli_per_text(ray_cluster, tmp_path):
     results = {row["text"]: row for row in rows if row["status"] == "done"}
     assert sorted(results) == sorted(texts) and len(results) == sum(r["status"] == "done" for r in rows)
     for text in texts:
-        # The CLI prints round(x, 7) of the same float32 vector.
-        assert [round(float(x), 7) for x in results[text]["embedding"]] == reference[text]
+        # The CLI prints round(x, 7) of the vector: equal to that precision, one unit of the
+        # 7th decimal. Exact equality of the rounded digits failed once on a fresh CI clone
+        # (one component on the other side of a rounding boundary: -0.1387023 against
+        # -0.1387022), as an actor and the CLI process may sum in another order (their
+        # numba/BLAS thread counts are the node's, not fixed).
+        got = np.array(results[text]["embedding"], dtype=np.float64)
+        assert np.abs(got - np.array(reference[text])).max() <= 1e-7 + 1e-12, text
         assert results[text]["sha256"] == hashlib.sha256(text.encode()).hexdigest()
     assert results[texts[0]]["input_id"] == "food"
     assert results[texts[2]]["input_id"] == f"{jsonl}:3"
