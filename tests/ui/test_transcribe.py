@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ui_transcribe import run_tool, tool, wait_idle_with_clip
+from ui_transcribe import run_to_end, run_tool, tool, wait_idle_with_clip
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLES_DIR = REPO_ROOT / "web" / "vendor" / "samples"
@@ -147,20 +147,6 @@ def drop_file(page, name: str, data: bytes, mime: str) -> None:
     }""", [name, base64.b64encode(data).decode("ascii"), mime])
 
 
-def run_transcription(page) -> dict:
-    """Click Transcribe and wait for the run to end; the page's state afterwards."""
-    runs_before = view_state(page, "s.runs")
-    page.click("#transcribe-button")
-    page.wait_for_function(
-        "(before) => { const s = window.candleWeb.transcribe;"
-        " return !s.busy && (s.runs > before || s.lastError !== null); }",
-        arg=runs_before, timeout=TRANSCRIBE_TIMEOUT_MS)
-    state = view_state(page, "({result: s.lastResult, error: s.lastError, load: s.lastLoad,"
-                             " events: s.events, streamed: s.streamed})")
-    assert state["error"] is None, state["error"]
-    return state
-
-
 def record_run(file_name: str, state: dict, report) -> dict:
     result = state["result"]
     BROWSER_RUNS[file_name] = result
@@ -249,7 +235,7 @@ def test_dropped_wav_loads_the_model_and_streams_the_transcript(ready_page, repo
     page = ready_page
     drop_file(page, CLIP_DROP, (SAMPLES_DIR / CLIP_DROP).read_bytes(), "audio/wav")
     wait_for_clip(page, CLIP_DROP)
-    state = run_transcription(page)
+    state = run_to_end(page)
     result = record_run(CLIP_DROP, state, report)
 
     # The first load of the session downloads every byte (and says so).
@@ -280,7 +266,7 @@ def test_file_picker_transcribes_with_the_loaded_model(ready_page, report):
     page = ready_page
     page.set_input_files("#file-input", str(SAMPLES_DIR / CLIP_PICKER))
     wait_for_clip(page, CLIP_PICKER)
-    state = run_transcription(page)
+    state = run_to_end(page)
     result = record_run(CLIP_PICKER, state, report)
     assert state["events"] == []  # the model stayed loaded: no load this time
     assert_matches_reference(CLIP_PICKER, result["text"])
@@ -312,7 +298,7 @@ def test_cancel_mid_way_then_transcribe_again(ready_page, repeated_clip, report)
     assert page.locator("#transcribe-error").is_hidden()  # a cancel is not an error
     # The worker stays usable: the clip itself, to the end.
     choose_sample(page, CLIP_CANCEL)
-    state = run_transcription(page)
+    state = run_to_end(page)
     result = record_run(CLIP_CANCEL, state, report)
     assert_matches_reference(CLIP_CANCEL, result["text"])
 
@@ -374,7 +360,7 @@ def test_twin_browser_token_ids_equal_native_numpy(ready_page, native_twin, repo
     for clip in librivox_clips():
         if clip["file"] not in BROWSER_RUNS:  # not done by a test above (e.g. run alone)
             choose_sample(page, clip["file"])
-            record_run(clip["file"], run_transcription(page), report)
+            record_run(clip["file"], run_to_end(page), report)
     native = native_twin.result()
     assert native["backend"] == "numpy"
     lines = []

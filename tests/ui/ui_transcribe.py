@@ -116,8 +116,8 @@ def run_to_end(page, timeout_ms: int = TRANSCRIBE_TIMEOUT_MS) -> dict:
         "(before) => { const s = window.candleWeb.transcribe;"
         " return !s.busy && (s.runs > before || s.lastError !== null); }",
         arg=runs_before, timeout=timeout_ms)
-    state = view_state(page, "({result: s.lastResult, error: s.lastError, streamed: s.streamed,"
-                             " heap: s.heap})")
+    state = view_state(page, "({result: s.lastResult, error: s.lastError, load: s.lastLoad,"
+                             " events: s.events, streamed: s.streamed, heap: s.heap})")
     assert state["error"] is None, state["error"]
     return state
 
