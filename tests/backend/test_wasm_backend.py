@@ -27,9 +27,11 @@ from candle_web.backend.numpy_backend import NumpyBackend
 from candle_web.core.errors import CandleError
 from candle_web.quantized import GgmlDType, QTensor
 
+from wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitudes, random_qweight,
+                          rope_bound)
 from tolerances import (assert_within, attention_bound, dot_bound, layer_norm_bound,
                         log_softmax_bound, rms_norm_bound, silu_mul_bound, softmax_bound,
-                        sum_bound, unary_bound)
+                        unary_bound)
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +80,6 @@ def spy(wasm):
 def rng():
     return np.random.default_rng(20251202)
 
-
-def f32(rng, *shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-
-# -- matmul ------------------------------------------------------------------------------------
 
 def _matmul_cases(rng):
     w = f32(rng, 37, 19)  # a Linear weight [out, in]
@@ -199,26 +195,7 @@ def test_rope(wasm, ref, rng, op):
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     got = getattr(wasm, op)(x, cos, sin)
     want = getattr(ref, op)(x, cos, sin)
-    assert_within(got, want, _rope_bound(x, cos, sin, op == "rope_i"), op)
-
-
-def _rope_bound(x, cos, sin, interleaved):
-    """Each rotated value is a * cos -/+ b * sin of its pair (a, b): a sum of two products,
-    gamma(2) (|a| |cos| + |b| |sin|) per evaluation (an FMA only rounds less)."""
-    x, c, s = (np.abs(np.asarray(a, np.float64)) for a in (x, cos, sin))
-    if interleaved:
-        first, second = x[..., 0::2], x[..., 1::2]
-    else:
-        first, second = np.split(x, 2, axis=-1)
-    magnitudes = np.empty_like(x)
-    if interleaved:
-        magnitudes[..., 0::2] = first * c + second * s
-        magnitudes[..., 1::2] = first * s + second * c
-    else:
-        half = x.shape[-1] // 2
-        magnitudes[..., :half] = first * c + second * s
-        magnitudes[..., half:] = second * c + first * s
-    return sum_bound(magnitudes, 2)
+    assert_within(got, want, rope_bound(x, cos, sin, op == "rope_i"), op)
 
 
 def test_silu_mul(wasm, ref, rng):
@@ -301,47 +278,6 @@ def test_attention_the_abi_cannot_express_falls_through(spy, ref, rng):
 
 # -- quantized matmul -------------------------------------------------------------------------
 
-# Byte ranges of the quant fields per block (ggml-common.h); everything else is scales/mins.
-QUANT_BYTES = {
-    GgmlDType.Q4_0: ((2, 18),), GgmlDType.Q4_1: ((4, 20),),
-    GgmlDType.Q5_0: ((2, 22),), GgmlDType.Q5_1: ((4, 24),), GgmlDType.Q8_0: ((2, 34),),
-    GgmlDType.Q2_K: ((16, 80),), GgmlDType.Q3_K: ((0, 96),), GgmlDType.Q4_K: ((16, 144),),
-    GgmlDType.Q5_K: ((16, 176),), GgmlDType.Q6_K: ((0, 192),),
-}
-# Byte offsets of the f16 scales of the types without a quantizer (ggml-common.h).
-F16_SCALES = {GgmlDType.Q5_K: (0, 2), GgmlDType.Q2_K: (80, 82), GgmlDType.Q3_K: (108,),
-              GgmlDType.Q8_1: (0, 2)}
-# Per product term beyond the product and the sum: the reference rounds the dequantized value
-# twice (scale * level, + offset); a kernel may instead scale a block's partial sum and add an
-# offset times the block's sum of x (two more).
-QUANT_EXTRA_ROUNDINGS = 4
-
-
-def _random_weight(kind: GgmlDType, n: int, k: int, rng) -> QTensor:
-    try:
-        return QTensor.from_float(f32(rng, n, k), kind)
-    except CandleError:
-        # No quantizer for this type (Q5_K, Q2_K, Q3_K, Q8_1): random blocks whose f16 scales
-        # are set to finite values.
-        blocks = rng.integers(0, 256, (n * k // kind.block_size, kind.type_size), dtype=np.uint8)
-        for start in F16_SCALES[kind]:
-            scales = (rng.standard_normal(blocks.shape[0]) * 0.05).astype("<f2")
-            blocks[:, start:start + 2] = scales.view(np.uint8).reshape(-1, 2)
-        return QTensor(kind, (n, k), blocks.reshape(-1))
-
-
-def _term_magnitudes(qweight: QTensor) -> np.ndarray:
-    """|value - offset| + |offset| per weight, where `offset` is what the block decodes to
-    with every quant zeroed (a min, or the -8 d of Q4_0): the magnitudes of the terms a kernel
-    sums whether it multiplies dequantized values or folds offsets through sums of x."""
-    blocks = qweight.data.reshape(-1, qweight.dtype.type_size).copy()
-    for start, stop in QUANT_BYTES[qweight.dtype]:
-        blocks[:, start:stop] = 0
-    offsets = QTensor(qweight.dtype, qweight.shape, blocks.reshape(-1)).dequantize()
-    values = qweight.dequantize()
-    return np.abs(values.astype(np.float64) - offsets) + np.abs(offsets.astype(np.float64))
-
-
 def _k_for(kind: GgmlDType) -> int:
     return kind.block_size * (3 if kind.block_size == 256 else 7)  # odd block counts
 
@@ -350,10 +286,10 @@ def _k_for(kind: GgmlDType) -> int:
 @pytest.mark.parametrize("m", [1, 5])
 def test_qmatmul_each_ggml_type_equals_dequantize_then_dot(wasm, spy, ref, rng, kind, m):
     kind = GgmlDType.parse(kind)
-    weight = _random_weight(kind, 21, _k_for(kind), rng)
+    weight = random_qweight(kind, 21, _k_for(kind), rng)
     x = f32(rng, m, weight.shape[1])
     want = x @ weight.dequantize().T
-    bound = dot_bound(x, _term_magnitudes(weight).T, extra_roundings=QUANT_EXTRA_ROUNDINGS)
+    bound = dot_bound(x, quant_term_magnitudes(weight).T, extra_roundings=QUANT_EXTRA_ROUNDINGS)
     assert_within(wasm.qmatmul(x, weight), want, bound, kind.name)
     assert_within(ref.qmatmul(x, weight), want, bound, f"{kind.name} reference")
     assert wasm.supports_qmatmul(kind)
@@ -372,7 +308,7 @@ def test_qmatmul_f16_weights_and_leading_dims(wasm, spy, rng):
 
 
 def test_qmatmul_types_without_a_kernel_fall_through(spy, ref, rng):
-    weight = _random_weight(GgmlDType.Q8_1, 5, 64, rng)
+    weight = random_qweight(GgmlDType.Q8_1, 5, 64, rng)
     x = f32(rng, 2, 64)
     np.testing.assert_array_equal(spy.qmatmul(x, weight), ref.qmatmul(x, weight))
     assert spy.host.log == [] and not spy.supports_qmatmul(GgmlDType.Q8_1)
@@ -388,7 +324,7 @@ def test_qmatmul_layer_keeps_blocks_packed_on_the_wasm_device(wasm, rng):
     assert layer.is_quantized
     x = f32(rng, 3, 64)
     got = layer(Tensor.from_numpy(x, device=device)).to_numpy()
-    bound = dot_bound(x, _term_magnitudes(weight).T, extra_roundings=QUANT_EXTRA_ROUNDINGS)
+    bound = dot_bound(x, quant_term_magnitudes(weight).T, extra_roundings=QUANT_EXTRA_ROUNDINGS)
     assert_within(got, x @ weight.dequantize().T, bound)
 
 

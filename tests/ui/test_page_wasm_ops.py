@@ -35,11 +35,12 @@ import pytest
 
 from candle_web.backend import wasm_abi
 from candle_web.quantized import GgmlDType, QTensor
-from candle_web.core.errors import CandleError
 
+from wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitudes, random_qweight,
+                          rope_bound)
 from tolerances import (assert_within, attention_bound, dot_bound, layer_norm_bound,
                         log_softmax_bound, rms_norm_bound, silu_mul_bound, softmax_bound,
-                        sum_bound, unary_bound)
+                        unary_bound)
 
 pytestmark = pytest.mark.ui
 
@@ -237,10 +238,6 @@ class Case:
     bound: Callable  # (operands, want) -> allowed |wasm - numpy| per element
 
 
-def f32(rng, *shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-
 def evaluate_operands(case: Case):
     return eval(case.operands, {"np": np, "QTensor": QTensor, "GgmlDType": GgmlDType},
                 dict(case.arrays))
@@ -285,44 +282,6 @@ def matmul_cases(rng):
                "(a.transpose(0, 2, 1, 3), b)", "gemm_f32", dot)
 
 
-# Byte ranges of the quant fields of each GGML block (ggml-common.h: everything else is the
-# block's scales and mins), and the f16 scales of the types without a quantizer here.
-QUANT_BYTES = {
-    GgmlDType.Q4_0: (2, 18), GgmlDType.Q4_1: (4, 20), GgmlDType.Q5_0: (2, 22),
-    GgmlDType.Q5_1: (4, 24), GgmlDType.Q8_0: (2, 34), GgmlDType.Q2_K: (16, 80),
-    GgmlDType.Q3_K: (0, 96), GgmlDType.Q4_K: (16, 144), GgmlDType.Q5_K: (16, 176),
-    GgmlDType.Q6_K: (0, 192),
-}
-F16_SCALES = {GgmlDType.Q5_K: (0, 2), GgmlDType.Q2_K: (80, 82), GgmlDType.Q3_K: (108,)}
-# Per product term beyond the product and the sum: the reference rounds each dequantized
-# weight twice (scale * level, + offset); a kernel may instead scale a block's partial sum and
-# add the offset times the block's sum of x (two more roundings).
-QUANT_EXTRA_ROUNDINGS = 4
-
-
-def random_qweight(kind: GgmlDType, n: int, k: int, rng) -> QTensor:
-    try:
-        return QTensor.from_float(f32(rng, n, k), kind)
-    except CandleError:  # no quantizer: random blocks with finite f16 scales
-        blocks = rng.integers(0, 256, (n * k // kind.block_size, kind.type_size), dtype=np.uint8)
-        for start in F16_SCALES[kind]:
-            scales = (rng.standard_normal(blocks.shape[0]) * 0.05).astype("<f2")
-            blocks[:, start:start + 2] = scales.view(np.uint8).reshape(-1, 2)
-        return QTensor(kind, (n, k), blocks.reshape(-1))
-
-
-def quant_term_magnitudes(weight: QTensor) -> np.ndarray:
-    """|value - offset| + |offset| per weight, `offset` being what the block decodes to with
-    its quants zeroed: the magnitudes of the terms a kernel sums, whether it multiplies
-    dequantized values or folds the offsets in through sums of x."""
-    blocks = weight.data.reshape(-1, weight.dtype.type_size).copy()
-    start, stop = QUANT_BYTES[weight.dtype]
-    blocks[:, start:stop] = 0
-    offsets = QTensor(weight.dtype, weight.shape, blocks.reshape(-1)).dequantize()
-    values = weight.dequantize().astype(np.float64)
-    return np.abs(values - offsets) + np.abs(offsets.astype(np.float64))
-
-
 def linear_cases(rng):
     weight = QTensor.from_float(f32(rng, 1000, 384, scale=0.05), GgmlDType.F16)
     yield Case("linear f16: 3x384 @ (1000x384 f16)^T", "qmatmul",
@@ -340,23 +299,6 @@ def linear_cases(rng):
                        lambda ops, want: dot_bound(
                            ops[0], quant_term_magnitudes(ops[1]).T,
                            extra_roundings=QUANT_EXTRA_ROUNDINGS))
-
-
-def rope_bound(x, cos, sin, interleaved):
-    """Each rotated value is a cos -/+ b sin of its pair (a, b): a sum of two products,
-    gamma(2) (|a| |cos| + |b| |sin|) per evaluation (an FMA only rounds less)."""
-    x, c, s = (np.abs(np.asarray(a, np.float64)) for a in (x, cos, sin))
-    magnitudes = np.empty_like(x)
-    if interleaved:
-        first, second = x[..., 0::2], x[..., 1::2]
-        magnitudes[..., 0::2] = first * c + second * s
-        magnitudes[..., 1::2] = first * s + second * c
-    else:
-        first, second = np.split(x, 2, axis=-1)
-        half = x.shape[-1] // 2
-        magnitudes[..., :half] = first * c + second * s
-        magnitudes[..., half:] = second * c + first * s
-    return sum_bound(magnitudes, 2)
 
 
 def row_cases(rng):
