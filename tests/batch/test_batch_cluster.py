@@ -199,13 +199,14 @@ def test_batch_embed_equals_the_cli_per_text(ray_cluster, tmp_path):
     results = {row["text"]: row for row in rows if row["status"] == "done"}
     assert sorted(results) == sorted(texts) and len(results) == sum(r["status"] == "done" for r in rows)
     for text in texts:
-        # The CLI prints round(x, 7) of the vector: equal to that precision, one unit of the
-        # 7th decimal. Exact equality of the rounded digits failed once on a fresh CI clone
-        # (one component on the other side of a rounding boundary: -0.1387023 against
-        # -0.1387022), as an actor and the CLI process may sum in another order (their
-        # numba/BLAS thread counts are the node's, not fixed).
+        # Two float32 evaluations of the same network: equal up to summation order. The CLI
+        # prints round(x, 7) (up to 5e-8 off); an actor and the CLI process may sum in another
+        # order (their numba/BLAS thread counts are the node's: on a fresh CI clone they
+        # differed by 1.01e-7 after rounding, while the helper's runs were bit-identical).
+        # The page's twin check measures 1.1e-7 between two such orders on this model; allow
+        # 1e-6, ten times that, which a wrong token, mask or pooling would exceed by far.
         got = np.array(results[text]["embedding"], dtype=np.float64)
-        assert np.abs(got - np.array(reference[text])).max() <= 1e-7 + 1e-12, text
+        assert np.abs(got - np.array(reference[text])).max() <= 1e-6, text
         assert results[text]["sha256"] == hashlib.sha256(text.encode()).hexdigest()
     assert results[texts[0]]["input_id"] == "food"
     assert results[texts[2]]["input_id"] == f"{jsonl}:3"
