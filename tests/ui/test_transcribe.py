@@ -24,19 +24,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from ui_transcribe import run_to_end, run_tool, tool, wait_idle_with_clip
+from ui_transcribe import (ARTIFACTS_DIR, SAMPLES_DIR, TRANSCRIBE_TIMEOUT_MS,
+                           assert_matches_reference, run_to_end, run_tool, samples_manifest, tool,
+                           view_state, wait_idle_with_clip)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SAMPLES_DIR = REPO_ROOT / "web" / "vendor" / "samples"
 NATIVE_SCRIPT = Path(__file__).with_name("native_whisper.py")
-ARTIFACTS_DIR = REPO_ROOT / "test-artifacts" / "ui"
 MODEL = "whisper-tiny.en"
 CLIP_DROP = "sense_and_sensibility_01_austen_64kb-0880.wav"
 CLIP_PICKER = "sense_and_sensibility_01_austen_64kb-0930.wav"
 CLIP_CANCEL = "sense_and_sensibility_01_austen_64kb-0870.wav"
 # A transcription of a few seconds of audio takes tens of seconds in Pyodide on a busy
 # 2-core machine (the encoder is ~35 GFLOP per 30 s window); allow a generous margin.
-TRANSCRIBE_TIMEOUT_MS = 300_000
 CANCEL_TIMEOUT_MS = 60_000
 NATIVE_TIMEOUT_S = 600
 SRT_TIME = r"(\d\d):(\d\d):(\d\d),(\d\d\d)"
@@ -48,27 +46,10 @@ pytestmark = pytest.mark.ui
 BROWSER_RUNS: dict[str, dict] = {}
 
 
-def samples_manifest() -> list[dict]:
-    manifest = SAMPLES_DIR / "manifest.json"
-    if not manifest.is_file():
-        pytest.fail(f"{manifest} is missing: run scripts/fetch_test_audio.sh, then "
-                    "scripts/vendor_pyodide.py", pytrace=False)
-    return json.loads(manifest.read_text())["clips"]
-
-
 def librivox_clips() -> list[dict]:
     clips = [clip for clip in samples_manifest() if clip["librivox"]]
     assert len(clips) == 5, [clip["file"] for clip in clips]
     return clips
-
-
-def reference_text(file_name: str) -> str:
-    return next(c["reference"] for c in samples_manifest() if c["file"] == file_name)
-
-
-def words(text: str) -> list[str]:
-    """Lower-case words without punctuation, for comparing with the reference transcripts."""
-    return re.findall(r"[a-z0-9']+", text.lower())
 
 
 # --- native twin, started early ----------------------------------------------------------------
@@ -112,10 +93,6 @@ def native_twin(model_file):
 
 # --- page helpers ----------------------------------------------------------------------------------
 
-def view_state(page, expression: str):
-    return page.evaluate(f"() => {{ const s = window.candleWeb.transcribe; return {expression}; }}")
-
-
 def wait_for_clip(page, name: str) -> None:
     page.wait_for_function(
         "(name) => { const s = window.candleWeb.transcribe;"
@@ -156,19 +133,6 @@ def record_run(file_name: str, state: dict, report) -> dict:
            f"{timings['encodeMs'] / 1000:.1f} s, decoder {timings['decodeMs'] / 1000:.1f} s "
            f"over {timings['decoderCalls']} calls): {result['text'].strip()!r}")
     return result
-
-
-def assert_matches_reference(file_name: str, text: str) -> None:
-    """Whisper's words against the LibriVox reference: tiny.en spells numbers and some words
-    its own way, so most (not all) reference words must appear, in order."""
-    expected = words(reference_text(file_name))
-    got = words(text)
-    position, found = 0, 0
-    for word in expected:
-        if word in got[position:]:
-            position = got.index(word, position) + 1
-            found += 1
-    assert found >= 0.75 * len(expected), (expected, got)
 
 
 def displayed_segments(page) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Helpers of the Transcribe view's browser tests beyond test_transcribe.py: reading the view's
+"""Helpers of the Transcribe view's browser tests (test_transcribe*.py): reading the view's
 state, dropping files, waiting for its entries, comparing words with a reference, and naming
 screenshots of a test's intermediate states."""
 from __future__ import annotations
@@ -72,8 +72,7 @@ def words_found_in_order(expected: list[str], got: list[str]) -> int:
 
 def assert_matches_reference(file_name: str, text: str) -> None:
     """Whisper's words against the LibriVox reference: tiny.en spells numbers and some words
-    its own way, so most (not all) reference words must appear, in order (the rule of
-    test_transcribe.py)."""
+    its own way, so most (not all) reference words must appear, in order."""
     expected = words(reference_text(file_name))
     assert words_found_in_order(expected, words(text)) >= 0.75 * len(expected), \
         (expected, words(text))
