@@ -127,7 +127,6 @@ class _WhisperBlock:
         self.mlp_ln = _norm(block.mlp_ln)
         self.fc1 = linear(block.fc1)
         self.fc2 = linear(block.fc2)
-        self.cross = None
         if block.cross_q is not None:
             self.cross_ln = _norm(block.cross_ln)
             self.cross_q = linear(block.cross_q)
