@@ -1,15 +1,18 @@
 """Build the browser's WebAssembly SIMD kernels: web/kernels/*.c -> web/vendor/kernels.wasm
-(relaxed SIMD: FMA) and web/vendor/kernels-simd128.wasm (plain SIMD, for engines without
-relaxed SIMD), with `zig cc` from the pinned PyPI package `ziglang` (dev extra).
+(relaxed SIMD: FMA), web/vendor/kernels-simd128.wasm (plain SIMD, for engines without
+relaxed SIMD) and web/vendor/kernels-threads.wasm (relaxed SIMD on a shared memory: the
+two-thread decode steps, team.h), with `zig cc` from the pinned PyPI package `ziglang`
+(dev extra).
 
 Cached: a module is rebuilt only when the sha256 of the sources, the flags and the zig version
 differs from the one recorded beside it (web/vendor/kernels.stamp.json). Every module, built
 or cached, is then checked (scripts/wasm_check.py): memory imported as env.memory and nothing
 else imported, exports exactly the ABI (pkg/candle_web/backend/wasm_abi.py) with its
-signatures, no data segment, and no code touching __stack_pointer. A failed check exits 1.
+signatures, no data segment, and no code touching __stack_pointer; the threads build's memory
+import must be shared, the others' must not. A failed check exits 1.
 
-    python scripts/build_kernels.py            # build what changed, check both
-    python scripts/build_kernels.py --force    # rebuild both
+    python scripts/build_kernels.py            # build what changed, check all three
+    python scripts/build_kernels.py --force    # rebuild all three
 """
 
 from __future__ import annotations
@@ -38,9 +41,15 @@ COMMON_FLAGS = [
     "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-Wno-unused-function",
     "-Wl,--no-entry", "-Wl,--import-memory",
 ]
+# name -> (flags, the ABI table of its exports, whether its memory is shared)
+THREADS_FLAGS = ["-matomics", "-mbulk-memory", "-DKERNELS_THREADS", "-Wl,--shared-memory",
+                 # the most a shared memory may grow to (the engine reserves it up front)
+                 "-Wl,--max-memory=2147483648"]
 BUILDS = {
-    "kernels.wasm": ["-mrelaxed-simd", "-DKERNELS_RELAXED"],
-    "kernels-simd128.wasm": [],
+    "kernels.wasm": (["-mrelaxed-simd", "-DKERNELS_RELAXED"], "EXPORTS", False),
+    "kernels-simd128.wasm": ([], "EXPORTS", False),
+    "kernels-threads.wasm": (["-mrelaxed-simd", "-DKERNELS_RELAXED"] + THREADS_FLAGS,
+                             "TEAM_EXPORTS", True),
 }
 
 
@@ -66,7 +75,7 @@ def sources() -> list[Path]:
 
 
 def build_flags(name: str, exports) -> list[str]:
-    return COMMON_FLAGS + BUILDS[name] + [f"-Wl,--export={e}" for e in exports]
+    return COMMON_FLAGS + BUILDS[name][0] + [f"-Wl,--export={e.name}" for e in exports]
 
 
 def digest(files, flags, version) -> str:
@@ -94,8 +103,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     abi = wasm_check.load_abi()
-    exports = list(abi.EXPORT_NAMES)
-    signatures = wasm_check.expected_signatures()
     files = sources()
     version = zig_version()
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +113,9 @@ def main(argv=None) -> int:
         stamps = {}
 
     failed = False
-    for name in BUILDS:
+    for name, (_, table, shared) in BUILDS.items():
+        exports = getattr(abi, table)
+        signatures = wasm_check.expected_signatures(exports)
         out = args.out_dir / name
         flags = build_flags(name, exports)
         key = digest(files, flags, version)
@@ -116,7 +125,8 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             tmp = out.with_suffix(".tmp.wasm")
             error = compile_module(name, flags, files, tmp)
-            problems = [] if error else wasm_check.check_kernel_module(tmp.read_bytes(), signatures)
+            problems = [] if error else wasm_check.check_kernel_module(
+                tmp.read_bytes(), signatures, shared_memory=shared)
             if error or problems:
                 # A stale module must not stand in for sources that do not build.
                 for path in (tmp, out):
@@ -134,7 +144,7 @@ def main(argv=None) -> int:
             stamps[name] = key
             action = f"built with zig {version} in {time.perf_counter() - start:.1f} s"
         data = out.read_bytes()
-        problems = wasm_check.check_kernel_module(data, signatures)
+        problems = wasm_check.check_kernel_module(data, signatures, shared_memory=shared)
         if problems:
             print(f"build_kernels: {out} FAILED the module check:", file=sys.stderr)
             for p in problems:

@@ -310,7 +310,8 @@ def parse_module(data: bytes) -> Module:
                 elif kind == "table":
                     desc = (s.valtype(), s.limits())
                 elif kind == "memory":
-                    desc = s.limits()
+                    shared = bool(s.data[s.pos] & 2)  # the limits' flags: bit 1 = shared
+                    desc = s.limits() + (shared,)
                 elif kind == "global":
                     desc = (s.valtype(), bool(s.byte()))
                 elif kind == "tag":
@@ -369,15 +370,20 @@ def load_abi():
     return abi
 
 
-def expected_signatures() -> dict[str, tuple]:
-    """export name -> (wasm params, wasm results) from the ABI table."""
-    abi = load_abi()
-    return {e.name: (e.wasm_params(), (e.result,) if e.result else ()) for e in abi.EXPORTS}
+def expected_signatures(exports=None) -> dict[str, tuple]:
+    """export name -> (wasm params, wasm results) from an ABI table (default: EXPORTS, the
+    single-thread builds')."""
+    if exports is None:
+        exports = load_abi().EXPORTS
+    return {e.name: (e.wasm_params(), (e.result,) if e.result else ()) for e in exports}
 
 
 def check_kernel_module(data: bytes, signatures: dict[str, tuple] | None = None,
-                        allowed_extra=LINKER_FORCED_EXPORTS) -> list[str]:
-    """Every way the module breaks the kernel rules, as messages (empty: it passes)."""
+                        allowed_extra=LINKER_FORCED_EXPORTS,
+                        shared_memory: bool = False) -> list[str]:
+    """Every way the module breaks the kernel rules, as messages (empty: it passes).
+    shared_memory: the memory import must be shared (the threads build) or must not be (the
+    others: Pyodide's memory is not shared, so a shared import would not link)."""
     if signatures is None:
         signatures = expected_signatures()
     try:
@@ -390,6 +396,10 @@ def check_kernel_module(data: bytes, signatures: dict[str, tuple] | None = None,
     if [(m, n) for m, n, _, _ in memory_imports] != [("env", "memory")]:
         problems.append("memory must be imported as env.memory (found imports: "
                         f"{[f'{m}.{n} ({k})' for m, n, k, _ in module.imports] or 'none'})")
+    for _, _, _, desc in memory_imports:
+        if desc[2] != shared_memory:
+            problems.append(f"the memory import is {'shared' if desc[2] else 'not shared'}; "
+                            f"this build's must {'' if shared_memory else 'not '}be shared")
     others = [f"{m}.{n} ({k})" for m, n, k, _ in module.imports if (m, n, k) != ("env", "memory", "memory")]
     if others:
         problems.append(f"imports other than env.memory: {', '.join(others)} (a libc call the "
@@ -459,7 +469,9 @@ def main(argv=None) -> int:
     for path in args.modules:
         data = path.read_bytes()
         print(f"{path}: {summary(data)}")
-        for problem in check_kernel_module(data):
+        threads = "threads" in path.name  # kernels-threads.wasm: the team's exports, shared memory
+        signatures = expected_signatures(load_abi().TEAM_EXPORTS) if threads else None
+        for problem in check_kernel_module(data, signatures, shared_memory=threads):
             print(f"  FAIL: {problem}")
             status = 1
     return status

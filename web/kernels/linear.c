@@ -485,3 +485,18 @@ KERNEL void linear_q(int type, int M, int N, int K, const float *X, int x_rs, co
     default: fill_nan(M, N, Y, y_rs); break;
     }
 }
+
+/* Bytes of one row of K weights as the fused steps pass matrices: type 0 f32, 1 f16 bits,
+ * else a GGML type (K a whole number of its blocks). The team's row shares start at row
+ * offsets of this size. Not exported. The block sizes come from two immediates, one byte per
+ * type: a switch here would be compiled to a lookup table, i.e. a data segment. */
+int matrix_row_bytes(int type, int K) {
+    if (type == 0) return 4 * K;
+    if (type == T_F16) return 2 * K;
+    if (type < T_Q4_0 || type > T_Q6_K) return 0;
+    /* types 2..9: Q4_0 18, Q4_1 20, -, -, Q5_0 22, Q5_1 24, Q8_0 34, -; 10..14: the k-quants */
+    const uint64_t small = 0x0022181600001412ull, large = 0xd2b0906e54ull;
+    int bytes = type < T_Q2_K ? (int)((small >> (8 * (type - T_Q4_0))) & 0xff)
+                              : (int)((large >> (8 * (type - T_Q2_K))) & 0xff);
+    return (K / block_elems(type)) * bytes;
+}

@@ -12,8 +12,15 @@
  * and v; gate and up) is passed piece by piece, rows 0 for an absent piece; the pieces' outputs
  * are concatenated. Arithmetic and order are the kernel-by-kernel path's (backend/wasm_parts.py):
  * the same kernels on the same operands, so both give the same numbers.
+ *
+ * The same block code runs on a team of threads (team.h; the threads build): `tid` of `nt`,
+ * products split by output rows, elementwise phases on thread 0 or split by the same columns,
+ * barriers between phases that read what the other thread wrote. The exports below call it
+ * with one thread; the team's jobs (llama_team_step, whisper_team_step) take all blocks of a
+ * step from an argument block.
  */
 #include "kernels.h"
+#include "team.h"
 
 void gemm_f32(int batch, int M, int N, int K, const float *A, int a_bs, int a_rs, int a_cs,
               const float *B, int b_bs, int b_rs, int b_cs, float *C, int c_bs, int c_rs,
@@ -33,32 +40,33 @@ void attention_f32(int bh, int tq, int tk, int d, const float *Q, int q_bs, cons
 void silu_mul(int n, const float *G, const float *U, float *Y);
 void unary_f32(int op, int n, const float *X, float *Y);
 
+int matrix_row_bytes(int type, int K);
+
 #define MATRIX_F32 0
 #define MATRIX_F16 1
 #define UNARY_GELU_ERF 1
 
-/* y[rows] = W x for one stored matrix of `rows` rows and K columns. */
-static void matvec(int type, int rows, int K, const void *W, const float *x, float *y,
-                   uint8_t *scratch) {
-    if (rows <= 0) return;
+/* Y [R, y_rs] columns [lo, hi) = X [R, K] W[lo:hi]^T for one stored matrix of K columns. */
+static void matmul_cols(int R, int type, int lo, int hi, int K, const void *W, const float *X,
+                        float *Y, int y_rs, uint8_t *scratch) {
+    int n = hi - lo;
+    if (n <= 0) return;
+    const uint8_t *w = (const uint8_t *)W + lo * matrix_row_bytes(type, K);
     if (type == MATRIX_F32)
-        gemm_f32(1, 1, rows, K, x, 0, K, 1, (const float *)W, 0, 1, K, y, 0, rows, 0.0f, scratch);
+        gemm_f32(1, R, n, K, X, 0, K, 1, (const float *)w, 0, 1, K, Y + lo, 0, y_rs, 0.0f,
+                 scratch);
     else if (type == MATRIX_F16)
-        linear_f16(1, rows, K, x, K, (const uint16_t *)W, y, rows, scratch);
+        linear_f16(R, n, K, X, K, (const uint16_t *)w, Y + lo, y_rs, scratch);
     else
-        linear_q(type, 1, rows, K, x, K, (const uint8_t *)W, y, rows, scratch);
+        linear_q(type, R, n, K, X, K, w, Y + lo, y_rs, scratch);
 }
 
-/* Y [R, rows] = X [R, K] W^T for R rows of activations (Whisper's beams). */
-static void matmul_rows(int R, int type, int rows, int K, const void *W, const float *X,
-                        float *Y, uint8_t *scratch) {
-    if (type == MATRIX_F32)
-        gemm_f32(1, R, rows, K, X, 0, K, 1, (const float *)W, 0, 1, K, Y, 0, rows, 0.0f, scratch);
-    else if (type == MATRIX_F16)
-        linear_f16(R, rows, K, X, K, (const uint16_t *)W, Y, rows, scratch);
-    else
-        linear_q(type, R, rows, K, X, K, (const uint8_t *)W, Y, rows, scratch);
-}
+#define SHARE_LO(total, tid, nt) team_lo((total), TEAM_ROW_ALIGN, (tid), (nt))
+#define SHARE_HI(total, tid, nt) team_lo((total), TEAM_ROW_ALIGN, (tid) + 1, (nt))
+
+/* This thread's share of Y [R, rows] = X W^T (+ bias), by output columns. */
+static void linear_share(int tid, int nt, int R, int type, int rows, int K, const void *W,
+                         const float *X, float *Y, const float *bias, uint8_t *scratch);
 
 static void add_into(int n, float *acc, const float *x) {
     int i = 0;
@@ -66,25 +74,111 @@ static void add_into(int n, float *acc, const float *x) {
     for (; i < n; i++) acc[i] += x[i];
 }
 
-/* acc [R, n] += x [R, n] + bias [n] (bias may be 0): the bias first, as the kernel-by-kernel
- * path adds it to the product before the residual. */
-static void add_biased_rows(int R, int n, float *acc, float *x, const float *bias) {
+static void linear_share(int tid, int nt, int R, int type, int rows, int K, const void *W,
+                         const float *X, float *Y, const float *bias, uint8_t *scratch) {
+    if (rows <= 0) return;
+    int lo = SHARE_LO(rows, tid, nt), hi = SHARE_HI(rows, tid, nt);
+    matmul_cols(R, type, lo, hi, K, W, X, Y, rows, scratch);
+    if (bias && hi > lo)
+        for (int r = 0; r < R; r++) add_into(hi - lo, Y + r * rows + lo, bias + lo);
+}
+
+/* acc [R, n] += y [R, n] + bias [n] (bias may be 0) on this thread's columns of the
+ * linear_share that made y: the bias first, as the kernel-by-kernel path adds it to the
+ * product before the residual. */
+static void residual_share(int tid, int nt, int R, int n, float *acc, float *y,
+                           const float *bias) {
+    int lo = SHARE_LO(n, tid, nt), hi = SHARE_HI(n, tid, nt);
+    if (hi <= lo) return;
     for (int r = 0; r < R; r++) {
-        float *xr = x + r * n;
-        if (bias) add_into(n, xr, bias);
-        add_into(n, acc + r * n, xr);
+        float *yr = y + r * n + lo;
+        if (bias) add_into(hi - lo, yr, bias + lo);
+        add_into(hi - lo, acc + r * n + lo, yr);
     }
 }
 
-static void add_bias_rows(int R, int n, float *x, const float *bias) {
-    if (!bias) return;
-    for (int r = 0; r < R; r++) add_into(n, x + r * n, bias);
-}
+/* Heads [lo, hi) of this thread's share of `heads`. */
+#define HEAD_LO(heads, tid, nt) team_lo((heads), 1, (tid), (nt))
+#define HEAD_HI(heads, tid, nt) team_lo((heads), 1, (tid) + 1, (nt))
 
 /* ---- LLaMA ----------------------------------------------------------------------------------
  * x [d]: the hidden state, updated in place. keys, values [n_kv, capacity, head_dim]: this
- * step writes position `pos`. cos, sin: the rotary tables [>= pos + 1, head_dim / 2].
+ * step writes position `pos`; kv_out (may be 0) gets the same new key then value [2, n_kv *
+ * head_dim]. cos_row, sin_row: the rotary tables' row of `pos` [head_dim / 2].
  * work: d + (q + 2 kv) + q + 3 ffn floats, q = n_heads * head_dim, kv = n_kv * head_dim. */
+static void llama_block(int tid, int nt, TeamCtrl *team, int d, int n_heads, int n_kv,
+                        int head_dim, int ffn, int interleaved, int pos, int capacity,
+                        float scale, float *x, float *work, const float *attn_norm,
+                        const float *mlp_norm, float eps, int q_type, int q_rows,
+                        const void *q_w, int k_type, int k_rows, const void *k_w, int v_type,
+                        int v_rows, const void *v_w, int o_type, const void *o_w, int g_type,
+                        int g_rows, const void *g_w, int u_type, int u_rows, const void *u_w,
+                        int down_type, const void *down_w, float *keys, float *values,
+                        const float *cos_row, const float *sin_row, float *kv_out,
+                        uint8_t *scratch) {
+    int q_size = n_heads * head_dim, kv_size = n_kv * head_dim, n_rep = n_heads / n_kv;
+    float *h = work;
+    float *qkv = h + d;
+    float *att = qkv + q_size + 2 * kv_size;
+    float *gu = att + q_size;
+    float *act = gu + 2 * ffn;
+
+    team_barrier(team, nt); /* x complete: the previous block's residual was split */
+    if (tid == 0) rms_norm_rows(1, d, x, attn_norm, eps, h);
+    team_barrier(team, nt);
+    linear_share(tid, nt, 1, q_type, q_rows, d, q_w, h, qkv, 0, scratch);
+    linear_share(tid, nt, 1, k_type, k_rows, d, k_w, h, qkv + q_rows, 0, scratch);
+    linear_share(tid, nt, 1, v_type, v_rows, d, v_w, h, qkv + q_rows + k_rows, 0, scratch);
+    team_barrier(team, nt);
+    if (tid == 0) {
+        rope_f32(interleaved, n_heads + n_kv, 1, head_dim, qkv, cos_row, sin_row, qkv);
+        const float *k_new = qkv + q_size, *v_new = qkv + q_size + kv_size;
+        for (int kh = 0; kh < n_kv; kh++) {
+            float *kd = keys + (kh * capacity + pos) * head_dim;
+            float *vd = values + (kh * capacity + pos) * head_dim;
+            for (int c = 0; c < head_dim; c++) {
+                kd[c] = k_new[kh * head_dim + c];
+                vd[c] = v_new[kh * head_dim + c];
+            }
+        }
+        if (kv_out)
+            for (int c = 0; c < 2 * kv_size; c++) kv_out[c] = k_new[c];
+    }
+    team_barrier(team, nt);
+    /* Grouped queries: the n_rep query heads of kv head g are n_rep query rows of it. */
+    int g0 = HEAD_LO(n_kv, tid, nt), g1 = HEAD_HI(n_kv, tid, nt);
+    if (g1 > g0)
+        attention_f32(g1 - g0, n_rep, pos + 1, head_dim, qkv + g0 * n_rep * head_dim,
+                      n_rep * head_dim, keys + g0 * capacity * head_dim, capacity * head_dim,
+                      values + g0 * capacity * head_dim, capacity * head_dim, 0, 0, scale,
+                      att + g0 * n_rep * head_dim, n_rep * head_dim, scratch);
+    team_barrier(team, nt);
+    linear_share(tid, nt, 1, o_type, d, q_size, o_w, att, h, 0, scratch);
+    residual_share(tid, nt, 1, d, x, h, 0);
+    team_barrier(team, nt);
+
+    if (tid == 0) rms_norm_rows(1, d, x, mlp_norm, eps, h);
+    team_barrier(team, nt);
+    linear_share(tid, nt, 1, g_type, g_rows, d, g_w, h, gu, 0, scratch);
+    linear_share(tid, nt, 1, u_type, u_rows, d, u_w, h, gu + g_rows, 0, scratch);
+    team_barrier(team, nt);
+    int f0 = SHARE_LO(ffn, tid, nt), f1 = SHARE_HI(ffn, tid, nt);
+    if (f1 > f0) silu_mul(f1 - f0, gu + f0, gu + ffn + f0, act + f0);
+    team_barrier(team, nt);
+    linear_share(tid, nt, 1, down_type, d, ffn, down_w, act, h, 0, scratch);
+    residual_share(tid, nt, 1, d, x, h, 0);
+}
+
+/* logits [rows] = W rms_norm(x); work: d floats. */
+static void rms_logits(int tid, int nt, TeamCtrl *team, int d, int rows, const float *x,
+                       const float *norm, float eps, int w_type, const void *w, float *work,
+                       float *logits, uint8_t *scratch) {
+    team_barrier(team, nt); /* x complete (the last block's residual was split) */
+    if (tid == 0) rms_norm_rows(1, d, x, norm, eps, work);
+    team_barrier(team, nt);
+    linear_share(tid, nt, 1, w_type, rows, d, w, work, logits, 0, scratch);
+}
+
 KERNEL void llama_block_step(int d, int n_heads, int n_kv, int head_dim, int ffn,
                              int interleaved, int pos, int capacity, float scale, float *x,
                              float *work, const float *attn_norm, const float *mlp_norm,
@@ -95,59 +189,119 @@ KERNEL void llama_block_step(int d, int n_heads, int n_kv, int head_dim, int ffn
                              const void *u_w, int down_type, const void *down_w, float *keys,
                              float *values, const float *cos, const float *sin,
                              uint8_t *scratch) {
-    int q_size = n_heads * head_dim, kv_size = n_kv * head_dim, n_rep = n_heads / n_kv;
-    float *h = work;
-    float *qkv = h + d;
-    float *att = qkv + q_size + 2 * kv_size;
-    float *gu = att + q_size;
-    float *act = gu + 2 * ffn;
-
-    rms_norm_rows(1, d, x, attn_norm, eps, h);
-    matvec(q_type, q_rows, d, q_w, h, qkv, scratch);
-    matvec(k_type, k_rows, d, k_w, h, qkv + q_rows, scratch);
-    matvec(v_type, v_rows, d, v_w, h, qkv + q_rows + k_rows, scratch);
     int half = head_dim / 2;
-    rope_f32(interleaved, n_heads + n_kv, 1, head_dim, qkv, cos + pos * half, sin + pos * half,
-             qkv);
-    const float *k_new = qkv + q_size, *v_new = qkv + q_size + kv_size;
-    for (int kh = 0; kh < n_kv; kh++) {
-        float *kd = keys + (kh * capacity + pos) * head_dim;
-        float *vd = values + (kh * capacity + pos) * head_dim;
-        for (int c = 0; c < head_dim; c++) {
-            kd[c] = k_new[kh * head_dim + c];
-            vd[c] = v_new[kh * head_dim + c];
-        }
-    }
-    /* Grouped queries: the n_rep query heads of kv head g are n_rep query rows of it. */
-    attention_f32(n_kv, n_rep, pos + 1, head_dim, qkv, n_rep * head_dim, keys,
-                  capacity * head_dim, values, capacity * head_dim, 0, 0, scale, att,
-                  n_rep * head_dim, scratch);
-    matvec(o_type, d, q_size, o_w, att, h, scratch);
-    add_into(d, x, h);
-
-    rms_norm_rows(1, d, x, mlp_norm, eps, h);
-    matvec(g_type, g_rows, d, g_w, h, gu, scratch);
-    matvec(u_type, u_rows, d, u_w, h, gu + g_rows, scratch);
-    silu_mul(ffn, gu, gu + ffn, act);
-    matvec(down_type, d, ffn, down_w, act, h, scratch);
-    add_into(d, x, h);
+    llama_block(0, 1, 0, d, n_heads, n_kv, head_dim, ffn, interleaved, pos, capacity, scale, x,
+                work, attn_norm, mlp_norm, eps, q_type, q_rows, q_w, k_type, k_rows, k_w,
+                v_type, v_rows, v_w, o_type, o_w, g_type, g_rows, g_w, u_type, u_rows, u_w,
+                down_type, down_w, keys, values, cos + pos * half, sin + pos * half, 0,
+                scratch);
 }
 
-/* logits [rows] = W rms_norm(x); work: d floats. */
 KERNEL void rms_logits_step(int d, int rows, const float *x, const float *norm, float eps,
                             int w_type, const void *w, float *work, float *logits,
                             uint8_t *scratch) {
-    rms_norm_rows(1, d, x, norm, eps, work);
-    matvec(w_type, rows, d, w, work, logits, scratch);
+    rms_logits(0, 1, 0, d, rows, x, norm, eps, w_type, w, work, logits, scratch);
 }
 
 /* ---- Whisper --------------------------------------------------------------------------------
  * One decoder block for R rows (beams) of one new token each. x [R, d] updated in place.
- * keys, values [R, h, capacity, dh]: this step writes position `pos`. cross_k, cross_v: the
- * projected audio keys and values [h, n_audio, dh] per audio row, audio row r at r * cross_bs
- * (cross_bs 0: every row attends to the same audio). Layer norms carry weight and bias (eps
- * shared); every linear has a bias. work: R * (d + 3d + d + 4d) floats (d_ff = 4d allowed to be
- * any `ffn`: R * (5 d + ffn + d) floats). */
+ * keys, values [R, h, capacity, dh]: this step writes position `pos`; kv_out (may be 0) gets
+ * the same new keys then values per row [R, 2, d]. cross_k, cross_v: the projected audio keys
+ * and values [h, n_audio, dh] per audio row, audio row r at r * cross_bs (cross_bs 0: every
+ * row attends to the same audio). Layer norms carry weight and bias (eps shared); every
+ * linear has a bias. work: R * (6 d + ffn) floats. */
+static void whisper_block(int tid, int nt, TeamCtrl *team, int R, int d, int n_head, int ffn,
+                          int pos, int capacity, int n_audio, float eps, float scale, float *x,
+                          float *work, const float *ln1_w, const float *ln1_b, int qkv_type,
+                          const void *qkv_w, const float *qkv_b, int out_type,
+                          const void *out_w, const float *out_b, const float *ln2_w,
+                          const float *ln2_b, int cq_type, const void *cq_w, const float *cq_b,
+                          const float *cross_k, const float *cross_v, int cross_bs,
+                          int co_type, const void *co_w, const float *co_b, const float *ln3_w,
+                          const float *ln3_b, int fc1_type, const void *fc1_w,
+                          const float *fc1_b, int fc2_type, const void *fc2_w,
+                          const float *fc2_b, float *keys, float *values, float *kv_out,
+                          uint8_t *scratch) {
+    int dh = d / n_head, heads = R * n_head;
+    float *h = work;              /* [R, d] */
+    float *qkv = h + R * d;       /* [R, 3d] */
+    float *q = qkv + R * 3 * d;   /* [R, d] */
+    float *att = q + R * d;       /* [R, d] */
+    float *hidden = att + R * d;  /* [R, ffn] */
+    int b0 = HEAD_LO(heads, tid, nt), b1 = HEAD_HI(heads, tid, nt); /* (row, head) pairs */
+
+    /* self-attention */
+    team_barrier(team, nt); /* x complete: the previous block's residual was split */
+    if (tid == 0) layer_norm_rows(R, d, x, ln1_w, ln1_b, eps, h);
+    team_barrier(team, nt);
+    linear_share(tid, nt, R, qkv_type, 3 * d, d, qkv_w, h, qkv, qkv_b, scratch);
+    team_barrier(team, nt);
+    for (int b = b0; b < b1; b++) {
+        int r = b / n_head, hd = b % n_head;
+        const float *row = qkv + r * 3 * d;
+        float *kd = keys + (b * capacity + pos) * dh;
+        float *vd = values + (b * capacity + pos) * dh;
+        for (int c = 0; c < dh; c++) {
+            q[b * dh + c] = row[hd * dh + c];
+            kd[c] = row[d + hd * dh + c];
+            vd[c] = row[2 * d + hd * dh + c];
+        }
+        if (kv_out)
+            for (int c = 0; c < dh; c++) {
+                kv_out[r * 2 * d + hd * dh + c] = kd[c];
+                kv_out[r * 2 * d + d + hd * dh + c] = vd[c];
+            }
+    }
+    if (b1 > b0)
+        attention_f32(b1 - b0, 1, pos + 1, dh, q + b0 * dh, dh, keys + b0 * capacity * dh,
+                      capacity * dh, values + b0 * capacity * dh, capacity * dh, 0, 0, scale,
+                      att + b0 * dh, dh, scratch);
+    team_barrier(team, nt);
+    linear_share(tid, nt, R, out_type, d, d, out_w, att, h, 0, scratch);
+    residual_share(tid, nt, R, d, x, h, out_b);
+    team_barrier(team, nt);
+
+    /* cross-attention over the audio */
+    if (tid == 0) layer_norm_rows(R, d, x, ln2_w, ln2_b, eps, h);
+    team_barrier(team, nt);
+    linear_share(tid, nt, R, cq_type, d, d, cq_w, h, q, cq_b, scratch);
+    team_barrier(team, nt);
+    for (int r = b0 / n_head; r < R && r * n_head < b1; r++) {
+        int ha = imax(b0, r * n_head) - r * n_head, hb = imin(b1, (r + 1) * n_head) - r * n_head;
+        if (hb > ha)
+            attention_f32(hb - ha, 1, n_audio, dh, q + r * d + ha * dh, dh,
+                      cross_k + r * cross_bs + ha * n_audio * dh, n_audio * dh,
+                      cross_v + r * cross_bs + ha * n_audio * dh, n_audio * dh, 0, 0, scale,
+                      att + r * d + ha * dh, dh, scratch);
+    }
+    team_barrier(team, nt);
+    linear_share(tid, nt, R, co_type, d, d, co_w, att, h, 0, scratch);
+    residual_share(tid, nt, R, d, x, h, co_b);
+    team_barrier(team, nt);
+
+    /* MLP */
+    if (tid == 0) layer_norm_rows(R, d, x, ln3_w, ln3_b, eps, h);
+    team_barrier(team, nt);
+    linear_share(tid, nt, R, fc1_type, ffn, d, fc1_w, h, hidden, fc1_b, scratch);
+    int f0 = SHARE_LO(ffn, tid, nt), f1 = SHARE_HI(ffn, tid, nt);
+    if (f1 > f0)
+        for (int r = 0; r < R; r++)
+            unary_f32(UNARY_GELU_ERF, f1 - f0, hidden + r * ffn + f0, hidden + r * ffn + f0);
+    team_barrier(team, nt);
+    linear_share(tid, nt, R, fc2_type, d, ffn, fc2_w, hidden, h, 0, scratch);
+    residual_share(tid, nt, R, d, x, h, fc2_b);
+}
+
+/* logits [R, rows] = W layer_norm(x); work: R * d floats. */
+static void ln_logits(int tid, int nt, TeamCtrl *team, int R, int d, int rows, const float *x,
+                      const float *ln_w, const float *ln_b, float eps, int w_type,
+                      const void *w, float *work, float *logits, uint8_t *scratch) {
+    team_barrier(team, nt);
+    if (tid == 0) layer_norm_rows(R, d, x, ln_w, ln_b, eps, work);
+    team_barrier(team, nt);
+    linear_share(tid, nt, R, w_type, rows, d, w, work, logits, 0, scratch);
+}
+
 KERNEL void whisper_block_step(int R, int d, int n_head, int ffn, int pos, int capacity,
                                int n_audio, float eps, float scale, float *x, float *work,
                                const float *ln1_w, const float *ln1_b, int qkv_type,
@@ -160,59 +314,71 @@ KERNEL void whisper_block_step(int R, int d, int n_head, int ffn, int pos, int c
                                const void *fc1_w, const float *fc1_b, int fc2_type,
                                const void *fc2_w, const float *fc2_b, float *keys,
                                float *values, uint8_t *scratch) {
-    int dh = d / n_head;
-    float *h = work;              /* [R, d] */
-    float *qkv = h + R * d;       /* [R, 3d] */
-    float *q = qkv + R * 3 * d;   /* [R, d] */
-    float *att = q + R * d;       /* [R, d] */
-    float *hidden = att + R * d;  /* [R, ffn] */
-
-    /* self-attention */
-    layer_norm_rows(R, d, x, ln1_w, ln1_b, eps, h);
-    matmul_rows(R, qkv_type, 3 * d, d, qkv_w, h, qkv, scratch);
-    add_bias_rows(R, 3 * d, qkv, qkv_b);
-    for (int r = 0; r < R; r++) {
-        const float *row = qkv + r * 3 * d;
-        for (int c = 0; c < d; c++) q[r * d + c] = row[c];
-        for (int hd = 0; hd < n_head; hd++) {
-            float *kd = keys + ((r * n_head + hd) * capacity + pos) * dh;
-            float *vd = values + ((r * n_head + hd) * capacity + pos) * dh;
-            for (int c = 0; c < dh; c++) {
-                kd[c] = row[d + hd * dh + c];
-                vd[c] = row[2 * d + hd * dh + c];
-            }
-        }
-    }
-    attention_f32(R * n_head, 1, pos + 1, dh, q, dh, keys, capacity * dh, values,
-                  capacity * dh, 0, 0, scale, att, dh, scratch);
-    matmul_rows(R, out_type, d, d, out_w, att, h, scratch);
-    add_biased_rows(R, d, x, h, out_b);
-
-    /* cross-attention over the audio */
-    layer_norm_rows(R, d, x, ln2_w, ln2_b, eps, h);
-    matmul_rows(R, cq_type, d, d, cq_w, h, q, scratch);
-    add_bias_rows(R, d, q, cq_b);
-    for (int r = 0; r < R; r++) {
-        attention_f32(n_head, 1, n_audio, dh, q + r * d, dh, cross_k + r * cross_bs,
-                      n_audio * dh, cross_v + r * cross_bs, n_audio * dh, 0, 0, scale,
-                      att + r * d, dh, scratch);
-    }
-    matmul_rows(R, co_type, d, d, co_w, att, h, scratch);
-    add_biased_rows(R, d, x, h, co_b);
-
-    /* MLP */
-    layer_norm_rows(R, d, x, ln3_w, ln3_b, eps, h);
-    matmul_rows(R, fc1_type, ffn, d, fc1_w, h, hidden, scratch);
-    add_bias_rows(R, ffn, hidden, fc1_b);
-    unary_f32(UNARY_GELU_ERF, R * ffn, hidden, hidden);
-    matmul_rows(R, fc2_type, d, ffn, fc2_w, hidden, h, scratch);
-    add_biased_rows(R, d, x, h, fc2_b);
+    whisper_block(0, 1, 0, R, d, n_head, ffn, pos, capacity, n_audio, eps, scale, x, work,
+                  ln1_w, ln1_b, qkv_type, qkv_w, qkv_b, out_type, out_w, out_b, ln2_w, ln2_b,
+                  cq_type, cq_w, cq_b, cross_k, cross_v, cross_bs, co_type, co_w, co_b, ln3_w,
+                  ln3_b, fc1_type, fc1_w, fc1_b, fc2_type, fc2_w, fc2_b, keys, values, 0,
+                  scratch);
 }
 
-/* logits [R, rows] = W layer_norm(x); work: R * d floats. */
 KERNEL void ln_logits_step(int R, int d, int rows, const float *x, const float *ln_w,
                            const float *ln_b, float eps, int w_type, const void *w,
                            float *work, float *logits, uint8_t *scratch) {
-    layer_norm_rows(R, d, x, ln_w, ln_b, eps, work);
-    matmul_rows(R, w_type, rows, d, w, work, logits, scratch);
+    ln_logits(0, 1, 0, R, d, rows, x, ln_w, ln_b, eps, w_type, w, work, logits, scratch);
+}
+
+/* ---- the team's jobs: every block of a step from one argument block -------------------------
+ * i32 words (f32 scalars as their bits, pointers as offsets); layouts in backend/wasm_abi.py
+ * (TEAM_LLAMA_HEADER, ...), which the host fills. */
+#define ARG_I(a, k) ((int)(a)[k])
+#define ARG_F(a, k) bits_to_f32((uint32_t)(a)[k])
+#define ARG_P(a, k) ((void *)(uintptr_t)(uint32_t)(a)[k])
+
+void llama_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a, uint8_t *scratch) {
+    int d = ARG_I(a, 0), n_heads = ARG_I(a, 1), n_kv = ARG_I(a, 2), head_dim = ARG_I(a, 3);
+    int ffn = ARG_I(a, 4), interleaved = ARG_I(a, 5), pos = ARG_I(a, 6);
+    float scale = ARG_F(a, 7);
+    int n_layers = ARG_I(a, 8), layer_words = ARG_I(a, 9);
+    float *x = ARG_P(a, 10), *work = ARG_P(a, 11), *kv_out = ARG_P(a, 14);
+    const float *cos_row = ARG_P(a, 12), *sin_row = ARG_P(a, 13);
+    int kv_size = n_kv * head_dim;
+    for (int l = 0; l < n_layers; l++) {
+        const int32_t *L = a + TEAM_LLAMA_HEADER + l * layer_words;
+        llama_block(tid, nt, team, d, n_heads, n_kv, head_dim, ffn, interleaved, pos,
+                    ARG_I(L, 0), scale, x, work, ARG_P(L, 1), ARG_P(L, 2), ARG_F(L, 3),
+                    ARG_I(L, 4), ARG_I(L, 5), ARG_P(L, 6), ARG_I(L, 7), ARG_I(L, 8),
+                    ARG_P(L, 9), ARG_I(L, 10), ARG_I(L, 11), ARG_P(L, 12), ARG_I(L, 13),
+                    ARG_P(L, 14), ARG_I(L, 15), ARG_I(L, 16), ARG_P(L, 17), ARG_I(L, 18),
+                    ARG_I(L, 19), ARG_P(L, 20), ARG_I(L, 21), ARG_P(L, 22), ARG_P(L, 23),
+                    ARG_P(L, 24), cos_row, sin_row, kv_out ? kv_out + l * 2 * kv_size : 0,
+                    scratch);
+    }
+    float *logits = ARG_P(a, 19);
+    if (logits)
+        rms_logits(tid, nt, team, d, ARG_I(a, 18), x, ARG_P(a, 15), ARG_F(a, 16), ARG_I(a, 17),
+                   ARG_P(a, 20), work, logits, scratch);
+}
+
+void whisper_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a, uint8_t *scratch) {
+    int R = ARG_I(a, 0), d = ARG_I(a, 1), n_head = ARG_I(a, 2), ffn = ARG_I(a, 3);
+    int pos = ARG_I(a, 4), n_audio = ARG_I(a, 5);
+    float eps = ARG_F(a, 6), scale = ARG_F(a, 7);
+    int n_blocks = ARG_I(a, 8), block_words = ARG_I(a, 9);
+    float *x = ARG_P(a, 10), *work = ARG_P(a, 11), *kv_out = ARG_P(a, 13);
+    int cross_bs = ARG_I(a, 12);
+    for (int l = 0; l < n_blocks; l++) {
+        const int32_t *B = a + TEAM_WHISPER_HEADER + l * block_words;
+        whisper_block(tid, nt, team, R, d, n_head, ffn, pos, ARG_I(B, 0), n_audio, eps, scale,
+                      x, work, ARG_P(B, 1), ARG_P(B, 2), ARG_I(B, 3), ARG_P(B, 4), ARG_P(B, 5),
+                      ARG_I(B, 6), ARG_P(B, 7), ARG_P(B, 8), ARG_P(B, 9), ARG_P(B, 10),
+                      ARG_I(B, 11), ARG_P(B, 12), ARG_P(B, 13), ARG_P(B, 14), ARG_P(B, 15),
+                      cross_bs, ARG_I(B, 16), ARG_P(B, 17), ARG_P(B, 18), ARG_P(B, 19),
+                      ARG_P(B, 20), ARG_I(B, 21), ARG_P(B, 22), ARG_P(B, 23), ARG_I(B, 24),
+                      ARG_P(B, 25), ARG_P(B, 26), ARG_P(B, 27), ARG_P(B, 28),
+                      kv_out ? kv_out + l * R * 2 * d : 0, scratch);
+    }
+    float *logits = ARG_P(a, 19);
+    if (logits)
+        ln_logits(tid, nt, team, R, d, ARG_I(a, 18), x, ARG_P(a, 14), ARG_P(a, 15), ARG_F(a, 20),
+                  ARG_I(a, 16), ARG_P(a, 17), work, logits, scratch);
 }

@@ -185,3 +185,55 @@ EXPORTS = EXPORTS + STEP_EXPORTS
 
 EXPORTS_BY_NAME = {e.name: e for e in EXPORTS}
 EXPORT_NAMES = tuple(e.name for e in EXPORTS)
+
+
+# -- the threads build (web/vendor/kernels-threads.wasm; web/kernels/team.h) ----------------------
+# It imports a SHARED memory as env.memory (not Pyodide's: that one cannot be shared) and runs
+# whole decode steps on two threads: the host keeps the weights resident in that memory, a
+# helper worker sits in team_worker, and the caller's team_run returns when the step is done.
+# Every argument is an i32 offset into the shared memory (the argument block: i32 words, f32
+# scalars as their bits) or an i32 number.
+TEAM_CTRL_BYTES = 32  # the control block (team.h's TeamCtrl), 16-byte aligned, zeroed
+TEAM_CTRL_FIELDS = ("generation", "job", "args", "nthreads", "alive", "count", "sense",
+                    "jobs_done")
+TEAM_JOBS = {"stop": 0, "llama_step": 1, "whisper_step": 2}
+
+TEAM_EXPORTS = (
+    Export("abi_version", (), "i32", "returns ABI_VERSION"),
+    Export("scratch_bytes", (), "i32", "bytes of scratch each thread needs; constant"),
+    Export("team_run", (_i("ctrl"), _i("job"), _i("args"), _i("scratch")), "i32",
+           doc="runs job (TEAM_JOBS) on its argument block, with the helper when it is in "
+               "team_worker; returns the number of threads that ran it"),
+    Export("team_worker", (_i("ctrl"), _i("scratch")),
+           doc="the helper thread's loop; returns only after a `stop` job"),
+)
+TEAM_EXPORT_NAMES = tuple(e.name for e in TEAM_EXPORTS)
+
+# The argument blocks: a header, then one record per block. Each entry is (name, kind) with
+# kind "i" (i32), "f" (f32 bits) or "p" (pointer into the shared memory, 0: absent). The C
+# side (steps.c: llama_team_step, whisper_team_step) reads the words in this order.
+TEAM_LLAMA_HEADER = (
+    ("d", "i"), ("n_heads", "i"), ("n_kv", "i"), ("head_dim", "i"), ("ffn", "i"),
+    ("interleaved", "i"), ("pos", "i"), ("scale", "f"), ("n_layers", "i"),
+    ("layer_words", "i"), ("x", "p"), ("work", "p"), ("cos_row", "p"), ("sin_row", "p"),
+    ("kv_out", "p"), ("norm", "p"), ("norm_eps", "f"), ("head_type", "i"), ("vocab", "i"),
+    ("logits", "p"), ("head_w", "p"))
+TEAM_LLAMA_LAYER = (
+    ("capacity", "i"), ("attn_norm", "p"), ("mlp_norm", "p"), ("eps", "f"),
+    ("q_type", "i"), ("q_rows", "i"), ("q_w", "p"), ("k_type", "i"), ("k_rows", "i"),
+    ("k_w", "p"), ("v_type", "i"), ("v_rows", "i"), ("v_w", "p"), ("o_type", "i"),
+    ("o_w", "p"), ("g_type", "i"), ("g_rows", "i"), ("g_w", "p"), ("u_type", "i"),
+    ("u_rows", "i"), ("u_w", "p"), ("down_type", "i"), ("down_w", "p"), ("keys", "p"),
+    ("values", "p"))
+TEAM_WHISPER_HEADER = (
+    ("r", "i"), ("d", "i"), ("n_head", "i"), ("ffn", "i"), ("pos", "i"), ("n_audio", "i"),
+    ("eps", "f"), ("scale", "f"), ("n_blocks", "i"), ("block_words", "i"), ("x", "p"),
+    ("work", "p"), ("cross_bs", "i"), ("kv_out", "p"), ("ln_w", "p"), ("ln_b", "p"),
+    ("head_type", "i"), ("head_w", "p"), ("vocab", "i"), ("logits", "p"), ("ln_eps", "f"))
+TEAM_WHISPER_BLOCK = (
+    ("capacity", "i"), ("ln1_w", "p"), ("ln1_b", "p"), ("qkv_type", "i"), ("qkv_w", "p"),
+    ("qkv_b", "p"), ("out_type", "i"), ("out_w", "p"), ("out_b", "p"), ("ln2_w", "p"),
+    ("ln2_b", "p"), ("cq_type", "i"), ("cq_w", "p"), ("cq_b", "p"), ("cross_k", "p"),
+    ("cross_v", "p"), ("co_type", "i"), ("co_w", "p"), ("co_b", "p"), ("ln3_w", "p"),
+    ("ln3_b", "p"), ("fc1_type", "i"), ("fc1_w", "p"), ("fc1_b", "p"), ("fc2_type", "i"),
+    ("fc2_w", "p"), ("fc2_b", "p"), ("keys", "p"), ("values", "p"))

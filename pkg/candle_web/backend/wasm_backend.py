@@ -99,6 +99,22 @@ class WasmBackend(NumpyBackend):
 
         wasm_parts.register()  # the fused model steps on these kernels (backend/parts.py)
         self._q_types = frozenset(wasm_abi.LINEAR_Q_TYPES)
+        self.team = None  # the threads build's host (attach_team), for two-thread decode steps
+
+    def attach_team(self, team) -> None:
+        """Decode-step parts built from now on run on `team` (a wasm_team host: two threads,
+        the weights resident in its shared memory); None detaches it. Parts already built keep
+        what they run on."""
+        self.team = team
+
+    def team_part(self, cls, weights):
+        """The two-thread version of wasm_parts' part `cls` for these weights, or None (no
+        team attached, no such version, or the weights do not fit it)."""
+        if self.team is None:
+            return None
+        from . import wasm_team_parts
+
+        return wasm_team_parts.build(self, cls, weights)
 
     def __repr__(self):
         return f"WasmBackend({getattr(self.host, 'kind', type(self.host).__name__)})"

@@ -409,6 +409,11 @@ def register() -> None:
 
 
 def _build(cls, weights):
+    """The part on the wasm backend: its two-thread version when the backend has a team
+    (backend/wasm_team_parts.py, ?threads=2 in the page) and the weights fit it, else this
+    module's."""
     from . import get_backend
 
-    return cls.build(get_backend("wasm"), weights)
+    backend = get_backend("wasm")
+    team_part = backend.team_part(cls, weights)
+    return team_part if team_part is not None else cls.build(backend, weights)

@@ -1,0 +1,321 @@
+"""The decode-step parts on two threads (`kernels-threads.wasm`, backend/wasm_team.py): LLaMA's
+and Whisper's whole decode step as one team job, with the weights resident in the team's
+shared memory.
+
+Each part wraps the one-thread part of backend/wasm_parts.py (which checks that the weights
+fit and prepares them: f16 bits, GGML pieces) and copies its arrays into the shared memory
+once. A step then copies in the hidden state (and the rotary rows), runs every block and the
+vocabulary projection in one `team_run`, and copies out the logits and the step's new keys and
+values, which it writes into the model's own KV caches: those stay the one KV cache both the
+generic path and the parts read (nn/kv_cache.py). The team keeps a mirror of each cache in
+the shared memory; a cache buffer only ever grows by appending (a reset, a reorder or a
+growth makes a new array), so a mirror is valid up to what it has seen of the same array
+object, and the positions written since by another path are copied in before the step.
+
+The numbers are the one-thread part's: the same kernels, each output row computed by one
+thread exactly as one thread computes it (web/kernels/team.h).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+
+from . import wasm_abi, wasm_parts
+
+_F32 = np.dtype(np.float32)
+
+
+class _ArgBlock:
+    """An argument block (a header, then one record per block) as an int32 array, filled by
+    field name from the wasm_abi layout tables; floats are stored as their f32 bits."""
+
+    def __init__(self, header: tuple, record: tuple, records: int):
+        self.header_index = {name: i for i, (name, _) in enumerate(header)}
+        self.header_kind = dict(header)
+        self.record_index = {name: i for i, (name, _) in enumerate(record)}
+        self.record_kind = dict(record)
+        self.header_words = len(header)
+        self.record_words = len(record)
+        self.words = np.zeros(self.header_words + records * self.record_words, np.int32)
+        self._floats = self.words.view(np.float32)
+
+    def _set(self, index: int, kind: str, value) -> None:
+        if kind == "f":
+            self._floats[index] = value
+        else:
+            self.words[index] = 0 if value is None else int(value)
+
+    def set(self, **fields) -> None:
+        for name, value in fields.items():
+            self._set(self.header_index[name], self.header_kind[name], value)
+
+    def set_record(self, record: int, **fields) -> None:
+        base = self.header_words + record * self.record_words
+        for name, value in fields.items():
+            self._set(base + self.record_index[name], self.record_kind[name], value)
+
+
+class _CacheMirror:
+    """One (keys, values) cache pair's copy in the shared memory."""
+
+    def __init__(self, team, keys: np.ndarray, values: np.ndarray):
+        self.team = team
+        self.keys_ref = weakref.ref(keys)
+        self.values_ref = weakref.ref(values)
+        self.shape = keys.shape
+        self.keys = team.alloc(keys.nbytes)
+        self.values = team.alloc(values.nbytes)
+        self.synced = 0  # positions [0, synced) equal the numpy buffers'
+
+    def matches(self, keys, values) -> bool:
+        return (self.keys_ref() is keys and self.values_ref() is values
+                and keys.shape == self.shape)
+
+    def sync(self, keys: np.ndarray, values: np.ndarray, pos: int) -> None:
+        """Positions [0, pos) as in the numpy buffers (what another path wrote since)."""
+        if self.synced < pos:
+            # Whole buffers: one copy each (the positions past `pos` are not read).
+            self.team.write(self.keys, keys)
+            self.team.write(self.values, values)
+        self.synced = pos
+
+    def release(self) -> None:
+        self.team.release(self.keys)
+        self.team.release(self.values)
+
+
+def _mirror(team, mirrors: list, index: int, keys, values, pos: int) -> _CacheMirror:
+    mirror = mirrors[index]
+    if mirror is None or not mirror.matches(keys, values):
+        if mirror is not None:
+            mirror.release()
+        if not (keys.flags.c_contiguous and values.flags.c_contiguous
+                and keys.dtype == _F32 and values.dtype == _F32):
+            raise ValueError("team decode step: KV caches must be C-ordered float32")
+        mirror = mirrors[index] = _CacheMirror(team, keys, values)
+    mirror.sync(keys, values, pos)
+    return mirror
+
+
+class _Buffers:
+    """Named activation buffers in the shared memory, grown (never shrunk) on demand."""
+
+    def __init__(self, team):
+        self.team = team
+        self._blocks = {}  # name -> (offset, bytes)
+
+    def get(self, name: str, nbytes: int) -> int:
+        held = self._blocks.get(name)
+        if held is None or held[1] < nbytes:
+            if held is not None:
+                self.team.release(held[0])
+            held = self._blocks[name] = (self.team.alloc(nbytes), nbytes)
+        return held[0]
+
+
+def _put(team, array) -> int:
+    """The array's copy in the shared memory, 0 (absent) for None."""
+    return 0 if array is None else team.put(array)
+
+
+# -- LLaMA ----------------------------------------------------------------------------------------
+class TeamLlamaDecoderStep:
+    """`llama.decoder_step` on two threads: all blocks and the vocabulary projection in one
+    team job per token."""
+
+    def __init__(self, backend, weights, team):
+        base = wasm_parts.LlamaDecoderStep(backend, weights)  # raises _Unfit
+        self.team = team
+        put = team.put
+        w = weights
+        hd, nh, nkv = w.head_dim, w.num_heads, w.num_kv_heads
+        d = base.norm.shape[0]
+        self.d, self.hd, self.nkv, self.half = d, hd, nkv, hd // 2
+        self.args = _ArgBlock(wasm_abi.TEAM_LLAMA_HEADER, wasm_abi.TEAM_LLAMA_LAYER,
+                              len(base.layers))
+        for i, (attn_norm, mlp_norm, eps, qkv, out, gate_up, down) in enumerate(base.layers):
+            (qt, qr, qw), (kt, kr, kw), (vt, vr, vw) = _pieces(qkv, 3)
+            (gt, gr, gw), (ut, ur, uw) = _pieces(gate_up, 2)
+            ot, ow = out.single
+            dt, dw = down.single
+            self.args.set_record(
+                i, attn_norm=put(attn_norm), mlp_norm=put(mlp_norm), eps=eps,
+                q_type=qt, q_rows=qr, q_w=_put(team, qw),
+                k_type=kt, k_rows=kr, k_w=_put(team, kw),
+                v_type=vt, v_rows=vr, v_w=_put(team, vw),
+                o_type=ot, o_w=put(ow), g_type=gt, g_rows=gr, g_w=_put(team, gw),
+                u_type=ut, u_rows=ur, u_w=_put(team, uw), down_type=dt,
+                down_w=put(dw))
+        head_type, head_w = base.head.single
+        self.vocab = base.head.n
+        self.layers = len(base.layers)
+        self.x = team.alloc(d * 4)
+        self.work = team.alloc(base.work.nbytes)
+        self.cos_row = team.alloc(self.half * 4)
+        self.sin_row = team.alloc(self.half * 4)
+        self.kv_out = team.alloc(self.layers * 2 * nkv * hd * 4)
+        self.logits = team.alloc(self.vocab * 4)
+        self.args.set(d=d, n_heads=nh, n_kv=nkv, head_dim=hd, ffn=base.ffn,
+                      interleaved=1 if w.rope_interleaved else 0, scale=base.scale,
+                      n_layers=self.layers, layer_words=self.args.record_words, x=self.x,
+                      work=self.work, cos_row=self.cos_row, sin_row=self.sin_row,
+                      kv_out=self.kv_out, norm=put(base.norm), norm_eps=w.norm_eps,
+                      head_type=head_type, vocab=self.vocab, logits=self.logits,
+                      head_w=put(head_w))
+        self.args_offset = team.alloc(self.args.words.nbytes)
+        self.kv_stage = np.empty((self.layers, 2, nkv, hd), _F32)
+        self.mirrors = [None] * self.layers
+        self.threads_used = 0  # threads of the last step (1: the helper was not there)
+
+    @staticmethod
+    def build(backend, weights, team):
+        try:
+            return TeamLlamaDecoderStep(backend, weights, team)
+        except wasm_parts._Unfit:
+            return None
+
+    def __call__(self, x: np.ndarray, pos: int, caches, cos: np.ndarray, sin: np.ndarray):
+        team = self.team
+        for i, (keys, values) in enumerate(caches):
+            mirror = _mirror(team, self.mirrors, i, keys, values, pos)
+            self.args.set_record(i, capacity=keys.shape[1], keys=mirror.keys,
+                                 values=mirror.values)
+        self.args.set(pos=pos)
+        team.write(self.x, np.asarray(x, _F32).reshape(-1))
+        team.write(self.cos_row, cos[pos])
+        team.write(self.sin_row, sin[pos])
+        team.write(self.args_offset, self.args.words)
+        self.threads_used = team.run("llama_step", self.args_offset)
+        logits = team.read(self.logits, np.empty(self.vocab, _F32))
+        stage = team.read(self.kv_out, self.kv_stage)
+        for i, (keys, values) in enumerate(caches):
+            keys[:, pos] = stage[i, 0]
+            values[:, pos] = stage[i, 1]
+            self.mirrors[i].synced = pos + 1
+        return logits
+
+
+def _pieces(qlinear, count: int) -> list:
+    """(type, rows, array) x count of a _QLinear, absent pieces as (0, 0, None)."""
+    flat = qlinear.slots(count)
+    return [flat[3 * i:3 * i + 3] for i in range(count)]
+
+
+# -- Whisper --------------------------------------------------------------------------------------
+class TeamWhisperDecoderStep:
+    """`whisper.decoder_step` on two threads: every block and the vocabulary projection of one
+    token per row in one team job; the cross K/V of an audio are copied in once."""
+
+    def __init__(self, backend, weights, team):
+        base = wasm_parts.WhisperDecoderStep(backend, weights)  # raises _Unfit
+        self.base = base
+        self.team = team
+        put = lambda array: _put(team, array)  # noqa: E731  (an absent bias: 0)
+        self.embedding = base.embedding
+        self.positions = base.positions
+        self.blocks = base.blocks
+        self.args = _ArgBlock(wasm_abi.TEAM_WHISPER_HEADER, wasm_abi.TEAM_WHISPER_BLOCK,
+                              len(base.blocks))
+        for i, block in enumerate(base.blocks):
+            ln1, ln2, ln3 = block.attn_ln, block.cross_ln, block.mlp_ln
+
+            def matrix(linear):
+                kind, array = linear.matrix
+                return kind, put(array), put(linear.bias)
+
+            qkv, out, cq = matrix(block.qkv), matrix(block.attn_out), matrix(block.cross_q)
+            co, fc1, fc2 = matrix(block.cross_out), matrix(block.fc1), matrix(block.fc2)
+            self.args.set_record(
+                i, ln1_w=put(ln1[0]), ln1_b=put(ln1[1]), qkv_type=qkv[0], qkv_w=qkv[1],
+                qkv_b=qkv[2], out_type=out[0], out_w=out[1], out_b=out[2], ln2_w=put(ln2[0]),
+                ln2_b=put(ln2[1]), cq_type=cq[0], cq_w=cq[1], cq_b=cq[2], co_type=co[0],
+                co_w=co[1], co_b=co[2], ln3_w=put(ln3[0]), ln3_b=put(ln3[1]),
+                fc1_type=fc1[0], fc1_w=fc1[1], fc1_b=fc1[2], fc2_type=fc2[0], fc2_w=fc2[1],
+                fc2_b=fc2[2])
+        ln_w, ln_b, ln_eps = base.ln
+        head_type, head_w = base.projection.matrix
+        self.vocab = base.projection.n
+        self.d = self.embedding.shape[1]
+        self.ffn = base.blocks[0].fc1.n
+        self.n_head = base.blocks[0].n_head
+        self.args.set(d=self.d, n_head=self.n_head, ffn=self.ffn, eps=base.blocks[0].attn_ln[2],
+                      scale=1.0 / math.sqrt(self.d // self.n_head), n_blocks=len(base.blocks),
+                      block_words=self.args.record_words, ln_w=put(ln_w), ln_b=put(ln_b),
+                      head_type=head_type, head_w=put(head_w), vocab=self.vocab, ln_eps=ln_eps)
+        self.args_offset = team.alloc(self.args.words.nbytes)
+        self.buffers = _Buffers(team)
+        self.mirrors = [None] * len(base.blocks)
+        self._cross = None  # (the base's cross K/V list, [(keys, values) offsets])
+        self.threads_used = 0
+
+    @staticmethod
+    def build(backend, weights, team):
+        try:
+            return TeamWhisperDecoderStep(backend, weights, team)
+        except wasm_parts._Unfit:
+            return None
+
+    def _cross_kv(self, features: np.ndarray) -> list:
+        cross = self.base._cross_kv(features)
+        if self._cross is None or self._cross[0] is not cross:
+            if self._cross is not None:
+                for k, v in self._cross[1]:
+                    self.team.release(k)
+                    self.team.release(v)
+            self._cross = (cross, [(self.team.put(k), self.team.put(v)) for k, v in cross])
+        return self._cross[1]
+
+    def step(self, token_ids, position: int, caches, features, with_logits: bool = True):
+        """As wasm_parts.WhisperDecoderStep.step."""
+        team = self.team
+        ids = np.asarray(token_ids, dtype=np.intp).reshape(-1)
+        rows = ids.shape[0]
+        d = self.d
+        x = self.embedding[ids] + self.positions[position]  # [R, d]
+        cross = self._cross_kv(features)
+        base_cross = self._cross[0]
+        n_audio = base_cross[0][0].shape[2]
+        audio_rows = base_cross[0][0].shape[0]
+        if audio_rows not in (1, rows):
+            raise ValueError(f"whisper decoder step: {audio_rows} audio rows for {rows} token "
+                             "rows")
+        cross_bs = base_cross[0][0][0].size if audio_rows > 1 else 0
+        for i, ((keys, values), (cross_k, cross_v)) in enumerate(zip(caches, cross)):
+            mirror = _mirror(team, self.mirrors, i, keys, values, position)
+            self.args.set_record(i, capacity=keys.shape[2], keys=mirror.keys,
+                                 values=mirror.values, cross_k=cross_k, cross_v=cross_v)
+        buffers = self.buffers
+        x_offset = buffers.get("x", rows * d * 4)
+        logits_offset = buffers.get("logits", rows * self.vocab * 4) if with_logits else 0
+        kv_out = buffers.get("kv_out", len(self.blocks) * rows * 2 * d * 4)
+        self.args.set(r=rows, pos=position, n_audio=n_audio, cross_bs=cross_bs, x=x_offset,
+                      work=buffers.get("work", rows * (6 * d + self.ffn) * 4), kv_out=kv_out,
+                      logits=logits_offset)
+        team.write(x_offset, x.astype(_F32, copy=False))
+        team.write(self.args_offset, self.args.words)
+        self.threads_used = team.run("whisper_step", self.args_offset)
+        stage = team.read(kv_out, np.empty((len(self.blocks), rows, 2, self.n_head,
+                                            d // self.n_head), _F32))
+        for i, (keys, values) in enumerate(caches):
+            keys[:, :, position] = stage[i, :, 0]
+            values[:, :, position] = stage[i, :, 1]
+            self.mirrors[i].synced = position + 1
+        if not with_logits:
+            return None
+        return team.read(logits_offset, np.empty((rows, self.vocab), _F32))
+
+
+_TEAM_CLASSES = {wasm_parts.LlamaDecoderStep: TeamLlamaDecoderStep,
+                 wasm_parts.WhisperDecoderStep: TeamWhisperDecoderStep}
+
+
+def build(backend, cls, weights):
+    """The two-thread version of wasm_parts' part class `cls` on backend.team, or None (no
+    such version, or the weights do not fit)."""
+    team_cls = _TEAM_CLASSES.get(cls)
+    if team_cls is None or backend.team is None:
+        return None
+    return team_cls.build(backend, weights, backend.team)
