@@ -34,7 +34,8 @@ DEFAULT_OUT_DIR = REPO_ROOT / "web" / "vendor" / "wheels"
 MANIFEST_NAME = "manifest.json"
 DEFAULT_KERNELS_DIR = REPO_ROOT / "web" / "vendor"
 # variant (the worker's name for it, chosen there by feature detection) -> file name
-KERNEL_FILES = {"relaxed-simd": "kernels.wasm", "simd128": "kernels-simd128.wasm"}
+KERNEL_FILES = {"relaxed-simd": "kernels.wasm", "simd128": "kernels-simd128.wasm",
+                "threads": "kernels-threads.wasm"}
 
 DISTRIBUTION = "candle-web"
 # PEP 427: the file name uses the distribution name with '-' replaced by '_'.

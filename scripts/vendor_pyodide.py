@@ -5,7 +5,7 @@
                         + the five wheels the worker loads (numpy, scipy, openblas, micropip,
                         packaging), each checked against the sha256 in the npm package's
                         official pyodide-lock.json
-  web/vendor/kernels.wasm, kernels-simd128.wasm
+  web/vendor/kernels.wasm, kernels-simd128.wasm, kernels-threads.wasm
                         the wasm SIMD kernels (scripts/build_kernels.py: cached, and checked;
                         when zig is missing or a check fails the page runs numpy and says why)
   web/vendor/pyodide-snapshot.bin

@@ -21,6 +21,7 @@ const PHASE_LABELS = {
   wheel: "candle_web",
   packages: "numpy",
   backend: "backend",
+  threads: "second thread",
 };
 const MAX_JOB_ID = 2 ** 31 - 1; // ids live in an int32 slot
 
@@ -56,8 +57,9 @@ export class WorkerClient {
   // backend: the page's ?backend= (numpy: the reference, wasm: the kernels or an error;
   // absent: wasm when the kernels load), passed on as it is: the worker checks it.
   // snapshot: false starts Python without the vendored memory snapshot (?snapshot=0, for A/B).
-  init(backend = null, snapshot = true) {
-    return this.request("init", { control: this.control, backend, snapshot }, { onProgress: (message) => this.onInitProgress?.(message) });
+  // threads: 2 runs the decode steps on two threads (?threads=2; the worker checks it).
+  init(backend = null, snapshot = true, threads = null) {
+    return this.request("init", { control: this.control, backend, snapshot, threads }, { onProgress: (message) => this.onInitProgress?.(message) });
   }
 
   // Stops job `id`: interrupts it if it is in Python now, or drops it if still queued.
@@ -137,7 +139,10 @@ function formatSeconds(ms) {
 // "wasm (relaxed SIMD)", or "numpy (why the kernels are not used)".
 export function describeBackend(backend) {
   if (!backend?.name) return "unknown";
-  if (backend.name === "wasm") return `wasm (${backend.label ?? backend.variant})`;
+  if (backend.name === "wasm") {
+    const threads = backend.threads === 2 ? ", 2 threads" : "";
+    return `wasm (${backend.label ?? backend.variant}${threads})`;
+  }
   return backend.reason ? `${backend.name} (${backend.reason})` : backend.name;
 }
 
@@ -193,7 +198,10 @@ const client = new WorkerClient();
 setUpTabs();
 const showReady = setUpStatus(client);
 const pageOptions = new URLSearchParams(location.search);
-const ready = client.init(pageOptions.get("backend"), pageOptions.get("snapshot") !== "0");
+// ?threads=N: a number for the worker to check (it answers an error naming anything but 1 or 2).
+const threadsOption = pageOptions.get("threads");
+const ready = client.init(pageOptions.get("backend"), pageOptions.get("snapshot") !== "0",
+  threadsOption === null ? null : Number.isInteger(Number(threadsOption)) ? Number(threadsOption) : threadsOption);
 ready.then(showReady, showStartFailure);
 
 const transcribeView = setUpTranscribe(client, ready);

@@ -11,16 +11,19 @@
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
  *   init {control?: SharedArrayBuffer, backend?: "auto"|"wasm"|"wasm-simd128"|"numpy",
- *         snapshot?: boolean}
+ *         snapshot?: boolean, threads?: 1|2}
  *       (backend: the page's ?backend=; auto, the default: wasm when the kernels load, else
  *       numpy, saying why; wasm: the kernels or an error; wasm-simd128: the plain SIMD build
  *       even where relaxed SIMD exists; numpy: the reference, for A/B.
- *       snapshot: false (?snapshot=0) starts Python without the vendored memory snapshot)
+ *       snapshot: false (?snapshot=0) starts Python without the vendored memory snapshot;
+ *       threads: 2 (?threads=2) runs the wasm backend's decode steps on two threads, with a
+ *       helper worker (web/team_helper.js) on a shared memory; 1 when that cannot start, saying
+ *       why in backend.threadsReason)
  *       progress {phase: "runtime"|"kernels"|"wheel"|"packages"|"backend", state, ms} (phases
  *       overlap: the kernels and the wheel are fetched while Pyodide starts)
  *       -> {phases: {phase: ms}, totalMs (wall clock), versions, wheel (its manifest),
  *           snapshot: {used, reason}, backend: {name, requested, variant, label,
- *           kernels: {file, sha256}, reason},
+ *           kernels: {file, sha256}, reason, threads, threadsReason},
  *           crossOriginIsolated, cancellable}
  *   models {kind?}              -> {models: [{name, description, size}], hint?} (the registry's
  *                                  browser models of that kind; hint: how to get one if none)
@@ -292,6 +295,115 @@ async function instantiateKernels(kernels, memory) {
   pyodide.registerJsModule(KERNEL_JS_MODULE, { exports: instance.exports, variant: kernels.variant });
 }
 
+// --- two threads (?threads=2): the threads build on a shared memory, a helper worker ---------
+
+// Offsets in the shared memory; candle_web.backend.wasm_team uses the same (CTRL_OFFSET,
+// HELPER_SCRATCH_OFFSET) and gets them from `layout`: nothing below 1 MiB (the null pointer,
+// wasm-ld's unused stack region), the control block, the helper's scratch, then the arena.
+const TEAM_CTRL_OFFSET = 1 << 20;
+const TEAM_HELPER_SCRATCH_OFFSET = TEAM_CTRL_OFFSET + 64;
+const TEAM_ALIVE_SLOT = 4; // TeamCtrl.alive, in int32 slots (web/kernels/team.h)
+const TEAM_MAX_PAGES = 32768; // the module's declared maximum: 2 GiB
+const TEAM_INITIAL_PAGES = 1024; // 64 MiB; grown as the weights are copied in
+const TEAM_HELPER_TIMEOUT_MS = 10000;
+const TEAM_JS_MODULE = "candle_team"; // `import candle_team` in Python (wasm_team.py)
+
+// Why the second thread does not run: the start goes on with one.
+class TeamUnavailable extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "TeamUnavailable";
+  }
+}
+
+// Fetches, verifies and compiles the threads build, makes the shared memory and starts the
+// helper in team_worker; needs no Pyodide, so it runs while Pyodide starts. Resolves {file,
+// sha256, memory, instance, helper, layout}.
+async function startTeam(manifestPromise) {
+  if (!self.crossOriginIsolated || typeof SharedArrayBuffer === "undefined") {
+    throw new TeamUnavailable("the page is not cross-origin isolated (no SharedArrayBuffer)");
+  }
+  if (!WebAssembly.validate(RELAXED_SIMD_PROBE)) throw new TeamUnavailable("this browser has no relaxed SIMD (the threads build uses it)");
+  const manifest = await manifestPromise;
+  const entry = manifest.kernels?.threads;
+  if (!entry) throw new TeamUnavailable(`the threads kernels are not built (no "threads" in ${WHEEL_MANIFEST_URL}: run \`make web\`)`);
+  const response = await fetch(new URL(entry.file, VENDOR_URL).href, { cache: "no-cache" });
+  if (!response.ok) throw new TeamUnavailable(`${entry.file} answered ${response.status} ${response.statusText}`.trim());
+  const bytes = await response.arrayBuffer();
+  if (!(await hasSha256(bytes, entry.sha256, entry.file))) {
+    throw new TeamUnavailable(`${entry.file} is not the build the manifest names (sha256 differs: run \`make web\`)`);
+  }
+  let module, instance, memory;
+  try {
+    module = await WebAssembly.compile(bytes);
+    memory = new WebAssembly.Memory({ initial: TEAM_INITIAL_PAGES, maximum: TEAM_MAX_PAGES, shared: true });
+    instance = await WebAssembly.instantiate(module, { env: { memory } });
+  } catch (error) {
+    throw new TeamUnavailable(`${entry.file} does not load here: ${error.message}`);
+  }
+  if (instance.exports.abi_version() !== KERNEL_ABI_VERSION) {
+    throw new TeamUnavailable(`${entry.file} has ABI version ${instance.exports.abi_version()}, this worker speaks ${KERNEL_ABI_VERSION} (stale build: run \`make web\`)`);
+  }
+  const scratchBytes = instance.exports.scratch_bytes();
+  const layout = {
+    ctrl: TEAM_CTRL_OFFSET,
+    helperScratch: TEAM_HELPER_SCRATCH_OFFSET,
+    heapStart: TEAM_HELPER_SCRATCH_OFFSET + scratchBytes,
+  };
+  const helper = new Worker(new URL("team_helper.js", BASE_URL).href);
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new TeamUnavailable(`the helper worker did not start in ${TEAM_HELPER_TIMEOUT_MS / 1000} s`)), TEAM_HELPER_TIMEOUT_MS);
+    helper.onmessage = (event) => {
+      if (event.data?.type === "ready") {
+        clearTimeout(timer);
+        resolve();
+      } else if (event.data?.type === "error") {
+        clearTimeout(timer);
+        reject(new TeamUnavailable(event.data.message));
+      }
+    };
+    helper.onerror = (event) => {
+      clearTimeout(timer);
+      reject(new TeamUnavailable(`the helper worker failed: ${event.message ?? "no message"}`));
+    };
+    helper.postMessage({ module, memory, ctrl: layout.ctrl, scratch: layout.helperScratch });
+  }).catch((error) => {
+    helper.terminate();
+    throw error;
+  });
+  // "ready" comes just before team_worker; wait (this is a worker: Atomics.wait may block)
+  // until it has said it is in.
+  const alive = new Int32Array(memory.buffer, layout.ctrl, 8);
+  Atomics.wait(alive, TEAM_ALIVE_SLOT, 0, 2000);
+  if (Atomics.load(alive, TEAM_ALIVE_SLOT) !== 1) {
+    helper.terminate();
+    throw new TeamUnavailable("the helper worker did not enter its loop");
+  }
+  return { file: entry.file, sha256: entry.sha256, memory, instance, helper, layout };
+}
+
+// Registers the team for Python as `candle_team` (wasm_team.PyodideTeamHost reads it): the
+// exports, the layout, and copies between Pyodide's heap (numpy's buffers, by pointer) and
+// the shared memory.
+function registerTeam(team) {
+  const { memory, instance, layout } = team;
+  const heap = () => pyodide._module.HEAPU8; // re-read: Pyodide's heap may have grown
+  pyodide.registerJsModule(TEAM_JS_MODULE, {
+    exports: instance.exports,
+    layout,
+    copyIn(source, offset, n) {
+      new Uint8Array(memory.buffer, offset, n).set(heap().subarray(source, source + n));
+    },
+    copyOut(offset, target, n) {
+      heap().set(new Uint8Array(memory.buffer, offset, n), target);
+    },
+    ensure(end) {
+      const have = memory.buffer.byteLength;
+      if (end > have) memory.grow(Math.ceil((end - have) / 65536));
+    },
+  });
+}
+
 // --- start-up -------------------------------------------------------------------------------
 
 // --- the candle_web wheel, unpacked in JS -----------------------------------------------------
@@ -391,6 +503,17 @@ def _select_backend(name):
     return backend_for(Device.cpu()).name
 `;
 
+// The wasm backend's decode-step parts run on the registered team from now on.
+const ATTACH_TEAM_PY = `
+from candle_web.backend.wasm_backend import install
+from candle_web.backend.wasm_team import PyodideTeamHost, pyodide_team_module
+install().attach_team(PyodideTeamHost(pyodide_team_module()))
+`;
+
+function attachPythonTeam() {
+  pyodide.runPython(ATTACH_TEAM_PY);
+}
+
 function selectPythonBackend(name) {
   const select = pyodide.runPython(`${SELECT_BACKEND_PY}\n_select_backend`);
   try {
@@ -476,7 +599,7 @@ async function startPhase(id, phases, phase, work) {
 // loads while the wheel is unpacked. `choice`: "auto" (wasm when the kernels load, else numpy
 // with the reason), "wasm" or "wasm-simd128" (the kernels or an error) or "numpy" (the
 // reference, for A/B). `useSnapshot`: restore the vendored Pyodide snapshot when there is one.
-async function startRuntime(id, choice, useSnapshot) {
+async function startRuntime(id, choice, useSnapshot, threads = 1) {
   const started = performance.now();
   const phases = {};
   const manifestPromise = fetchChecked(WHEEL_MANIFEST_URL, "wheel manifest").then((response) => response.json());
@@ -484,6 +607,9 @@ async function startRuntime(id, choice, useSnapshot) {
   const kernelsPromise = choice === "numpy" ? null
     : startPhase(id, phases, "kernels", () => compileKernels(manifestPromise, FORCED_VARIANTS[choice]));
   kernelsPromise?.catch(() => {});
+  const teamPromise = threads === 2 && choice !== "numpy" && choice !== "wasm-simd128"
+    ? startPhase(id, phases, "threads", () => startTeam(manifestPromise)) : null;
+  teamPromise?.catch(() => {});
   const wheelPromise = startPhase(id, phases, "wheel", async () => {
     const manifest = await manifestPromise;
     const bytes = await fetchVerified(new URL(manifest.wheel, WHEEL_DIR_URL).href, manifest.wheel, manifest.sha256);
@@ -550,6 +676,22 @@ async function startRuntime(id, choice, useSnapshot) {
       backend = selectPythonBackend("numpy");
     }
   });
+  let team = null;
+  let threadsReason = threads === 2 ? null : "one thread unless ?threads=2";
+  if (threads === 2 && kernels === null) threadsReason = "the two threads need the wasm backend";
+  else if (threads === 2 && teamPromise === null) threadsReason = `?backend=${choice} runs one thread`;
+  else if (teamPromise !== null) {
+    try {
+      team = await teamPromise;
+      registerTeam(team);
+      attachPythonTeam();
+    } catch (error) {
+      team?.helper.terminate();
+      team = null;
+      threadsReason = describeError(error).message;
+      console.warn(`candle-web: one thread runs, not two: ${threadsReason}`);
+    }
+  }
   return {
     phases,
     totalMs: performance.now() - started,
@@ -563,6 +705,9 @@ async function startRuntime(id, choice, useSnapshot) {
       label: kernels?.label ?? null,
       kernels: kernels === null ? null : { file: kernels.file, sha256: kernels.sha256 },
       reason,
+      threads: team === null ? 1 : 2,
+      threadsReason,
+      threadsKernels: team === null ? null : { file: team.file, sha256: team.sha256 },
     },
     crossOriginIsolated: self.crossOriginIsolated === true,
     cancellable: controlSlots !== null,
@@ -577,6 +722,14 @@ function checkBackendChoice(value) {
   return choice;
 }
 
+function checkThreadsChoice(value) {
+  if (value === undefined || value === null) return 1;
+  if (value !== 1 && value !== 2) {
+    throw new TypedError("FormatError", `init: \`threads\` (the page's ?threads=) must be 1 or 2, got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
 function checkSnapshotChoice(value) {
   if (value === undefined || value === null) return true;
   if (typeof value !== "boolean") {
@@ -586,9 +739,9 @@ function checkSnapshotChoice(value) {
 }
 
 // The first caller's choices win: the runtime starts once per worker.
-function ensureRuntime(id, backend = undefined, snapshot = undefined) {
+function ensureRuntime(id, backend = undefined, snapshot = undefined, threads = undefined) {
   if (runtimePromise === null) {
-    runtimePromise = startRuntime(id, checkBackendChoice(backend), checkSnapshotChoice(snapshot));
+    runtimePromise = startRuntime(id, checkBackendChoice(backend), checkSnapshotChoice(snapshot), checkThreadsChoice(threads));
     // A failed start may be retried by a later init.
     runtimePromise.catch(() => { runtimePromise = null; });
   }
@@ -696,7 +849,7 @@ async function handleInit(message) {
   if (message.control instanceof SharedArrayBuffer && controlSlots === null && pyodide === null) {
     controlSlots = new Int32Array(message.control);
   }
-  const summary = await ensureRuntime(message.id, message.backend ?? undefined, message.snapshot ?? undefined);
+  const summary = await ensureRuntime(message.id, message.backend ?? undefined, message.snapshot ?? undefined, message.threads ?? undefined);
   return { payload: summary };
 }
 

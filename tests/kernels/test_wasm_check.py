@@ -122,13 +122,43 @@ def test_undecodable_bytes_are_refused():
     assert problems(b"not wasm")[0].startswith("cannot decode")
 
 
-@pytest.mark.parametrize("name", ["kernels.wasm", "kernels-simd128.wasm"])
+def test_a_shared_memory_is_refused_where_it_must_not_be_and_required_where_it_must():
+    """Pyodide's memory is not shared (a shared import would not link with it); the threads
+    build's must be (its helper thread works on the same memory)."""
+    shared = '(import "env" "memory" (memory 1 16 shared))'
+    found = wasm_check.check_kernel_module(module(GOOD_BODY, memory=shared), SIGNATURES)
+    assert found == ["the memory import is shared; this build's must not be shared"], found
+    found = wasm_check.check_kernel_module(module(GOOD_BODY), SIGNATURES, shared_memory=True)
+    assert found == ["the memory import is not shared; this build's must be shared"], found
+    assert wasm_check.check_kernel_module(module(GOOD_BODY, memory=shared), SIGNATURES,
+                                          shared_memory=True) == []
+
+
+def test_atomics_are_decoded_and_do_not_hide_what_follows():
+    shared = '(import "env" "memory" (memory 1 16 shared))'
+    data = module(
+        "(global $__stack_pointer (mut i32) (i32.const 65536))",
+        "(func $kernel (export \"kernel\") (param i32 f32) (result i32)"
+        " i32.const 0 i32.const 1 i32.atomic.rmw.add offset=4 drop"
+        " i32.const 0 i32.const 0 i64.const -1 memory.atomic.wait32 drop"
+        " i32.const 0 i32.const 1 memory.atomic.notify drop atomic.fence"
+        " global.get $__stack_pointer drop local.get 0)", memory=shared)
+    found = wasm_check.check_kernel_module(data, SIGNATURES, shared_memory=True)
+    assert any("1 x global.get of __stack_pointer" in p for p in found), found
+
+
+@pytest.mark.parametrize("name", ["kernels.wasm", "kernels-simd128.wasm", "kernels-threads.wasm"])
 def test_the_built_modules_pass(name):
     path = REPO_ROOT / "web" / "vendor" / name
     if not path.exists():
         pytest.skip(f"{path} is not built (python scripts/build_kernels.py)")
     data = path.read_bytes()
-    assert wasm_check.check_kernel_module(data) == []
+    threads = name == "kernels-threads.wasm"
+    signatures = (wasm_check.expected_signatures(wasm_check.load_abi().TEAM_EXPORTS) if threads
+                  else None)
+    assert wasm_check.check_kernel_module(data, signatures, shared_memory=threads) == []
     module = wasm_check.parse_module(data)
     relaxed = sum(1 for f in module.functions for i in f.body if i.opcode == 0xFD and i.subop >= 0x100)
-    assert (relaxed > 0) == (name == "kernels.wasm"), f"{name}: {relaxed} relaxed SIMD instructions"
+    assert (relaxed > 0) == (name != "kernels-simd128.wasm"), f"{name}: {relaxed} relaxed SIMD instructions"
+    atomics = sum(1 for f in module.functions for i in f.body if i.opcode == 0xFE)
+    assert (atomics > 0) == threads, f"{name}: {atomics} atomic instructions"

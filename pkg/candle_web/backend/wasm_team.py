@@ -15,7 +15,7 @@ of threads that ran it) and `threads` (2 when the helper is in its loop).
 * `PyodideTeamHost(js_module)`, in the page: web/worker.js instantiates the module on the shared
   memory, starts the helper worker (web/team_helper.js) and registers `candle_team`:
   {exports, layout: {ctrl, helperScratch, heapStart}, copyIn(srcPointer, dstOffset, n),
-  copyOut(srcOffset, dstPointer, n), ensure(end), alive()}; copies go between Pyodide's heap
+  copyOut(srcOffset, dstPointer, n), ensure(end)}; copies go between Pyodide's heap
   (numpy's buffers, by pointer) and the shared memory.
 * `WasmtimeTeamHost(path)`, natively (tests, benches; needs `wasmtime`): a wasmtime shared
   memory, one store and instance per thread, the helper on a Python thread (wasmtime's calls
@@ -130,6 +130,20 @@ class _TeamHost:
         ran it (1 when the helper is not there)."""
         return int(self._team_run(self.ctrl, self._jobs[job], args, self.scratch))
 
+    def _ctrl_field(self, name: str) -> int:
+        fields = self.read(self.ctrl, np.empty(len(wasm_abi.TEAM_CTRL_FIELDS), np.int32))
+        return int(fields[wasm_abi.TEAM_CTRL_FIELDS.index(name)])
+
+    @property
+    def threads(self) -> int:
+        """2 while the helper is in its loop, else 1."""
+        return 2 if self._ctrl_field("alive") else 1
+
+    @property
+    def helper_jobs(self) -> int:
+        """Jobs the helper took part in (a step that ran alone does not count)."""
+        return self._ctrl_field("jobs_done")
+
 
 class PyodideTeamHost(_TeamHost):
     """The threads build in the page, on the shared memory web/worker.js made."""
@@ -156,10 +170,6 @@ class PyodideTeamHost(_TeamHost):
         self._copy_out = js_module.copyOut
         self.ctrl = int(layout.ctrl)
         self._start(int(layout.heapStart))
-
-    @property
-    def threads(self) -> int:
-        return 2 if self._js.alive() else 1
 
     def ensure(self, end: int) -> None:
         self._js.ensure(end)
@@ -231,19 +241,6 @@ class WasmtimeTeamHost(_TeamHost):
                 return
             threading.Event().wait(0.001)
         raise BackendUnavailable("the team's helper thread did not enter team_worker in 10 s")
-
-    def _ctrl_field(self, name: str) -> int:
-        index = wasm_abi.TEAM_CTRL_FIELDS.index(name)
-        return int(np.frombuffer(self._bytes(), np.int32, 1, self.ctrl + 4 * index)[0])
-
-    @property
-    def threads(self) -> int:
-        return 2 if self._ctrl_field("alive") else 1
-
-    @property
-    def helper_jobs(self) -> int:
-        """Jobs the helper took part in."""
-        return self._ctrl_field("jobs_done")
 
     def close(self) -> None:
         if self._helper is not None and self._helper.is_alive():

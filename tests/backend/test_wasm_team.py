@@ -1,0 +1,288 @@
+"""The two-thread decode steps (kernels-threads.wasm, backend/wasm_team.py, wasm_team_parts.py),
+natively: the threads build under wasmtime on a shared memory, its helper on a real second
+thread, against the one-thread steps of kernels.wasm.
+
+The claim is exact: each output row of every product is computed by one thread with the same
+code path as on one thread (row shares start at multiples of 16, web/kernels/team.h), so the
+logits and the KV caches must be bit-identical, not merely close; and the helper must have
+taken part (its job count grows), so a team that silently ran alone fails. Real weights:
+SmolLM2-135M-Instruct Q4_1 and whisper tiny.en on a LibriVox clip; random tiny models cover
+the other GGML types, odd head counts, beams with a reorder, and a cache the generic path
+extends between fused steps. Skipped, with the reason, where wasmtime or the builds are missing.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from parts_testlib import decode_logits, random_text_decoder
+
+from candle_web import Device, Tensor
+from candle_web.backend import wasm_abi, wasm_team
+from candle_web.core.errors import BackendUnavailable, CandleError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+THREADS_BUILD = REPO_ROOT / "web" / "vendor" / "kernels-threads.wasm"
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from candle_web.backend import get_backend
+
+    try:
+        return get_backend("wasm")
+    except BackendUnavailable as e:
+        pytest.skip(f"wasm backend unavailable: {e}")
+
+
+@pytest.fixture(scope="module")
+def team(backend):
+    pytest.importorskip("wasmtime")
+    if not THREADS_BUILD.is_file():
+        pytest.skip(f"{THREADS_BUILD} is not built (python scripts/build_kernels.py)")
+    host = wasm_team.WasmtimeTeamHost(THREADS_BUILD)
+    yield host
+    host.close()
+
+
+@pytest.fixture
+def with_team(backend, team):
+    """attach(team or None): the parts built next run on it; detached after the test."""
+    yield backend.attach_team
+    backend.attach_team(None)
+
+
+def wasm_device():
+    return Device.cpu(backend="wasm")
+
+
+# -- the allocator ------------------------------------------------------------------------------
+def test_the_arena_reuses_and_merges_freed_blocks():
+    grown = []
+    arena = wasm_team.Arena(1000, grown.append)
+    a, b, c = arena.alloc(10), arena.alloc(100), arena.alloc(30)
+    assert a == 1008 and b == a + 16 and c == b + 112, "16-byte aligned, packed"
+    assert grown[-1] == c + 32
+    arena.release(b)
+    assert arena.alloc(40) == b, "first fit reuses the freed block"
+    arena.release(a)
+    arena.release(b)  # now a and b are one free span
+    assert arena.alloc(120) == a
+    arena.release(c)
+    assert arena.top == c, "a freed last block goes back to the top"
+    with pytest.raises(CandleError, match="not an allocated block"):
+        arena.release(12345)
+
+
+# -- the layouts the C side, the worker and Python share -----------------------------------------
+def test_the_argument_layouts_and_offsets_agree_with_the_c_and_the_worker():
+    header = (REPO_ROOT / "web" / "kernels" / "team.h").read_text()
+
+    def define(name):
+        return int(re.search(rf"#define {name} (\d+)", header).group(1))
+
+    assert define("TEAM_LLAMA_HEADER") == len(wasm_abi.TEAM_LLAMA_HEADER)
+    assert define("TEAM_LLAMA_LAYER") == len(wasm_abi.TEAM_LLAMA_LAYER)
+    assert define("TEAM_WHISPER_HEADER") == len(wasm_abi.TEAM_WHISPER_HEADER)
+    assert define("TEAM_WHISPER_BLOCK") == len(wasm_abi.TEAM_WHISPER_BLOCK)
+    assert define("TEAM_CTRL_BYTES") == wasm_abi.TEAM_CTRL_BYTES == 4 * len(wasm_abi.TEAM_CTRL_FIELDS)
+    fields = re.search(r"typedef struct \{(.*?)\} TeamCtrl;", header, re.S).group(1)
+    assert tuple(re.findall(r"int32_t (\w+);", fields)) == wasm_abi.TEAM_CTRL_FIELDS
+    for job, code in wasm_abi.TEAM_JOBS.items():
+        assert define(f"TEAM_JOB_{job.upper()}") == code
+    worker = (REPO_ROOT / "web" / "worker.js").read_text()
+    assert "const TEAM_CTRL_OFFSET = 1 << 20;" in worker and wasm_team.CTRL_OFFSET == 1 << 20
+    assert "const TEAM_HELPER_SCRATCH_OFFSET = TEAM_CTRL_OFFSET + 64;" in worker
+    assert wasm_team.HELPER_SCRATCH_OFFSET == wasm_team.CTRL_OFFSET + 64
+    assert f"const TEAM_ALIVE_SLOT = {wasm_abi.TEAM_CTRL_FIELDS.index('alive')};" in worker
+
+
+# -- LLaMA --------------------------------------------------------------------------------------
+def _greedy(model, prompt, steps, extend=None):
+    """Greedy ids and every step's logits; `extend`: (after step, tokens) fed through the
+    generic path in the middle (a prompt chunk appended to the same cache)."""
+    model.use_fused_decode = True
+    model.clear_kv_cache(capacity=4)  # small: decoding grows the cache (a new buffer)
+    logits = [model.forward([prompt]).to_numpy()[0]]
+    ids = [int(np.argmax(logits[-1]))]
+    for step in range(steps):
+        if extend is not None and step == extend[0]:
+            logits.append(model.forward([extend[1]]).to_numpy()[0])
+            ids.append(int(np.argmax(logits[-1])))
+        logits.append(model.forward([[ids[-1]]]).to_numpy()[0])
+        ids.append(int(np.argmax(logits[-1])))
+    return ids, np.array(logits)
+
+
+def _one_and_two_threads(path, attach, team, run):
+    from candle_web.models.llama import Llama
+
+    attach(None)
+    alone = Llama.load(path, device=wasm_device())
+    assert type(alone._fused_decoder_for_backend()).__name__ == "LlamaDecoderStep"
+    one = run(alone)
+    attach(team)
+    paired = Llama.load(path, device=wasm_device())
+    part = paired._fused_decoder_for_backend()
+    assert type(part).__name__ == "TeamLlamaDecoderStep"
+    jobs = team.helper_jobs
+    two = run(paired)
+    assert part.threads_used == 2 and team.helper_jobs > jobs, "the helper took no part"
+    return one, two
+
+
+@pytest.mark.parametrize("qtype, wide", [
+    ("Q4_0", False), ("Q4_1", False), ("Q8_0", False), ("Q5_1", False), ("Q4_K", True),
+    ("Q6_K", True), (None, False),
+], ids=["Q4_0", "Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q6_K", "f32"])
+def test_llama_steps_on_two_threads_equal_one_thread_bit_for_bit(with_team, team, tmp_path,
+                                                                 qtype, wide):
+    import llama_testlib
+    from candle_web.quantized import GgmlDType
+
+    config = llama_testlib.TINY_CONFIG
+    if wide:  # K-quants need rows of 256
+        config = dict(config, hidden_size=256, intermediate_size=256, head_dim=64, vocab_size=128)
+    state = llama_testlib.random_state(config, seed=3)
+    kind = None if qtype is None else GgmlDType.parse(qtype)
+    path = llama_testlib.to_gguf(state, config, tmp_path / f"{qtype}.gguf", quantize_to=kind)
+    prompt = [1, 5, 9, 33, 70] if not wide else [2, 7, 100]
+    (ids1, logits1), (ids2, logits2) = _one_and_two_threads(
+        path, with_team, team, lambda model: _greedy(model, prompt, 8))
+    assert ids2 == ids1
+    np.testing.assert_array_equal(logits2, logits1)
+
+
+def test_a_cache_the_generic_path_extended_is_copied_in_before_the_next_step(with_team, team,
+                                                                              tmp_path):
+    """Fused steps, then a 3-token chunk through the generic path into the same cache, then
+    fused steps again: the team's mirror must pick up the chunk's keys and values."""
+    import llama_testlib
+
+    config = llama_testlib.TINY_CONFIG
+    state = llama_testlib.random_state(config, seed=5)
+    path = llama_testlib.to_gguf(state, config, tmp_path / "f32.gguf")
+    run = lambda model: _greedy(model, [1, 5, 9], 8, extend=(3, [40, 41, 42]))  # noqa: E731
+    (ids1, logits1), (ids2, logits2) = _one_and_two_threads(path, with_team, team, run)
+    assert ids2 == ids1
+    np.testing.assert_array_equal(logits2, logits1)
+
+
+def test_a_team_without_its_helper_runs_alone_with_the_same_numbers(backend, tmp_path):
+    import llama_testlib
+    from candle_web.models.llama import Llama
+
+    pytest.importorskip("wasmtime")
+    if not THREADS_BUILD.is_file():
+        pytest.skip(f"{THREADS_BUILD} is not built")
+    lonely = wasm_team.WasmtimeTeamHost(THREADS_BUILD, helper=False)
+    try:
+        assert lonely.threads == 1
+        config = llama_testlib.TINY_CONFIG
+        path = llama_testlib.to_gguf(llama_testlib.random_state(config, seed=3), config,
+                                     tmp_path / "f32.gguf")
+        backend.attach_team(None)
+        want = _greedy(Llama.load(path, device=wasm_device()), [1, 5, 9], 5)
+        backend.attach_team(lonely)
+        model = Llama.load(path, device=wasm_device())
+        got = _greedy(model, [1, 5, 9], 5)
+        assert model._fused_decoder_for_backend().threads_used == 1
+        assert lonely.helper_jobs == 0
+        assert got[0] == want[0]
+        np.testing.assert_array_equal(got[1], want[1])
+    finally:
+        backend.attach_team(None)
+        lonely.close()
+
+
+def test_real_smollm2_q4_1_decodes_the_same_on_two_threads(with_team, team, model_file):
+    path = model_file("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    prompt = [1, 9690, 198, 2683, 359, 253, 5356, 30, 2, 198]  # any ids: the step is tested
+    (ids1, logits1), (ids2, logits2) = _one_and_two_threads(
+        path, with_team, team, lambda model: _greedy(model, prompt, 12))
+    assert ids2 == ids1
+    np.testing.assert_array_equal(logits2, logits1)
+
+
+# -- Whisper ------------------------------------------------------------------------------------
+def _half_valued(decoder):
+    for block in decoder.blocks:
+        for tensor in (block.attn.qkv.weight, block.attn.out.weight, block.cross_attn.q.weight,
+                       block.cross_attn.kv.weight, block.cross_attn.out.weight,
+                       block.mlp.fc1.weight, block.mlp.fc2.weight):
+            values = tensor.storage_numpy()
+            values[...] = values.astype(np.float16).astype(np.float32)
+    values = decoder.token_embedding.storage_numpy()
+    values[...] = values.astype(np.float16).astype(np.float32)
+    return decoder
+
+
+@pytest.mark.parametrize("n_head, d, half", [(4, 64, False), (3, 48, False), (6, 384, True)],
+                         ids=["four-heads", "odd-heads", "f16-bits-tiny-sized"])
+def test_whisper_steps_with_beams_on_two_threads_equal_one_thread(with_team, team, n_head, d,
+                                                                  half):
+    audio = np.random.default_rng(8).standard_normal((2, 30, d)).astype(np.float32)
+
+    def build():
+        decoder = random_text_decoder(wasm_device(), np.random.default_rng(7), d=d,
+                                      n_head=n_head, dtype=np.float32)
+        return _half_valued(decoder) if half else decoder
+
+    with_team(None)
+    want, state1, fed = decode_logits(build(), audio, wasm_device(), steps=6, reorder_at=3)
+    with_team(team)
+    decoder = build()
+    jobs = team.helper_jobs
+    got, state2, _ = decode_logits(decoder, audio, wasm_device(), steps=6, reorder_at=3, fed=fed)
+    assert type(decoder._fused).__name__ == "TeamWhisperDecoderStep"
+    assert decoder._fused.threads_used == 2 and team.helper_jobs > jobs
+    np.testing.assert_array_equal(got, want)
+    for one, two in zip(state1.caches, state2.caches):
+        n = one.length
+        np.testing.assert_array_equal(two.k.buffer()[:, :, :n], one.k.buffer()[:, :, :n])
+        np.testing.assert_array_equal(two.v.buffer()[:, :, :n], one.v.buffer()[:, :, :n])
+
+
+def test_real_tiny_en_transcribes_the_same_on_two_threads(with_team, team, model_file):
+    from candle_web import hub
+    from candle_web.io import audio
+    from candle_web.io.audio import load_audio
+    from candle_web.models.whisper import Whisper
+
+    model_dir = model_file("whisper-tiny.en", "model.bin").parent
+    clips = sorted((hub.cache_dir() / "testdata" / "speech" / "librivox").glob("*.wav"))
+    if not clips:
+        pytest.fail("no LibriVox clips in the model cache: run `make test`")
+    samples = load_audio(clips[0])
+    mel = audio.pad_or_trim(audio.log_mel_spectrogram(samples, 80), audio.N_FRAMES)
+    runs = []
+    for attached in (None, team):
+        with_team(attached)
+        model = Whisper.from_pretrained(model_dir, device=wasm_device())
+        features = model.encode(Tensor.from_numpy(mel[None].astype(np.float32),
+                                                  device=wasm_device()))
+        state = model.start_decoding(features)
+        tokens = [50257, 50362]  # <|startoftranscript|> <|notimestamps|>
+        feed, logits = tokens, []
+        for _ in range(40):
+            ids = Tensor.from_numpy(np.array([feed], np.int64), device=wasm_device())
+            step = model.logits(ids, state, positions=[len(feed) - 1])
+            logits.append(step.to_numpy()[0, -1])
+            tokens.append(int(np.argmax(logits[-1])))
+            feed = tokens[-1:]
+            if tokens[-1] == 50256:  # <|endoftext|>
+                break
+        runs.append((tokens, np.array(logits)))
+        if attached is team:
+            assert type(model.decoder._fused).__name__ == "TeamWhisperDecoderStep"
+            assert model.decoder._fused.threads_used == 2
+    (tokens1, logits1), (tokens2, logits2) = runs
+    assert len(tokens1) > 10, "the clip should give a sentence"
+    assert tokens2 == tokens1
+    np.testing.assert_array_equal(logits2, logits1)
