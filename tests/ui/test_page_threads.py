@@ -1,0 +1,95 @@
+"""?threads=2 in the real page: the decode steps on two threads (a helper worker on a shared
+WebAssembly.Memory, web/team_helper.js) give the same token ids as the default one-thread page,
+and the page says when it cannot run them.
+
+What is asserted is what a user relies on: the footer and the ready answer say two threads, the
+helper really took part in the steps (its job count in the shared control block grows, so a
+team that silently ran alone fails), and Whisper's transcription and SmolLM2's greedy answer
+are the same ids as the one-thread page's. Speed is bench/browser.py's business (its
+`backend=wasm&threads=2` column), never asserted here.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.ui
+
+CLIP = "sense_and_sensibility_01_austen_64kb-0870.wav"
+PROMPT = "Name three colours of the rainbow."
+TIMEOUT_MS = 240_000
+
+TRANSCRIBE_JS = """async ([file]) => {
+    const {decodeToMono16k} = await import('./transcribe.js');
+    const bytes = await (await fetch('vendor/samples/' + file)).arrayBuffer();
+    const samples = await decodeToMono16k(bytes, file);
+    const client = window.candleWeb.client;
+    await client.request('load', {model: 'whisper-tiny.en', kind: 'whisper'});
+    const reply = await client.request('transcribe', {model: 'whisper-tiny.en', samples,
+                                                      options: {}});
+    return {text: reply.text, tokens: reply.segments.map((s) => s.tokens)};
+}"""
+
+GENERATE_JS = """async ([prompt]) => {
+    const client = window.candleWeb.client;
+    await client.request('load', {model: 'smollm2-135m-instruct', kind: 'llama'});
+    const reply = await client.request('generate', {model: 'smollm2-135m-instruct', prompt,
+        chat: true, options: {maxTokens: 24, temperature: 0, seed: 1, repeatPenalty: 1}});
+    return {text: reply.text, ids: reply.tokenIds};
+}"""
+
+
+def helper_jobs(page) -> int:
+    workers = [w for w in page.workers if w.url.endswith("/worker.js")]
+    assert len(workers) == 1, [w.url for w in page.workers]
+    return workers[0].evaluate("""() => pyodide.runPython(
+        "from candle_web.backend.wasm_backend import install; install().team.helper_jobs")""")
+
+
+@pytest.fixture(scope="module")
+def threads_page(ready_page_at):
+    return ready_page_at("/?threads=2")
+
+
+def test_the_page_starts_its_second_thread(threads_page, report):
+    backend = threads_page.ready_summary["backend"]
+    assert backend["name"] == "wasm" and backend["threads"] == 2, backend
+    assert backend["threadsReason"] is None
+    assert backend["threadsKernels"]["file"] == "kernels-threads.wasm"
+    assert "2 threads" in threads_page.locator("#runtime-backend").inner_text()
+    assert any(w.url.endswith("/team_helper.js") for w in threads_page.workers)
+    phases = threads_page.ready_summary["phases"]
+    report(f"\n[ui] ?threads=2: ready in {threads_page.ready_summary['totalMs'] / 1000:.2f} s "
+           f"(second thread {phases['threads'] / 1000:.2f} s, overlapped)")
+
+
+def test_whisper_on_two_threads_gives_the_one_thread_tokens(threads_page, ready_page):
+    assert ready_page.ready_summary["backend"]["threads"] == 1
+    jobs = helper_jobs(threads_page)
+    two = threads_page.evaluate(TRANSCRIBE_JS, [CLIP])
+    steps = sum(len(tokens) for tokens in two["tokens"])
+    assert helper_jobs(threads_page) >= jobs + steps, "the helper took no part in the steps"
+    one = ready_page.evaluate(TRANSCRIBE_JS, [CLIP])
+    assert two["tokens"] == one["tokens"] and two["text"] == one["text"]
+    assert len(two["text"].split()) > 5
+
+
+def test_smollm2_on_two_threads_gives_the_one_thread_ids(threads_page, ready_page):
+    jobs = helper_jobs(threads_page)
+    two = threads_page.evaluate(GENERATE_JS, [PROMPT])
+    # every token after the first comes from a decode step (the first from the prompt's pass)
+    assert helper_jobs(threads_page) >= jobs + len(two["ids"]) - 1, "the helper took no part"
+    one = ready_page.evaluate(GENERATE_JS, [PROMPT])
+    assert len(two["ids"]) > 5
+    assert two["ids"] == one["ids"] and two["text"] == one["text"]
+
+
+def test_threads_the_page_cannot_run_are_refused_or_said(open_ui_page, page_ready):
+    page = open_ui_page("/?threads=2&backend=wasm-simd128")
+    backend = page_ready(page)["backend"]
+    assert backend["threads"] == 1
+    assert backend["threadsReason"] == "?backend=wasm-simd128 runs one thread"
+    bad = open_ui_page("/?threads=3")
+    bad.wait_for_function("() => document.getElementById('runtime-status').dataset.state === 'error'",
+                          timeout=TIMEOUT_MS)
+    assert "`threads` (the page's ?threads=) must be 1 or 2, got 3" in \
+        bad.locator("#runtime-text").inner_text()
