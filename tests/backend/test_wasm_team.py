@@ -286,3 +286,26 @@ def test_real_tiny_en_transcribes_the_same_on_two_threads(with_team, team, model
     assert len(tokens1) > 10, "the clip should give a sentence"
     assert tokens2 == tokens1
     np.testing.assert_array_equal(logits2, logits1)
+
+
+def test_the_cache_mirrors_are_kept_from_step_to_step(with_team, team, tmp_path):
+    """The model hands the part new views of the same cache buffers every step: the team must
+    keep its copies (copying the whole cache in per token would cost more than the step)."""
+    import llama_testlib
+    from candle_web.models.llama import Llama
+
+    config = llama_testlib.TINY_CONFIG
+    path = llama_testlib.to_gguf(llama_testlib.random_state(config, seed=3), config,
+                                 tmp_path / "f32.gguf")
+    with_team(team)
+    model = Llama.load(path, device=wasm_device())
+    model.use_fused_decode = True
+    model.clear_kv_cache(capacity=64)  # no growth in the steps below
+    model.forward([[1, 5, 9]])
+    part = model._fused_decoder_for_backend()
+    seen = []
+    for token in (4, 8, 15):
+        model.forward([[token]])
+        seen.append([id(mirror) for mirror in part.mirrors])
+    assert seen[0] == seen[1] == seen[2]
+    assert all(mirror.synced == 6 for mirror in part.mirrors)

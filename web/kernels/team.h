@@ -45,9 +45,13 @@ typedef struct {
  * the same roundings) as the whole product has. */
 #define TEAM_ROW_ALIGN 16
 
-/* Busy-wait this many polls before sleeping in memory.atomic.wait32: the phases of a step are
- * tens of microseconds apart, a wake-up from wait costs about as much. */
-#define TEAM_SPINS (1 << 16)
+/* Busy-wait this many polls (tens of milliseconds) before sleeping in memory.atomic.wait32.
+ * A step has ~270 barriers (30 LLaMA blocks x 9) a few hundred microseconds apart, and a
+ * wake-up from wait costs about that much: measured under wasmtime on SmolLM2 Q4_1, a step
+ * took 27-32 ms on two threads with 2^16 polls and 19.3-19.7 ms with 2^24 (34-41 ms alone).
+ * The helper also polls this long for the next step (the caller's Python between tokens takes
+ * a few ms), then sleeps: an idle page costs no CPU. */
+#define TEAM_SPINS (1 << 24)
 
 /* The start of thread `t`'s share of `total` items (t = n: the end), in chunks aligned to
  * `align`; the share is [team_lo(t), team_lo(t + 1)). */

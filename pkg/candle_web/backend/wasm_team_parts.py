@@ -9,8 +9,9 @@ vocabulary projection in one `team_run`, and copies out the logits and the step'
 values, which it writes into the model's own KV caches: those stay the one KV cache both the
 generic path and the parts read (nn/kv_cache.py). The team keeps a mirror of each cache in
 the shared memory; a cache buffer only ever grows by appending (a reset, a reorder or a
-growth makes a new array), so a mirror is valid up to what it has seen of the same array
-object, and the positions written since by another path are copied in before the step.
+growth makes a new array), so a mirror is valid up to what it has seen of the same buffer
+(the same owning array at the same address), and the positions written since by another path
+are copied in before the step.
 
 The numbers are the one-thread part's: the same kernels, each output row computed by one
 thread exactly as one thread computes it (web/kernels/team.h).
@@ -58,21 +59,34 @@ class _ArgBlock:
             self._set(base + self.record_index[name], self.record_kind[name], value)
 
 
+def _owner(array: np.ndarray) -> np.ndarray:
+    """The array that owns `array`'s memory (a cache hands out views of its buffer)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
 class _CacheMirror:
-    """One (keys, values) cache pair's copy in the shared memory."""
+    """One (keys, values) cache pair's copy in the shared memory. It belongs to the cache's
+    buffers: the arrays that own the views passed (the model passes a new view per step) and
+    the views' addresses."""
 
     def __init__(self, team, keys: np.ndarray, values: np.ndarray):
         self.team = team
-        self.keys_ref = weakref.ref(keys)
-        self.values_ref = weakref.ref(values)
-        self.shape = keys.shape
+        self.key = self._identity(keys, values)
+        self.owners = (weakref.ref(_owner(keys)), weakref.ref(_owner(values)))
         self.keys = team.alloc(keys.nbytes)
         self.values = team.alloc(values.nbytes)
         self.synced = 0  # positions [0, synced) equal the numpy buffers'
 
+    @staticmethod
+    def _identity(keys, values) -> tuple:
+        return (keys.shape, keys.__array_interface__["data"][0],
+                values.__array_interface__["data"][0])
+
     def matches(self, keys, values) -> bool:
-        return (self.keys_ref() is keys and self.values_ref() is values
-                and keys.shape == self.shape)
+        return (self.owners[0]() is _owner(keys) and self.owners[1]() is _owner(values)
+                and self._identity(keys, values) == self.key)
 
     def sync(self, keys: np.ndarray, values: np.ndarray, pos: int) -> None:
         """Positions [0, pos) as in the numpy buffers (what another path wrote since)."""
