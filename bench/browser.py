@@ -479,14 +479,19 @@ def print_whisper_report(model: str, browser: dict, native: dict) -> None:
     ratios = []
     for name, result in browser["clips"].items():
         timings = result["timings"]
-        twin = native["clips"][name]
+        twin = native.get("clips", {}).get(name)
+        browser_s = timings["elapsedMs"] / 1000
+        per_call = timings["decodeMs"] / max(timings["decoderCalls"], 1)
+        if twin is None:  # --skip-native
+            print(f"{name[-8:-4]:6} {timings['audioSeconds']:7.2f} | {browser_s:9.2f} "
+                  f"{timings['rtf']:5.2f} {timings['encodeMs'] / 1000:6.2f} {per_call:11.1f} |"
+                  f" (no native run)")
+            continue
         same_input = twin["sha256"] == result["input"]["sha256"]
         same_ids = [s["tokens"] for s in twin["segments"]] == \
             [s["tokens"] for s in result["segments"]]
-        browser_s = timings["elapsedMs"] / 1000
         ratio = browser_s / twin["seconds"]
         ratios.append(ratio)
-        per_call = timings["decodeMs"] / max(timings["decoderCalls"], 1)
         print(f"{name[-8:-4]:6} {timings['audioSeconds']:7.2f} | {browser_s:9.2f} "
               f"{timings['rtf']:5.2f} {timings['encodeMs'] / 1000:6.2f} {per_call:11.1f} | "
               f"{twin['seconds']:8.2f} {twin['seconds'] / timings['audioSeconds']:5.2f} | "

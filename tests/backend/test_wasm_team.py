@@ -1,5 +1,5 @@
-"""The two-thread decode steps (kernels-threads.wasm, backend/wasm_team.py, wasm_team_parts.py),
-natively: the threads build under wasmtime on a shared memory, its helper on a real second
+"""The two-thread parts (kernels-threads.wasm, backend/wasm_team.py, wasm_team_parts.py): the
+decode steps and Whisper's encoder, natively: the threads build under wasmtime on a shared memory, its helper on a real second
 thread, against the one-thread steps of kernels.wasm.
 
 The claim is exact: each output row of every product is computed by one thread with the same
@@ -7,8 +7,8 @@ code path as on one thread (row shares start at multiples of 16, web/kernels/tea
 logits and the KV caches must be bit-identical, not merely close; and the helper must have
 taken part (its job count grows), so a team that silently ran alone fails. Real weights:
 SmolLM2-135M-Instruct Q4_1 and whisper tiny.en on a LibriVox clip; random tiny models cover
-the other GGML types, odd head counts, beams with a reorder, and a cache the generic path
-extends between fused steps. Skipped, with the reason, where wasmtime or the builds are missing.
+the other GGML types, odd head counts and frame counts, beams with a reorder, and a cache the
+generic path extends between fused steps. Skipped, with the reason, where wasmtime or the builds are missing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from parts_testlib import decode_logits, random_text_decoder
+from parts_testlib import decode_logits, encode, random_encoder, random_text_decoder
 
 from candle_web import Device, Tensor
 from candle_web.backend import wasm_abi, wasm_team
@@ -91,6 +91,8 @@ def test_the_argument_layouts_and_offsets_agree_with_the_c_and_the_worker():
     assert define("TEAM_LLAMA_LAYER") == len(wasm_abi.TEAM_LLAMA_LAYER)
     assert define("TEAM_WHISPER_HEADER") == len(wasm_abi.TEAM_WHISPER_HEADER)
     assert define("TEAM_WHISPER_BLOCK") == len(wasm_abi.TEAM_WHISPER_BLOCK)
+    assert define("TEAM_ENCODER_HEADER") == len(wasm_abi.TEAM_ENCODER_HEADER)
+    assert define("TEAM_ENCODER_BLOCK") == len(wasm_abi.TEAM_ENCODER_BLOCK)
     assert define("TEAM_CTRL_BYTES") == wasm_abi.TEAM_CTRL_BYTES == 4 * len(wasm_abi.TEAM_CTRL_FIELDS)
     fields = re.search(r"typedef struct \{(.*?)\} TeamCtrl;", header, re.S).group(1)
     assert tuple(re.findall(r"int32_t (\w+);", fields)) == wasm_abi.TEAM_CTRL_FIELDS
@@ -249,6 +251,26 @@ def test_whisper_steps_with_beams_on_two_threads_equal_one_thread(with_team, tea
         np.testing.assert_array_equal(two.v.buffer()[:, :, :n], one.v.buffer()[:, :, :n])
 
 
+@pytest.mark.parametrize("frames, shape", [
+    (160, {}), (157, dict(n_head=3, d=48)), (40, dict(n_head=6, d=96, n_mels=20)),
+], ids=["even-frames", "odd-frames-odd-heads", "six-heads"])
+def test_whisper_encoder_on_two_threads_equals_one_thread(with_team, team, frames, shape):
+    mel = np.random.default_rng(3).standard_normal(
+        (2, shape.get("n_mels", 12), frames)).astype(np.float32)
+    features = []
+    for attached in (None, team):
+        with_team(attached)
+        encoder = random_encoder(wasm_device(), np.random.default_rng(5), **shape)
+        jobs = team.helper_jobs
+        features.append(encode(encoder, mel, wasm_device()))
+        part = encoder._fused_encoder
+        assert type(part).__name__ == ("TeamWhisperEncoder" if attached else "WhisperEncoder")
+        if attached:
+            assert part.threads_used == 2 and team.helper_jobs == jobs + 2  # one job per audio
+    assert features[0].shape == (2, (frames - 1) // 2 + 1, shape.get("d", 64))
+    np.testing.assert_array_equal(features[1], features[0])
+
+
 def test_real_tiny_en_transcribes_the_same_on_two_threads(with_team, team, model_file):
     from candle_web import hub
     from candle_web.io import audio
@@ -261,12 +283,13 @@ def test_real_tiny_en_transcribes_the_same_on_two_threads(with_team, team, model
         pytest.fail("no LibriVox clips in the model cache: run `make test`")
     samples = load_audio(clips[0])
     mel = audio.pad_or_trim(audio.log_mel_spectrogram(samples, 80), audio.N_FRAMES)
-    runs = []
+    runs, encoded = [], []
     for attached in (None, team):
         with_team(attached)
         model = Whisper.from_pretrained(model_dir, device=wasm_device())
         features = model.encode(Tensor.from_numpy(mel[None].astype(np.float32),
                                                   device=wasm_device()))
+        encoded.append(features.to_numpy())
         state = model.start_decoding(features)
         tokens = [50257, 50362]  # <|startoftranscript|> <|notimestamps|>
         feed, logits = tokens, []
@@ -282,6 +305,10 @@ def test_real_tiny_en_transcribes_the_same_on_two_threads(with_team, team, model
         if attached is team:
             assert type(model.decoder._fused).__name__ == "TeamWhisperDecoderStep"
             assert model.decoder._fused.threads_used == 2
+            assert type(model.encoder._fused_encoder).__name__ == "TeamWhisperEncoder"
+            assert model.encoder._fused_encoder.threads_used == 2
+    assert encoded[0].shape == (1, 1500, 384)
+    np.testing.assert_array_equal(encoded[1], encoded[0])
     (tokens1, logits1), (tokens2, logits2) = runs
     assert len(tokens1) > 10, "the clip should give a sentence"
     assert tokens2 == tokens1

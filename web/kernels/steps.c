@@ -382,3 +382,126 @@ void whisper_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a, uint8_
         ln_logits(tid, nt, team, R, d, ARG_I(a, 18), x, ARG_P(a, 14), ARG_P(a, 15), ARG_F(a, 20),
                   ARG_I(a, 16), ARG_P(a, 17), work, logits, scratch);
 }
+
+/* ---- Whisper's encoder on the team: one audio window, every layer in one job ---------------
+ * The one-thread encoder is backend/wasm_parts.py's WhisperEncoder (kernel calls from Python);
+ * this is the same sequence of kernel calls on the same operands, split between the threads:
+ * products by output columns (each thread fills its columns with the bias, then accumulates
+ * its product into them, as `_Linear` does), row-wise norms and elementwise work by rows, and
+ * attention by heads. Time-major activations [frames, d] throughout. */
+
+/* C[:, lo:hi] (+)= A W[lo:hi]^T for this thread's columns of an N-column output, W [N, K]
+ * stored row-major, A rows of stride a_rs; C's row stride c_rs. `fill` (may be 0): C's columns
+ * start as fill[lo:hi] (the bias), else C accumulates. */
+static void gemm_cols(int tid, int nt, int M, int N, int K, const float *A, int a_rs,
+                      const float *W, float *C, int c_rs, const float *fill, int add_bias,
+                      uint8_t *scratch) {
+    int lo = SHARE_LO(N, tid, nt), hi = SHARE_HI(N, tid, nt);
+    if (hi <= lo) return;
+    if (fill)
+        for (int m = 0; m < M; m++) {
+            float *c = C + m * c_rs + lo;
+            if (add_bias) add_into(hi - lo, c, fill + lo);
+            else
+                for (int n = 0; n < hi - lo; n++) c[n] = fill[lo + n];
+        }
+    gemm_f32(1, M, hi - lo, K, A, 0, a_rs, 1, W + lo * K, 0, 1, K, C + lo, 0, c_rs, 1.0f,
+             scratch);
+}
+
+void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a,
+                               uint8_t *scratch) {
+    int frames_in = ARG_I(a, 0), n_mels = ARG_I(a, 1), d = ARG_I(a, 2), n_head = ARG_I(a, 3);
+    int ffn = ARG_I(a, 4), n_blocks = ARG_I(a, 5), block_words = ARG_I(a, 6);
+    const float *mel = ARG_P(a, 7); /* [frames_in + 2, n_mels], zero rows first and last */
+    const float *conv1_w = ARG_P(a, 8), *conv1_b = ARG_P(a, 9); /* taps [3, d, n_mels] */
+    const float *conv2_w = ARG_P(a, 10), *conv2_b = ARG_P(a, 11); /* taps [3, d, d] */
+    const float *positions = ARG_P(a, 12), *ln_w = ARG_P(a, 13), *ln_b = ARG_P(a, 14);
+    float ln_eps = ARG_F(a, 15), scale = ARG_F(a, 16);
+    float *out = ARG_P(a, 17), *work = ARG_P(a, 18);
+    int F = (frames_in - 1) / 2 + 1, dh = d / n_head;
+    float *padded = work;                         /* [frames_in + 2, d]: conv1's output */
+    float *x = padded + (frames_in + 2) * d;      /* [F, d] */
+    float *h = x + F * d;                         /* [F, d] */
+    float *qkv = h + F * d;                       /* [F, 3d] */
+    float *heads = qkv + 3 * F * d;               /* q, k, v, attended: 4 x [n_head, F, dh] */
+    float *merged = heads + 4 * F * d;            /* [F, d] */
+    float *hidden = merged + F * d;               /* [F, ffn] */
+    int r0 = team_lo(F, 1, tid, nt), r1 = team_lo(F, 1, tid + 1, nt);
+    int p0 = team_lo(frames_in, 1, tid, nt), p1 = team_lo(frames_in, 1, tid + 1, nt);
+    int h0 = HEAD_LO(n_head, tid, nt), h1 = HEAD_HI(n_head, tid, nt);
+
+    /* conv1 (stride 1) into padded's rows 1..frames_in, then GELU; rows 0 and last are 0 */
+    if (tid == 0)
+        for (int c = 0; c < d; c++) {
+            padded[c] = 0.0f;
+            padded[(frames_in + 1) * d + c] = 0.0f;
+        }
+    for (int j = 0; j < 3; j++)
+        gemm_cols(tid, nt, frames_in, d, n_mels, mel + j * n_mels, n_mels,
+                  conv1_w + j * d * n_mels, padded + d, d, j == 0 ? conv1_b : 0, 0, scratch);
+    team_barrier(team, nt);
+    if (p1 > p0) unary_f32(UNARY_GELU_ERF, (p1 - p0) * d, padded + (1 + p0) * d,
+                           padded + (1 + p0) * d);
+    team_barrier(team, nt);
+    /* conv2 (stride 2): output t reads padded rows 2t, 2t + 1, 2t + 2 */
+    for (int j = 0; j < 3; j++)
+        gemm_cols(tid, nt, F, d, d, padded + j * d, 2 * d, conv2_w + j * d * d, x, d,
+                  j == 0 ? conv2_b : 0, 0, scratch);
+    team_barrier(team, nt);
+    if (r1 > r0) {
+        unary_f32(UNARY_GELU_ERF, (r1 - r0) * d, x + r0 * d, x + r0 * d);
+        add_into((r1 - r0) * d, x + r0 * d, positions + r0 * d);
+    }
+
+    for (int l = 0; l < n_blocks; l++) {
+        const int32_t *B = a + TEAM_ENCODER_HEADER + l * block_words;
+        const float *qkv_w = ARG_P(B, 2), *qkv_b = ARG_P(B, 3), *out_w = ARG_P(B, 4);
+        const float *out_b = ARG_P(B, 5), *fc1_w = ARG_P(B, 8), *fc1_b = ARG_P(B, 9);
+        const float *fc2_w = ARG_P(B, 10), *fc2_b = ARG_P(B, 11);
+        team_barrier(team, nt);
+        if (r1 > r0)
+            layer_norm_rows(r1 - r0, d, x + r0 * d, ARG_P(B, 0), ARG_P(B, 1), ARG_F(B, 12),
+                            h + r0 * d);
+        team_barrier(team, nt);
+        gemm_cols(tid, nt, F, 3 * d, d, h, d, qkv_w, qkv, 3 * d, qkv_b, 0, scratch);
+        team_barrier(team, nt);
+        /* this thread's heads: split out of qkv, attend, merge back time-major */
+        float *q = heads, *k = heads + F * d, *v = heads + 2 * F * d, *att = heads + 3 * F * d;
+        for (int hd = h0; hd < h1; hd++)
+            for (int t = 0; t < F; t++) {
+                const float *row = qkv + t * 3 * d + hd * dh;
+                float *qd = q + (hd * F + t) * dh, *kd = k + (hd * F + t) * dh;
+                float *vd = v + (hd * F + t) * dh;
+                for (int c = 0; c < dh; c++) {
+                    qd[c] = row[c];
+                    kd[c] = row[d + c];
+                    vd[c] = row[2 * d + c];
+                }
+            }
+        if (h1 > h0)
+            attention_f32(h1 - h0, F, F, dh, q + h0 * F * dh, F * dh, k + h0 * F * dh, F * dh,
+                          v + h0 * F * dh, F * dh, 0, 0, scale, att + h0 * F * dh, F * dh,
+                          scratch);
+        for (int hd = h0; hd < h1; hd++)
+            for (int t = 0; t < F; t++)
+                for (int c = 0; c < dh; c++)
+                    merged[t * d + hd * dh + c] = att[(hd * F + t) * dh + c];
+        team_barrier(team, nt);
+        gemm_cols(tid, nt, F, d, d, merged, d, out_w, x, d, out_b, 1, scratch);
+        team_barrier(team, nt);
+        if (r1 > r0)
+            layer_norm_rows(r1 - r0, d, x + r0 * d, ARG_P(B, 6), ARG_P(B, 7), ARG_F(B, 13),
+                            h + r0 * d);
+        team_barrier(team, nt);
+        gemm_cols(tid, nt, F, ffn, d, h, d, fc1_w, hidden, ffn, fc1_b, 0, scratch);
+        int f0 = SHARE_LO(ffn, tid, nt), f1 = SHARE_HI(ffn, tid, nt);
+        if (f1 > f0)
+            for (int t = 0; t < F; t++)
+                unary_f32(UNARY_GELU_ERF, f1 - f0, hidden + t * ffn + f0, hidden + t * ffn + f0);
+        team_barrier(team, nt);
+        gemm_cols(tid, nt, F, d, ffn, hidden, ffn, fc2_w, x, d, fc2_b, 1, scratch);
+    }
+    team_barrier(team, nt);
+    if (r1 > r0) layer_norm_rows(r1 - r0, d, x + r0 * d, ln_w, ln_b, ln_eps, out + r0 * d);
+}

@@ -32,6 +32,7 @@ typedef struct {
 #define TEAM_JOB_STOP 0
 #define TEAM_JOB_LLAMA_STEP 1
 #define TEAM_JOB_WHISPER_STEP 2
+#define TEAM_JOB_WHISPER_ENCODER 3
 
 /* Argument blocks of the jobs: a header, then one record per block (words; the layouts are
  * backend/wasm_abi.py's TEAM_LLAMA_* and TEAM_WHISPER_* tables, which the host fills). */
@@ -39,6 +40,8 @@ typedef struct {
 #define TEAM_LLAMA_LAYER 25
 #define TEAM_WHISPER_HEADER 21
 #define TEAM_WHISPER_BLOCK 29
+#define TEAM_ENCODER_HEADER 19
+#define TEAM_ENCODER_BLOCK 14
 
 /* Row shares start at multiples of this: the matrix-vector kernels work on 4 rows at a time
  * and the dequantized tiles on 8, so an aligned cut gives each row the same code path (and

@@ -196,7 +196,7 @@ EXPORT_NAMES = tuple(e.name for e in EXPORTS)
 TEAM_CTRL_BYTES = 32  # the control block (team.h's TeamCtrl), 16-byte aligned, zeroed
 TEAM_CTRL_FIELDS = ("generation", "job", "args", "nthreads", "alive", "count", "sense",
                     "jobs_done")
-TEAM_JOBS = {"stop": 0, "llama_step": 1, "whisper_step": 2}
+TEAM_JOBS = {"stop": 0, "llama_step": 1, "whisper_step": 2, "whisper_encoder": 3}
 
 TEAM_EXPORTS = (
     Export("abi_version", (), "i32", "returns ABI_VERSION"),
@@ -237,3 +237,20 @@ TEAM_WHISPER_BLOCK = (
     ("cross_v", "p"), ("co_type", "i"), ("co_w", "p"), ("co_b", "p"), ("ln3_w", "p"),
     ("ln3_b", "p"), ("fc1_type", "i"), ("fc1_w", "p"), ("fc1_b", "p"), ("fc2_type", "i"),
     ("fc2_w", "p"), ("fc2_b", "p"), ("keys", "p"), ("values", "p"))
+
+# The encoder job: one audio window, mel time-major with a zero row before and after.
+TEAM_ENCODER_HEADER = (
+    ("frames_in", "i"), ("n_mels", "i"), ("d", "i"), ("n_head", "i"), ("ffn", "i"),
+    ("n_blocks", "i"), ("block_words", "i"), ("mel", "p"), ("conv1_w", "p"), ("conv1_b", "p"),
+    ("conv2_w", "p"), ("conv2_b", "p"), ("positions", "p"), ("ln_w", "p"), ("ln_b", "p"),
+    ("ln_eps", "f"), ("scale", "f"), ("out", "p"), ("work", "p"))
+TEAM_ENCODER_BLOCK = (
+    ("ln1_w", "p"), ("ln1_b", "p"), ("qkv_w", "p"), ("qkv_b", "p"), ("out_w", "p"),
+    ("out_b", "p"), ("ln2_w", "p"), ("ln2_b", "p"), ("fc1_w", "p"), ("fc1_b", "p"),
+    ("fc2_w", "p"), ("fc2_b", "p"), ("ln1_eps", "f"), ("ln2_eps", "f"))
+
+
+def team_encoder_work_floats(frames_in: int, d: int, ffn: int) -> int:
+    """Floats of the encoder job's activations (steps.c: whisper_encoder_team_step)."""
+    frames = (frames_in - 1) // 2 + 1
+    return (frames_in + 2) * d + frames * d * 10 + frames * ffn

@@ -1,6 +1,6 @@
-"""The decode-step parts on two threads (`kernels-threads.wasm`, backend/wasm_team.py): LLaMA's
-and Whisper's whole decode step as one team job, with the weights resident in the team's
-shared memory.
+"""The parts on two threads (`kernels-threads.wasm`, backend/wasm_team.py): LLaMA's and
+Whisper's whole decode step, and Whisper's encoder for one window, as one team job each, with
+the weights resident in the team's shared memory.
 
 Each part wraps the one-thread part of backend/wasm_parts.py (which checks that the weights
 fit and prepares them: f16 bits, GGML pieces) and copies its arrays into the shared memory
@@ -322,8 +322,77 @@ class TeamWhisperDecoderStep:
         return team.read(logits_offset, np.empty((rows, self.vocab), _F32))
 
 
+class TeamWhisperEncoder:
+    """`whisper.encoder` on two threads: the convolutions and every block of one audio window
+    in one team job (steps.c: whisper_encoder_team_step); the weights are copied in once."""
+
+    def __init__(self, backend, weights, team):
+        base = wasm_parts.WhisperEncoder(backend, weights)  # raises _Unfit
+        self.team = team
+        put = lambda array: _put(team, array)  # noqa: E731  (an absent bias: 0)
+        (taps1, bias1), (taps2, bias2) = base.convs
+        self.n_mels = taps1[0].k
+        self.d = taps1[0].n
+        self.n_head = base.blocks[0].n_head
+        self.ffn = base.blocks[0].fc1.n
+        self.positions = base.positions
+        self.args = _ArgBlock(wasm_abi.TEAM_ENCODER_HEADER, wasm_abi.TEAM_ENCODER_BLOCK,
+                              len(base.blocks))
+        for i, block in enumerate(base.blocks):
+            ln1, ln2 = block.attn_ln, block.mlp_ln
+            self.args.set_record(
+                i, ln1_w=put(ln1[0]), ln1_b=put(ln1[1]), ln1_eps=ln1[2],
+                qkv_w=put(block.qkv.weight), qkv_b=put(block.qkv.bias),
+                out_w=put(block.attn_out.weight), out_b=put(block.attn_out.bias),
+                ln2_w=put(ln2[0]), ln2_b=put(ln2[1]), ln2_eps=ln2[2],
+                fc1_w=put(block.fc1.weight), fc1_b=put(block.fc1.bias),
+                fc2_w=put(block.fc2.weight), fc2_b=put(block.fc2.bias))
+        ln_w, ln_b, ln_eps = base.ln_post
+        self.args.set(n_mels=self.n_mels, d=self.d, n_head=self.n_head, ffn=self.ffn,
+                      n_blocks=len(base.blocks), block_words=self.args.record_words,
+                      conv1_w=put(np.stack([tap.weight for tap in taps1])), conv1_b=put(bias1),
+                      conv2_w=put(np.stack([tap.weight for tap in taps2])), conv2_b=put(bias2),
+                      positions=put(self.positions), ln_w=put(ln_w), ln_b=put(ln_b),
+                      ln_eps=ln_eps, scale=1.0 / math.sqrt(self.d // self.n_head))
+        self.args_offset = team.alloc(self.args.words.nbytes)
+        self.buffers = _Buffers(team)
+        self.threads_used = 0
+
+    @staticmethod
+    def build(backend, weights, team):
+        try:
+            return TeamWhisperEncoder(backend, weights, team)
+        except wasm_parts._Unfit:
+            return None
+
+    def __call__(self, mel: np.ndarray) -> np.ndarray:
+        """mel [b, n_mels, frames] -> features [b, frames // 2, d] (after ln_post)."""
+        return np.stack([self._one(m) for m in mel])
+
+    def _one(self, mel: np.ndarray) -> np.ndarray:
+        team = self.team
+        frames_in = mel.shape[1]
+        frames = (frames_in - 1) // 2 + 1
+        if mel.shape[0] != self.n_mels or frames > self.positions.shape[0]:
+            raise ValueError(f"whisper encoder: mel {list(mel.shape)} does not fit "
+                             f"{self.n_mels} mels and {self.positions.shape[0]} positions")
+        padded = np.zeros((frames_in + 2, self.n_mels), _F32)
+        padded[1:-1] = mel.T
+        buffers = self.buffers
+        mel_offset = buffers.get("mel", padded.nbytes)
+        out_offset = buffers.get("out", frames * self.d * 4)
+        work = buffers.get("work", 4 * wasm_abi.team_encoder_work_floats(frames_in, self.d,
+                                                                          self.ffn))
+        self.args.set(frames_in=frames_in, mel=mel_offset, out=out_offset, work=work)
+        team.write(mel_offset, padded)
+        team.write(self.args_offset, self.args.words)
+        self.threads_used = team.run("whisper_encoder", self.args_offset)
+        return team.read(out_offset, np.empty((frames, self.d), _F32))
+
+
 _TEAM_CLASSES = {wasm_parts.LlamaDecoderStep: TeamLlamaDecoderStep,
-                 wasm_parts.WhisperDecoderStep: TeamWhisperDecoderStep}
+                 wasm_parts.WhisperDecoderStep: TeamWhisperDecoderStep,
+                 wasm_parts.WhisperEncoder: TeamWhisperEncoder}
 
 
 def build(backend, cls, weights):
