@@ -57,7 +57,7 @@ export class WorkerClient {
   // backend: the page's ?backend= (numpy: the reference, wasm: the kernels or an error;
   // absent: wasm when the kernels load), passed on as it is: the worker checks it.
   // snapshot: false starts Python without the vendored memory snapshot (?snapshot=0, for A/B).
-  // threads: 2 runs the decode steps on two threads (?threads=2; the worker checks it).
+  // threads: 1 or 2 (?threads=; absent: the worker's default, two where there are two cores).
   init(backend = null, snapshot = true, threads = null) {
     return this.request("init", { control: this.control, backend, snapshot, threads }, { onProgress: (message) => this.onInitProgress?.(message) });
   }
@@ -198,10 +198,12 @@ const client = new WorkerClient();
 setUpTabs();
 const showReady = setUpStatus(client);
 const pageOptions = new URLSearchParams(location.search);
-// ?threads=N: a number for the worker to check (it answers an error naming anything but 1 or 2).
+// ?threads=N: a number for the worker to check (it answers an error naming anything but 1, 2
+// or auto).
 const threadsOption = pageOptions.get("threads");
 const ready = client.init(pageOptions.get("backend"), pageOptions.get("snapshot") !== "0",
-  threadsOption === null ? null : Number.isInteger(Number(threadsOption)) ? Number(threadsOption) : threadsOption);
+  threadsOption === null || threadsOption === "auto" ? null
+    : Number.isInteger(Number(threadsOption)) ? Number(threadsOption) : threadsOption);
 ready.then(showReady, showStartFailure);
 
 const transcribeView = setUpTranscribe(client, ready);

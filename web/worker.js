@@ -11,14 +11,15 @@
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
  *   init {control?: SharedArrayBuffer, backend?: "auto"|"wasm"|"wasm-simd128"|"numpy",
- *         snapshot?: boolean, threads?: 1|2}
+ *         snapshot?: boolean, threads?: "auto"|1|2}
  *       (backend: the page's ?backend=; auto, the default: wasm when the kernels load, else
  *       numpy, saying why; wasm: the kernels or an error; wasm-simd128: the plain SIMD build
  *       even where relaxed SIMD exists; numpy: the reference, for A/B.
  *       snapshot: false (?snapshot=0) starts Python without the vendored memory snapshot;
- *       threads: 2 (?threads=2) runs the wasm backend's decode steps on two threads, with a
- *       helper worker (web/team_helper.js) on a shared memory; 1 when that cannot start, saying
- *       why in backend.threadsReason)
+ *       threads: 2 (?threads=2) runs the wasm backend's encoder and decode steps on two
+ *       threads, with a helper worker (web/team_helper.js) on a shared memory; auto, the
+ *       default: 2 where the browser reports two or more cores; 1 (?threads=1) one thread. One
+ *       thread runs when the second cannot start, saying why in backend.threadsReason)
  *       progress {phase: "runtime"|"kernels"|"wheel"|"packages"|"backend", state, ms} (phases
  *       overlap: the kernels and the wheel are fetched while Pyodide starts)
  *       -> {phases: {phase: ms}, totalMs (wall clock), versions, wheel (its manifest),
@@ -295,7 +296,8 @@ async function instantiateKernels(kernels, memory) {
   pyodide.registerJsModule(KERNEL_JS_MODULE, { exports: instance.exports, variant: kernels.variant });
 }
 
-// --- two threads (?threads=2): the threads build on a shared memory, a helper worker ---------
+// --- two threads (the default where there are two cores; ?threads=1 turns it off): the threads
+// build on a shared memory, a helper worker ------------------------------------------------
 
 // Offsets in the shared memory; candle_web.backend.wasm_team uses the same (CTRL_OFFSET,
 // HELPER_SCRATCH_OFFSET) and gets them from `layout`: nothing below 1 MiB (the null pointer,
@@ -599,7 +601,7 @@ async function startPhase(id, phases, phase, work) {
 // loads while the wheel is unpacked. `choice`: "auto" (wasm when the kernels load, else numpy
 // with the reason), "wasm" or "wasm-simd128" (the kernels or an error) or "numpy" (the
 // reference, for A/B). `useSnapshot`: restore the vendored Pyodide snapshot when there is one.
-async function startRuntime(id, choice, useSnapshot, threads = 1) {
+async function startRuntime(id, choice, useSnapshot, threads = "auto") {
   const started = performance.now();
   const phases = {};
   const manifestPromise = fetchChecked(WHEEL_MANIFEST_URL, "wheel manifest").then((response) => response.json());
@@ -607,7 +609,9 @@ async function startRuntime(id, choice, useSnapshot, threads = 1) {
   const kernelsPromise = choice === "numpy" ? null
     : startPhase(id, phases, "kernels", () => compileKernels(manifestPromise, FORCED_VARIANTS[choice]));
   kernelsPromise?.catch(() => {});
-  const teamPromise = threads === 2 && choice !== "numpy" && choice !== "wasm-simd128"
+  const cores = self.navigator?.hardwareConcurrency ?? 1;
+  const wantTeam = threads === 2 || (threads === "auto" && cores >= 2);
+  const teamPromise = wantTeam && choice !== "numpy" && choice !== "wasm-simd128"
     ? startPhase(id, phases, "threads", () => startTeam(manifestPromise)) : null;
   teamPromise?.catch(() => {});
   const wheelPromise = startPhase(id, phases, "wheel", async () => {
@@ -677,10 +681,12 @@ async function startRuntime(id, choice, useSnapshot, threads = 1) {
     }
   });
   let team = null;
-  let threadsReason = threads === 2 ? null : "one thread unless ?threads=2";
-  if (threads === 2 && kernels === null) threadsReason = "the two threads need the wasm backend";
-  else if (threads === 2 && teamPromise === null) threadsReason = `?backend=${choice} runs one thread`;
-  else if (teamPromise !== null) {
+  let threadsReason = null;
+  if (threads === 1) threadsReason = "?threads=1 asked for one thread";
+  else if (!wantTeam) threadsReason = `the browser reports ${cores} core${cores === 1 ? "" : "s"}`;
+  else if (kernels === null) threadsReason = "the two threads need the wasm backend";
+  else if (teamPromise === null) threadsReason = `?backend=${choice} runs one thread`;
+  else {
     try {
       team = await teamPromise;
       registerTeam(team);
@@ -723,9 +729,9 @@ function checkBackendChoice(value) {
 }
 
 function checkThreadsChoice(value) {
-  if (value === undefined || value === null) return 1;
-  if (value !== 1 && value !== 2) {
-    throw new TypedError("FormatError", `init: \`threads\` (the page's ?threads=) must be 1 or 2, got ${JSON.stringify(value)}`);
+  if (value === undefined || value === null) return "auto";
+  if (value !== 1 && value !== 2 && value !== "auto") {
+    throw new TypedError("FormatError", `init: \`threads\` (the page's ?threads=) must be 1, 2 or auto, got ${JSON.stringify(value)}`);
   }
   return value;
 }

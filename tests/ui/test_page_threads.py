@@ -1,6 +1,7 @@
-"""?threads=2 in the real page: the decode steps on two threads (a helper worker on a shared
-WebAssembly.Memory, web/team_helper.js) give the same token ids as the default one-thread page,
-and the page says when it cannot run them.
+"""Two threads in the real page (the default where the browser reports two cores, ?threads=2
+to ask, ?threads=1 to turn them off): Whisper's encoder and the decode steps on a helper worker
+sharing a WebAssembly.Memory (web/team_helper.js) give the same token ids as one thread, and
+the page says when it cannot run them.
 
 What is asserted is what a user relies on: the footer and the ready answer say two threads, the
 helper really took part in the steps (its job count in the shared control block grows, so a
@@ -50,6 +51,21 @@ def threads_page(ready_page_at):
     return ready_page_at("/?threads=2")
 
 
+@pytest.fixture(scope="module")
+def one_thread_page(ready_page_at):
+    return ready_page_at("/?threads=1")
+
+
+def test_two_threads_are_the_default_where_there_are_two_cores(ready_page):
+    cores = ready_page.evaluate("() => navigator.hardwareConcurrency")
+    backend = ready_page.ready_summary["backend"]
+    if cores >= 2:
+        assert backend["threads"] == 2 and backend["threadsReason"] is None, backend
+    else:
+        assert backend["threads"] == 1
+        assert backend["threadsReason"] == f"the browser reports {cores} core"
+
+
 def test_the_page_starts_its_second_thread(threads_page, report):
     backend = threads_page.ready_summary["backend"]
     assert backend["name"] == "wasm" and backend["threads"] == 2, backend
@@ -62,23 +78,25 @@ def test_the_page_starts_its_second_thread(threads_page, report):
            f"(second thread {phases['threads'] / 1000:.2f} s, overlapped)")
 
 
-def test_whisper_on_two_threads_gives_the_one_thread_tokens(threads_page, ready_page):
-    assert ready_page.ready_summary["backend"]["threads"] == 1
+def test_whisper_on_two_threads_gives_the_one_thread_tokens(threads_page, one_thread_page):
+    backend = one_thread_page.ready_summary["backend"]
+    assert backend["threads"] == 1 and backend["threadsReason"] == "?threads=1 asked for one thread"
+    assert "threads" not in one_thread_page.locator("#runtime-backend").inner_text()
     jobs = helper_jobs(threads_page)
     two = threads_page.evaluate(TRANSCRIBE_JS, [CLIP])
     steps = sum(len(tokens) for tokens in two["tokens"])
     assert helper_jobs(threads_page) >= jobs + steps, "the helper took no part in the steps"
-    one = ready_page.evaluate(TRANSCRIBE_JS, [CLIP])
+    one = one_thread_page.evaluate(TRANSCRIBE_JS, [CLIP])
     assert two["tokens"] == one["tokens"] and two["text"] == one["text"]
     assert len(two["text"].split()) > 5
 
 
-def test_smollm2_on_two_threads_gives_the_one_thread_ids(threads_page, ready_page):
+def test_smollm2_on_two_threads_gives_the_one_thread_ids(threads_page, one_thread_page):
     jobs = helper_jobs(threads_page)
     two = threads_page.evaluate(GENERATE_JS, [PROMPT])
     # every token after the first comes from a decode step (the first from the prompt's pass)
     assert helper_jobs(threads_page) >= jobs + len(two["ids"]) - 1, "the helper took no part"
-    one = ready_page.evaluate(GENERATE_JS, [PROMPT])
+    one = one_thread_page.evaluate(GENERATE_JS, [PROMPT])
     assert len(two["ids"]) > 5
     assert two["ids"] == one["ids"] and two["text"] == one["text"]
 
@@ -91,5 +109,5 @@ def test_threads_the_page_cannot_run_are_refused_or_said(open_ui_page, page_read
     bad = open_ui_page("/?threads=3")
     bad.wait_for_function("() => document.getElementById('runtime-status').dataset.state === 'error'",
                           timeout=TIMEOUT_MS)
-    assert "`threads` (the page's ?threads=) must be 1 or 2, got 3" in \
+    assert "`threads` (the page's ?threads=) must be 1, 2 or auto, got 3" in \
         bad.locator("#runtime-text").inner_text()
