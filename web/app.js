@@ -168,7 +168,7 @@ function setUpStatus(client) {
       text.textContent = `Loading ${label}…`;
     } else if (message.state === "done") {
       done.add(message.phase);
-      bar.value = done.size;
+      bar.value = Math.min(done.size, bar.max - 1); // "threads" may be a sixth phase
       text.textContent = `${label} ready (${formatSeconds(message.ms)})`;
     }
   };

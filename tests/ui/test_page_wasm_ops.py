@@ -3,7 +3,7 @@ wasm backend against the numpy reference in the same page.
 
 Which backend (each on a fresh page, i.e. a fresh worker start):
 - by default the page runs "wasm" on the best kernel build this Chromium validates (relaxed
-  SIMD) without loading scipy, and the footer says "backend: wasm (relaxed SIMD)";
+  SIMD) without loading scipy, and the footer says "backend: wasm (relaxed SIMD, 2 threads)";
 - `?backend=wasm-simd128` runs the plain-SIMD build (what browsers without relaxed SIMD get);
 - `?backend=numpy` runs the numpy reference (with scipy's BLAS) and says it was asked for;
 - when kernels.wasm answers 404 the page still starts, on numpy, and the footer says why;
@@ -72,11 +72,13 @@ def test_the_page_runs_wasm_by_default_and_says_so(ready_page, ready_summary):
     # Headless Chromium 156 validates relaxed SIMD, so the relaxed build is the one chosen.
     assert backend["variant"] == "relaxed-simd" and backend["kernels"]["file"] == "kernels.wasm"
     assert backend["reason"] is None
-    assert footer_backend(ready_page) == "backend: wasm (relaxed SIMD)"
+    threads = ", 2 threads" if backend["threads"] == 2 else ""  # two: the default on two cores
+    assert footer_backend(ready_page) == f"backend: wasm (relaxed SIMD{threads})"
     # scipy is only for the numpy backend's BLAS: not loaded when the kernels run.
     assert ready_summary["versions"]["scipy"] is None
     assert "scipy" not in ready_page.locator("footer").inner_text()
-    assert set(ready_summary["phases"]) == {"runtime", "kernels", "wheel", "packages", "backend"}
+    assert set(ready_summary["phases"]) == {"runtime", "kernels", "wheel", "packages", "backend"} | (
+        {"threads"} if backend["threads"] == 2 else set())
     assert worker_python(ready_page, "from candle_web import Device\n"
                                      "from candle_web.backend import backend_for\n"
                                      "result = backend_for(Device.cpu()).name") == "wasm"
