@@ -336,3 +336,52 @@ def test_the_cache_mirrors_are_kept_from_step_to_step(with_team, team, tmp_path)
         seen.append([id(mirror) for mirror in part.mirrors])
     assert seen[0] == seen[1] == seen[2]
     assert all(mirror.synced == 6 for mirror in part.mirrors)
+
+
+def _tiny_llama(tmp_path):
+    import llama_testlib
+
+    config = llama_testlib.TINY_CONFIG
+    return llama_testlib.to_gguf(llama_testlib.random_state(config, seed=3), config,
+                                 tmp_path / "f32.gguf")
+
+
+def test_a_collected_part_gives_its_shared_memory_back(with_team, team, tmp_path):
+    import gc
+
+    from candle_web.models.llama import Llama
+
+    with_team(team)
+    before = team.arena.allocated_bytes
+    model = Llama.load(_tiny_llama(tmp_path), device=wasm_device())
+    _greedy(model, [1, 5, 9], 3)
+    assert team.arena.allocated_bytes > before + 100_000, "the weights are in the shared memory"
+    del model
+    gc.collect()
+    assert team.arena.allocated_bytes == before
+
+
+def test_weights_the_shared_memory_cannot_hold_run_on_one_thread(with_team, tmp_path,
+                                                                 monkeypatch):
+    import gc
+
+    from candle_web.models.llama import Llama
+
+    small = wasm_team.WasmtimeTeamHost(THREADS_BUILD, helper=False)
+    try:
+        with_team(small)
+        before = small.arena.allocated_bytes
+        # The arena may not grow past its top by more than 64 KiB: the weights do not fit.
+        monkeypatch.setattr(wasm_team, "MAX_BYTES", small.arena.top + (1 << 16))
+        model = Llama.load(_tiny_llama(tmp_path), device=wasm_device())
+        with pytest.warns(UserWarning, match="TeamLlamaDecoderStep: one thread runs instead: "
+                                             ".* exceed the shared memory"):
+            part = model._fused_decoder_for_backend()
+        assert type(part).__name__ == "LlamaDecoderStep"
+        with_team(None)
+        want = _greedy(Llama.load(_tiny_llama(tmp_path), device=wasm_device()), [1, 5, 9], 4)
+        assert _greedy(model, [1, 5, 9], 4)[0] == want[0]
+        gc.collect()
+        assert small.arena.allocated_bytes == before, "the half-built part kept its blocks"
+    finally:
+        small.close()

@@ -42,6 +42,12 @@ PAGE = 1 << 16
 # stack region), then the control block, then the helper's scratch.
 CTRL_OFFSET = 1 << 20
 HELPER_SCRATCH_OFFSET = CTRL_OFFSET + 64
+MAX_BYTES = 32768 * PAGE  # the threads build's declared maximum memory (2 GiB)
+
+
+class TeamMemoryFull(CandleError):
+    """The shared memory cannot grow to what a part needs (its 2 GiB maximum, or the browser
+    refused); the part is then built for one thread instead."""
 
 
 def _align(n: int, align: int = ALIGN) -> int:
@@ -172,7 +178,13 @@ class PyodideTeamHost(_TeamHost):
         self._start(int(layout.heapStart))
 
     def ensure(self, end: int) -> None:
-        self._js.ensure(end)
+        if end > MAX_BYTES:
+            raise TeamMemoryFull(f"{end} bytes exceed the shared memory's {MAX_BYTES}")
+        try:
+            self._js.ensure(end)
+        except Exception as error:  # a JS RangeError: the browser would not grow it
+            raise TeamMemoryFull(f"the browser did not grow the shared memory to {end} bytes: "
+                                 f"{error}") from None
 
     def write(self, offset: int, array: np.ndarray) -> None:
         array = _contiguous(array)
@@ -189,7 +201,7 @@ class WasmtimeTeamHost(_TeamHost):
     """The threads build under wasmtime: a shared memory, the helper on a Python thread."""
 
     kind = "wasmtime"
-    MAX_PAGES = 32768  # the module's declared maximum (2 GiB)
+    MAX_PAGES = MAX_BYTES // PAGE
 
     def __init__(self, path, helper: bool = True):
         import wasmtime  # the dev extra; imported only here
@@ -255,11 +267,10 @@ class WasmtimeTeamHost(_TeamHost):
         return np.frombuffer((ctypes.c_ubyte * length).from_address(address), np.uint8)
 
     def ensure(self, end: int) -> None:
+        if end > MAX_BYTES:
+            raise TeamMemoryFull(f"{end} bytes exceed the shared memory's {MAX_BYTES}")
         length = self._memory.data_len()
         if end > length:
-            if end > self.MAX_PAGES * PAGE:
-                raise CandleError(f"team host: {end} bytes exceed the shared memory's "
-                                  f"{self.MAX_PAGES * PAGE}")
             self._memory.grow(-(-(end - length) // PAGE))
 
     def write(self, offset: int, array: np.ndarray) -> None:

@@ -20,13 +20,45 @@ thread exactly as one thread computes it (web/kernels/team.h).
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 
 import numpy as np
 
 from . import wasm_abi, wasm_parts
+from .wasm_team import TeamMemoryFull
 
 _F32 = np.dtype(np.float32)
+
+
+class _Ledger:
+    """A part's view of the team host that remembers what the part allocated, so that all of
+    it goes back to the arena when the part is collected (a model dropped or replaced: the
+    shared memory holds a copy of every weight) or when building it failed half-way."""
+
+    def __init__(self, team):
+        self.host = team
+        self.offsets: set[int] = set()
+        self.write, self.read, self.run = team.write, team.read, team.run
+
+    def alloc(self, nbytes: int) -> int:
+        offset = self.host.alloc(nbytes)
+        self.offsets.add(offset)
+        return offset
+
+    def put(self, array) -> int:
+        offset = self.host.put(array)
+        self.offsets.add(offset)
+        return offset
+
+    def release(self, offset: int) -> None:
+        self.offsets.discard(offset)
+        self.host.release(offset)
+
+    def release_all(self) -> None:
+        for offset in sorted(self.offsets):
+            self.host.release(offset)
+        self.offsets.clear()
 
 
 class _ArgBlock:
@@ -130,6 +162,12 @@ class _Buffers:
         return held[0]
 
 
+def _ledger(part, team) -> _Ledger:
+    ledger = _Ledger(team)
+    weakref.finalize(part, ledger.release_all)
+    return ledger
+
+
 def _put(team, array) -> int:
     """The array's copy in the shared memory, 0 (absent) for None."""
     return 0 if array is None else team.put(array)
@@ -142,7 +180,7 @@ class TeamLlamaDecoderStep:
 
     def __init__(self, backend, weights, team):
         base = wasm_parts.LlamaDecoderStep(backend, weights)  # raises _Unfit
-        self.team = team
+        self.team = team = _ledger(self, team)
         put = team.put
         w = weights
         hd, nh, nkv = w.head_dim, w.num_heads, w.num_kv_heads
@@ -226,7 +264,7 @@ class TeamWhisperDecoderStep:
     def __init__(self, backend, weights, team):
         base = wasm_parts.WhisperDecoderStep(backend, weights)  # raises _Unfit
         self.base = base
-        self.team = team
+        self.team = team = _ledger(self, team)
         put = lambda array: _put(team, array)  # noqa: E731  (an absent bias: 0)
         self.embedding = base.embedding
         self.positions = base.positions
@@ -328,7 +366,7 @@ class TeamWhisperEncoder:
 
     def __init__(self, backend, weights, team):
         base = wasm_parts.WhisperEncoder(backend, weights)  # raises _Unfit
-        self.team = team
+        self.team = team = _ledger(self, team)
         put = lambda array: _put(team, array)  # noqa: E731  (an absent bias: 0)
         (taps1, bias1), (taps2, bias2) = base.convs
         self.n_mels = taps1[0].k
@@ -397,8 +435,13 @@ _TEAM_CLASSES = {wasm_parts.LlamaDecoderStep: TeamLlamaDecoderStep,
 
 def build(backend, cls, weights):
     """The two-thread version of wasm_parts' part class `cls` on backend.team, or None (no
-    such version, or the weights do not fit)."""
+    such version, the weights do not fit, or the shared memory cannot hold them: the
+    one-thread part runs then, and a warning says why)."""
     team_cls = _TEAM_CLASSES.get(cls)
     if team_cls is None or backend.team is None:
         return None
-    return team_cls.build(backend, weights, backend.team)
+    try:
+        return team_cls.build(backend, weights, backend.team)
+    except TeamMemoryFull as error:  # what the half-built part took is released with it
+        warnings.warn(f"{team_cls.__name__}: one thread runs instead: {error}", stacklevel=2)
+        return None
