@@ -139,14 +139,8 @@ def _greedy(model, prompt, steps, fused, feed=None):
 def test_llama_decoder_step_matches_the_generic_path(wasm_device, tmp_path, qtype, wide):
     import llama_testlib
     from candle_web.models.llama import Llama
-    from candle_web.quantized import GgmlDType
 
-    config = llama_testlib.TINY_CONFIG
-    if wide:  # K-quants need rows of 256
-        config = dict(config, hidden_size=256, intermediate_size=256, head_dim=64, vocab_size=128)
-    state = llama_testlib.random_state(config, seed=3)
-    kind = None if qtype is None else GgmlDType.parse(qtype)
-    path = llama_testlib.to_gguf(state, config, tmp_path / f"{qtype}.gguf", quantize_to=kind)
+    path, state, config, kind = llama_testlib.tiny_gguf(tmp_path, qtype, wide)  # wide: K-quants
     model = Llama.load(path, device=wasm_device)
     assert model._fused_decoder_for_backend() is not None
     if kind is not None:

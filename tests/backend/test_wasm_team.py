@@ -146,14 +146,8 @@ def _one_and_two_threads(path, attach, team, run):
 def test_llama_steps_on_two_threads_equal_one_thread_bit_for_bit(with_team, team, tmp_path,
                                                                  qtype, wide):
     import llama_testlib
-    from candle_web.quantized import GgmlDType
 
-    config = llama_testlib.TINY_CONFIG
-    if wide:  # K-quants need rows of 256
-        config = dict(config, hidden_size=256, intermediate_size=256, head_dim=64, vocab_size=128)
-    state = llama_testlib.random_state(config, seed=3)
-    kind = None if qtype is None else GgmlDType.parse(qtype)
-    path = llama_testlib.to_gguf(state, config, tmp_path / f"{qtype}.gguf", quantize_to=kind)
+    path = llama_testlib.tiny_gguf(tmp_path, qtype, wide)[0]  # wide: rows for the K-quants
     prompt = [1, 5, 9, 33, 70] if not wide else [2, 7, 100]
     (ids1, logits1), (ids2, logits2) = _one_and_two_threads(
         path, with_team, team, lambda model: _greedy(model, prompt, 8))
@@ -167,9 +161,7 @@ def test_a_cache_the_generic_path_extended_is_copied_in_before_the_next_step(wit
     fused steps again: the team's mirror must pick up the chunk's keys and values."""
     import llama_testlib
 
-    config = llama_testlib.TINY_CONFIG
-    state = llama_testlib.random_state(config, seed=5)
-    path = llama_testlib.to_gguf(state, config, tmp_path / "f32.gguf")
+    path = llama_testlib.tiny_gguf(tmp_path, seed=5)[0]
     run = lambda model: _greedy(model, [1, 5, 9], 8, extend=(3, [40, 41, 42]))  # noqa: E731
     (ids1, logits1), (ids2, logits2) = _one_and_two_threads(path, with_team, team, run)
     assert ids2 == ids1
@@ -186,9 +178,7 @@ def test_a_team_without_its_helper_runs_alone_with_the_same_numbers(backend, tmp
     lonely = wasm_team.WasmtimeTeamHost(THREADS_BUILD, helper=False)
     try:
         assert lonely.threads == 1
-        config = llama_testlib.TINY_CONFIG
-        path = llama_testlib.to_gguf(llama_testlib.random_state(config, seed=3), config,
-                                     tmp_path / "f32.gguf")
+        path = llama_testlib.tiny_gguf(tmp_path)[0]
         backend.attach_team(None)
         want = _greedy(Llama.load(path, device=wasm_device()), [1, 5, 9], 5)
         backend.attach_team(lonely)
@@ -321,11 +311,8 @@ def test_the_cache_mirrors_are_kept_from_step_to_step(with_team, team, tmp_path)
     import llama_testlib
     from candle_web.models.llama import Llama
 
-    config = llama_testlib.TINY_CONFIG
-    path = llama_testlib.to_gguf(llama_testlib.random_state(config, seed=3), config,
-                                 tmp_path / "f32.gguf")
     with_team(team)
-    model = Llama.load(path, device=wasm_device())
+    model = Llama.load(llama_testlib.tiny_gguf(tmp_path)[0], device=wasm_device())
     model.use_fused_decode = True
     model.clear_kv_cache(capacity=64)  # no growth in the steps below
     model.forward([[1, 5, 9]])
@@ -341,9 +328,7 @@ def test_the_cache_mirrors_are_kept_from_step_to_step(with_team, team, tmp_path)
 def _tiny_llama(tmp_path):
     import llama_testlib
 
-    config = llama_testlib.TINY_CONFIG
-    return llama_testlib.to_gguf(llama_testlib.random_state(config, seed=3), config,
-                                 tmp_path / "f32.gguf")
+    return llama_testlib.tiny_gguf(tmp_path)[0]
 
 
 def test_a_collected_part_gives_its_shared_memory_back(with_team, team, tmp_path):

@@ -122,6 +122,20 @@ def to_gguf(state: dict, config: dict, path: Path, quantize_to=None, extra_metad
     return path
 
 
+def tiny_gguf(folder: Path, qtype: str | None = None, wide: bool = False, seed: int = 3):
+    """The tiny random model as a GGUF of `qtype` (a GGML type name, None: f32) in `folder`;
+    `wide` makes rows of 256 (the K-quants' block). Returns (path, state, config, GGML type)."""
+    from candle_web.quantized import GgmlDType
+
+    config = TINY_CONFIG
+    if wide:
+        config = dict(config, hidden_size=256, intermediate_size=256, head_dim=64, vocab_size=128)
+    state = random_state(config, seed=seed)
+    kind = None if qtype is None else GgmlDType.parse(qtype)
+    path = to_gguf(state, config, Path(folder) / f"{qtype}-{seed}.gguf", quantize_to=kind)
+    return path, state, config, kind
+
+
 def dequantized_state(state: dict, quantize_to=None) -> dict:
     """The weights a GGUF written by to_gguf(state, quantize_to=...) holds, in HF layout: 2-D
     weights quantized and decoded (blocks run along rows, so quantizing commutes with the Q/K

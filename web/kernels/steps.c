@@ -270,9 +270,9 @@ static void whisper_block(int tid, int nt, TeamCtrl *team, int R, int d, int n_h
         int ha = imax(b0, r * n_head) - r * n_head, hb = imin(b1, (r + 1) * n_head) - r * n_head;
         if (hb > ha)
             attention_f32(hb - ha, 1, n_audio, dh, q + r * d + ha * dh, dh,
-                      cross_k + r * cross_bs + ha * n_audio * dh, n_audio * dh,
-                      cross_v + r * cross_bs + ha * n_audio * dh, n_audio * dh, 0, 0, scale,
-                      att + r * d + ha * dh, dh, scratch);
+                          cross_k + r * cross_bs + ha * n_audio * dh, n_audio * dh,
+                          cross_v + r * cross_bs + ha * n_audio * dh, n_audio * dh, 0, 0,
+                          scale, att + r * d + ha * dh, dh, scratch);
     }
     team_barrier(team, nt);
     linear_share(tid, nt, R, co_type, d, d, co_w, att, h, 0, scratch);
