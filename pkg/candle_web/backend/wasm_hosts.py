@@ -253,7 +253,7 @@ class WasmtimeHost:
         self._engine = engine
         self._module = module
         self._lock = threading.Lock()
-        _OPEN_HOSTS.add(self)
+        close_at_exit(self)
 
     def close(self) -> None:
         """Free the wasmtime objects (done for every open host at exit, while wasmtime's own
@@ -263,7 +263,7 @@ class WasmtimeHost:
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
-        _OPEN_HOSTS.discard(self)
+        closed(self)
 
     # -- memory ---------------------------------------------------------------------------
     def _bytes(self) -> np.ndarray:
@@ -374,6 +374,16 @@ class WasmtimeHost:
 
 
 _OPEN_HOSTS = weakref.WeakSet()
+
+
+def close_at_exit(host) -> None:
+    """Have `host.close()` run at exit, while wasmtime's own module globals still exist (a
+    wasmtime object freed later prints errors); `closed(host)` takes it off that list."""
+    _OPEN_HOSTS.add(host)
+
+
+def closed(host) -> None:
+    _OPEN_HOSTS.discard(host)
 
 
 @atexit.register

@@ -24,15 +24,14 @@ of threads that ran it) and `threads` (2 when the helper is in its loop).
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import threading
-import weakref
 
 import numpy as np
 
 from . import wasm_abi
 from ..core.errors import BackendUnavailable, CandleError
+from .wasm_hosts import close_at_exit, closed
 
 JS_MODULE_NAME = "candle_team"
 ALIGN = 16
@@ -235,7 +234,7 @@ class WasmtimeTeamHost(_TeamHost):
         self._helper = None
         if helper:
             self.start_helper()
-        _OPEN.add(self)
+        close_at_exit(self)
 
     def start_helper(self) -> None:
         """The helper thread, in team_worker until close(); waits (up to 10 s) until it is in."""
@@ -259,7 +258,7 @@ class WasmtimeTeamHost(_TeamHost):
             self.run("stop", 0)
             self._helper.join(timeout=10)
         self._helper = None
-        _OPEN.discard(self)
+        closed(self)
 
     def _bytes(self) -> np.ndarray:
         length = self._memory.data_len()
@@ -296,15 +295,6 @@ def _shared_memory_class(wasmtime):
             return ffi.wasmtime_extern_t(ffi.WASMTIME_EXTERN_SHAREDMEMORY, union)
 
     return SharedMemory
-
-
-_OPEN = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open():
-    for host in list(_OPEN):
-        host.close()
 
 
 def pyodide_team_module():

@@ -302,6 +302,13 @@ class TeamWhisperDecoderStep:
         self.mirrors = [None] * len(base.blocks)
         self._cross = None  # (the base's cross K/V list, [(keys, values) offsets])
         self.threads_used = 0
+        # The base part stays for its cross K/V projection of each audio (_cross_kv); the
+        # matrices copied into the shared memory above are dropped from it (a second copy of
+        # the decoder in Pyodide's heap otherwise; its f16 bits are copies of the model's).
+        for block in base.blocks:
+            block.qkv = block.attn_out = block.cross_q = block.cross_out = None
+            block.fc1 = block.fc2 = None
+        base.projection = None
 
     @staticmethod
     def build(backend, weights, team):
