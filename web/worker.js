@@ -255,9 +255,14 @@ async function compileKernels(manifestPromise, forced = null) {
 function watchForPyodideMemory() {
   const original = { instantiate: WebAssembly.instantiate, instantiateStreaming: WebAssembly.instantiateStreaming };
   let memory = null;
+  // Pyodide's memory is never shared: a shared one seen here is the threads build's, which
+  // startTeam instantiates at the same time (taking it made the kernels fail their heap check
+  // and the page fall back to numpy whenever the team started while Pyodide was loading).
   const keep = (imports) => {
     const candidate = imports?.env?.memory;
-    if (candidate instanceof WebAssembly.Memory) memory = candidate;
+    if (candidate instanceof WebAssembly.Memory && !(candidate.buffer instanceof SharedArrayBuffer)) {
+      memory = candidate;
+    }
   };
   WebAssembly.instantiate = function (source, imports, ...rest) {
     keep(imports);

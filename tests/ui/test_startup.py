@@ -81,3 +81,27 @@ def test_restored_pages_do_not_share_random_state(ready_page, open_ui_page, page
     # The runtime Python reports is this browser, not the Node that made the snapshot.
     runtime = python_value(other, "__import__('sys')._emscripten_info.runtime")
     assert runtime == other.evaluate("() => navigator.userAgent")
+
+
+def test_the_memory_watch_keeps_pyodides_memory_not_the_threads_builds(ready_page):
+    """The worker finds Pyodide's WebAssembly.Memory by watching instantiations while Pyodide
+    starts; the threads build's shared memory is instantiated at the same time and must not be
+    taken for it (it was, when the team started during a long start: the kernels then failed
+    their heap check and the page ran numpy). Checked on the worker's own watch function with
+    two one-import modules."""
+    kept = page_worker(ready_page).evaluate("""async () => {
+        const module = (flags) => new Uint8Array([0, 0x61, 0x73, 0x6d, 1, 0, 0, 0,
+            2, flags === 3 ? 0x10 : 0x0f, 1, 3, 0x65, 0x6e, 0x76, 6, 0x6d, 0x65, 0x6d, 0x6f,
+            0x72, 0x79, 2, flags, 1, ...(flags === 3 ? [1] : [])]);
+        const plain = new WebAssembly.Memory({initial: 1});
+        const shared = new WebAssembly.Memory({initial: 1, maximum: 1, shared: true});
+        const watch = watchForPyodideMemory();
+        try {
+            await WebAssembly.instantiate(module(0), {env: {memory: plain}});
+            await WebAssembly.instantiate(module(3), {env: {memory: shared}});
+            return watch.memory() === plain ? "plain" : watch.memory() === shared ? "shared" : "none";
+        } finally {
+            watch.stop();
+        }
+    }""")
+    assert kept == "plain"
