@@ -1,8 +1,8 @@
 """The native twin of candle_web: a Numba CPU backend and a CuPy GPU backend.
 
 Importing this package registers the backends 'numba' and 'cupy' with candle_web's backend
-registry, and the numba implementations of the accelerated parts (Whisper encoder and decode
-step, LLaMA decode step) with candle_web.backend.parts; neither numba nor cupy is imported until a backend is first used. A missing package
+registry, and the numba implementations of the accelerated parts (numba/parts/: Whisper encoder
+and decode step, LLaMA decode step) with candle_web.backend.parts; neither numba nor cupy is imported until a backend is first used. A missing package
 raises BackendUnavailable naming it and the extra that installs it.
 
 Numba compiles its kernels with ``cache=True`` into ``NUMBA_CACHE_DIR``. When that variable is
@@ -82,19 +82,19 @@ def _cupy_factory():
 
 # -- accelerated parts (candle_web.backend.parts): whole model steps on the numba backend ----
 def _whisper_encoder_part(weights):
-    from .parts.whisper_encoder import FusedWhisperEncoder
+    from .numba.parts.whisper_encoder import FusedWhisperEncoder
 
     return FusedWhisperEncoder.build(weights)
 
 
 def _whisper_decoder_step_part(weights):
-    from .parts.whisper_decoder import FusedWhisperDecoder
+    from .numba.parts.whisper_decoder import FusedWhisperDecoder
 
     return FusedWhisperDecoder.build(weights)
 
 
 def _llama_decoder_step_part(weights):
-    from .parts.llama_decoder import FusedLlamaDecoder
+    from .numba.parts.llama_decoder import FusedLlamaDecoder
 
     return FusedLlamaDecoder.build(weights)
 

@@ -1,4 +1,4 @@
-"""The numba backend's fused LLaMA decode step (native/candle_native/parts/llama_decoder.py) against
+"""The numba backend's fused LLaMA decode step (native/candle_native/numba/parts/llama_decoder.py) against
 the generic tensor path of the same model on the same backend.
 
 Both multiply the same unpacked weights; the fused kernels only re-associate f32 sums (row
@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llama_testlib import TINY_CONFIG, dequantized_state, random_state, to_gguf, transformers_logits
+from parts_testlib import llama_part, llama_steps
 from tolerances import assert_near_truth
 
 from candle_web import Device
@@ -45,14 +46,15 @@ def numba_device():
 def decode(model, prompt, steps, fused, parallel=None, feed=None):
     """(greedy ids, logits per step) with the fused step on or off; `feed` replays another
     run's ids instead of this run's argmax."""
-    model.use_fused_decode = fused
+    steps_of = llama_steps(model, fused)
     if fused and parallel is not None:
-        model._fused_decoder_for_backend().parallel = parallel
+        llama_part(model).parallel = parallel
     model.clear_kv_cache(capacity=4)  # small, so decoding grows the cache
-    logits = [model.forward([prompt]).to_numpy()[0]]
+    logits = [steps_of([prompt], 0).to_numpy()[0]]
     ids = [int(np.argmax(logits[-1]))]
     for step in range(steps):
-        logits.append(model.forward([[ids[-1] if feed is None else feed[step]]]).to_numpy()[0])
+        token = ids[-1] if feed is None else feed[step]
+        logits.append(steps_of([[token]], model.seq_len).to_numpy()[0])
         ids.append(int(np.argmax(logits[-1])))
     return ids, np.array(logits)
 
@@ -85,7 +87,7 @@ def test_fused_step_equals_generic_path(numba_device, tmp_path, qtype):
     state, kind = random_state(TINY_CONFIG, seed=3), GgmlDType.parse(qtype)
     path = to_gguf(state, TINY_CONFIG, tmp_path / f"{qtype}.gguf", quantize_to=kind)
     model = Llama.load(path, device=numba_device)
-    assert model._fused_decoder_for_backend() is not None
+    assert llama_part(model) is not None
     assert_same_decode(model, [1, 5, 9, 33, 70], TINY_CONFIG, dequantized_state(state, kind), path)
 
 
@@ -94,7 +96,7 @@ def test_fused_step_with_k_quants(numba_device, tmp_path, qtype):
     state, kind = random_state(WIDE_CONFIG, seed=4), GgmlDType.parse(qtype)
     path = to_gguf(state, WIDE_CONFIG, tmp_path / f"{qtype}.gguf", quantize_to=kind)
     model = Llama.load(path, device=numba_device)
-    assert model._fused_decoder_for_backend() is not None
+    assert llama_part(model) is not None
     assert_same_decode(model, [2, 7, 100], WIDE_CONFIG, dequantized_state(state, kind), path)
 
 
@@ -122,11 +124,11 @@ def test_fused_step_with_float_weights(numba_device, tmp_path):
     path = to_gguf(state, TINY_CONFIG, tmp_path / "f32.gguf")
     model = Llama.load(path, device=numba_device, mode="dequantize")
     assert not model.lm_head.is_quantized
-    assert model._fused_decoder_for_backend() is not None
+    assert llama_part(model) is not None
     assert_same_decode(model, [3, 11, 40, 2], TINY_CONFIG, state, path)
 
 
 def test_no_fused_step_on_numpy(tmp_path):
     path = to_gguf(random_state(TINY_CONFIG, seed=6), TINY_CONFIG, tmp_path / "q8.gguf",
                    quantize_to=GgmlDType.Q8_0)
-    assert Llama.load(path, device=Device.cpu(backend="numpy"))._fused_decoder_for_backend() is None
+    assert llama_part(Llama.load(path, device=Device.cpu(backend="numpy"))) is None

@@ -1,4 +1,4 @@
-"""The numba backend's fused Whisper encoder (candle_native/parts/whisper_encoder.py) against the tensor
+"""The numba backend's fused Whisper encoder (candle_native/numba/parts/whisper_encoder.py) against the tensor
 path of the numpy reference backend.
 
 Tolerance: measured against the same encoder run in float64 on the numpy backend
@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
 
-from parts_testlib import encode, encoder_in_float64, random_encoder, same_encoders
+from parts_testlib import (encode, encoder_in_float64, random_encoder, same_encoders,
+                           whisper_encoder_part)
 from tolerances import assert_near_truth
 
 
@@ -34,7 +35,7 @@ def test_fused_encoder_matches_the_reference(numba_backend, rng, frames):
     fused, reference, truth = same_encoders(rng, "numba")
     mel = rng.standard_normal((2, 12, frames)).astype(np.float32)
     got = encode(fused, mel, Device.cpu(backend="numba"))
-    assert fused._fused_encoder is not None, "the numba encoder did not take the fused path"
+    assert whisper_encoder_part(fused) is not None, "the numba encoder did not take the fused path"
     numpy_device = Device.cpu(backend="numpy")
     assert_near_truth(got, encode(reference, mel, numpy_device),
                       encode(truth, mel.astype(np.float64), numpy_device), f"{frames} frames")
@@ -42,6 +43,7 @@ def test_fused_encoder_matches_the_reference(numba_backend, rng, frames):
 
 def test_fused_encoder_stands_aside(numba_backend, rng, monkeypatch):
     from candle_web import Device, Tensor
+    from candle_web.backend.parts import encode_audio
     from candle_web.core.errors import ShapeMismatch
     from candle_web.core.tensor import Var
 
@@ -51,20 +53,21 @@ def test_fused_encoder_stands_aside(numba_backend, rng, monkeypatch):
     want = encode(reference, mel, Device.cpu(backend="numpy"))
     # Gradients: a tracked mel goes through the tensor ops (which record the backward).
     tracked = Var.from_tensor(Tensor.from_numpy(mel, device=numba_device))
-    assert fused._fused(tracked) is None
-    assert_near_truth(fused(tracked).to_numpy(), want,
+    assert whisper_encoder_part(fused, tracked) is None
+    assert_near_truth(encode_audio(fused, tracked).to_numpy(), want,
                       encode(truth, mel.astype(np.float64), Device.cpu(backend="numpy")), "tracked")
     with pytest.raises(ShapeMismatch, match="exceed the 160 positions"):
         encode(fused, rng.standard_normal((1, 12, 400)).astype(np.float32), numba_device)
     # f64 weights do not fit the kernels; the variable switches the fused path off.
     f64 = random_encoder(numba_device, rng, dtype=np.float64)
-    f64(Tensor.from_numpy(mel.astype(np.float64), device=numba_device))
-    assert f64._fused_encoder is None
+    wide_mel = Tensor.from_numpy(mel.astype(np.float64), device=numba_device)
+    encode_audio(f64, wide_mel)
+    assert whisper_encoder_part(f64, wide_mel) is None
     monkeypatch.setenv("CANDLE_WEB_FUSED_WHISPER_ENCODER", "0")
     reload_settings()  # the switches are read once
     fresh, _, _ = same_encoders(rng, "numba")
     encode(fresh, mel, numba_device)
-    assert fresh._fused_encoder is None
+    assert whisper_encoder_part(fresh, Tensor.from_numpy(mel, device=numba_device)) is None
 
 
 def test_real_tiny_encoder_matches_numpy(numba_backend, model_file):
@@ -81,7 +84,7 @@ def test_real_tiny_encoder_matches_numpy(numba_backend, model_file):
         model = Whisper.from_pretrained(model_dir, device=device)
         features[backend] = model.encode(Tensor.from_numpy(mel[None], device=device)).to_numpy()
         if backend == "numba":
-            assert model.encoder._fused_encoder is not None
+            assert whisper_encoder_part(model.encoder) is not None
     assert features["numba"].shape == (1, 1500, 384)
     truth = encode(encoder_in_float64(model.encoder, device), mel[None].astype(np.float64), device)
     assert_near_truth(features["numba"], features["numpy"], truth, "tiny.en encoder")

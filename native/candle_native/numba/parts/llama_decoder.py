@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..numba.decode_threads import decode_in_parallel
-from ..numba.kernels import decoder_step as nk
-from ..quant_unpack import UNPACKABLE, kernel_weight
+from ..decode_threads import decode_in_parallel
+from ..kernels import decoder_step as nk
+from ...quant_unpack import UNPACKABLE, kernel_weight
 
 
 def _kernel_tuple(qmatmul):

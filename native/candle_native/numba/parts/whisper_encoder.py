@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..numba import row_pool
-from ..numba.kernels.norms import layer_norm_serial
-from ..numba.kernels.vector_math import exp_shifted_rows, gelu_erf_vector_serial
+from .. import row_pool
+from ..kernels.norms import layer_norm_serial
+from ..kernels.vector_math import exp_shifted_rows, gelu_erf_vector_serial
 
 # Rows per work item of the row-local phases (convs, QKV, MLP): one-threaded sgemm loses
 # efficiency on short products, and 1500 rows in blocks of 384 still give each of two threads

@@ -23,9 +23,9 @@ import numba
 import numpy as np
 from candle_web.backend.settings import settings
 
-from ..numba.decode_threads import decode_in_parallel
-from ..numba.kernels import whisper_step as nk
-from ..numba.kernels.half import exact_half_bits
+from ..decode_threads import decode_in_parallel
+from ..kernels import whisper_step as nk
+from ..kernels.half import exact_half_bits
 
 
 def _f32(tensor) -> np.ndarray:
