@@ -52,8 +52,8 @@ from .cache import (CHUNK_BYTES, DEFAULT_CACHE, ENV_CACHE, ENV_OFFLINE, cache_di
 from .content import AnnouncementError, ContentChecker, expectation_from_the_hub
 # Registry names are re-exported: hub is the public entry point for both.
 from .registry import (MODEL_KINDS, REGISTRY_PATH, REPO_RE, REVISION_RE,  # noqa: F401
-                       FileEntry, ModelEntry, Registry, check_hf_repo, check_revision,
-                       checked_relative_name, default_registry, list_models)
+                       FileEntry, HubSpec, ModelEntry, Registry, check_hf_repo,
+                       check_revision, checked_relative_name, default_registry, list_models)
 
 logger = logging.getLogger(__name__)
 
@@ -562,7 +562,7 @@ def _local_file(model: str | os.PathLike, filename: str | None, registry: Regist
 
 
 __all__ = [
-    "FileEntry", "ModelEntry", "Registry", "ProgressCallback",
+    "FileEntry", "HubSpec", "ModelEntry", "Registry", "ProgressCallback",
     "cache_dir", "cached_origin", "cached_path", "default_registry", "fetch", "fetch_hf", "fetch_model",
     "hf_url", "is_cached", "is_offline", "list_models", "verify_cached",
 ]

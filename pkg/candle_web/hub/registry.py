@@ -250,6 +250,36 @@ def check_revision(revision: object, where: str) -> str:
     return revision
 
 
+@dataclasses.dataclass(frozen=True)
+class HubSpec:
+    """A Hub repo at a revision: the one grammar for "org/name@revision" (CLI, pipelines, the
+    page's load form)."""
+
+    repo: str
+    revision: str = "main"
+
+    @staticmethod
+    def parse(text: object) -> "HubSpec | None":
+        """The spec "org/name@revision" names ("main" when no @revision), or None when `text`
+        is not of that form."""
+        if not isinstance(text, str):
+            return None
+        repo, at, revision = text.partition("@")
+        if at and not revision:
+            return None
+        spec = HubSpec(repo, revision or "main")
+        return spec if spec.is_valid() else None
+
+    def is_valid(self) -> bool:
+        """Whether both parts keep to the grammar (no '..', so no path escapes the cache)."""
+        return (isinstance(self.repo, str) and bool(REPO_RE.fullmatch(self.repo))
+                and isinstance(self.revision, str) and bool(REVISION_RE.fullmatch(self.revision))
+                and ".." not in self.repo and ".." not in self.revision)
+
+    def __str__(self) -> str:
+        return f"{self.repo}@{self.revision}"
+
+
 _default_registry: Registry | None = None
 
 

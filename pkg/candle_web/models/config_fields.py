@@ -15,41 +15,12 @@ it"), so an optional field falls back to its default and a required one is repor
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from pathlib import Path
 
 from ..core.errors import FormatError
+from ..io.checkpoint import read_json_config  # the JSON reading; the checked getters are here
 
 REQUIRED = object()  # the default of a field that must be present
-
-
-def read_json_config(source, what: str) -> dict:
-    """A config.json as a dict, from a path, bytes-like data or an already parsed dict; any
-    unreadable file, invalid UTF-8/JSON or a non-object raises FormatError naming `what` and
-    the file."""
-    if isinstance(source, dict):
-        return source
-    is_bytes = isinstance(source, (bytes, bytearray, memoryview)) or hasattr(source, "tobytes")
-    if not (is_bytes or isinstance(source, (str, os.PathLike))):
-        raise FormatError(f"{what}: expected a JSON object, got {type(source).__name__}")
-    label = f"{what} {os.fspath(source)}" if isinstance(source, (str, os.PathLike)) else what
-    try:
-        if isinstance(source, (str, os.PathLike)):
-            text = Path(source).read_text(encoding="utf-8")
-        else:
-            text = bytes(source).decode("utf-8")
-        parsed = json.loads(text)
-    except OSError as error:
-        raise FormatError(f"{label}: cannot read it ({error.strerror or error})") from None
-    except (UnicodeDecodeError, ValueError) as error:
-        raise FormatError(f"{label}: cannot read it: not JSON ({error})") from None
-    except RecursionError:  # json recurses per nesting level: "[[[[..." exhausts the stack
-        raise FormatError(f"{label}: cannot read it: nested too deeply") from None
-    if not isinstance(parsed, dict):
-        raise FormatError(f"{label}: expected a JSON object, got {type(parsed).__name__}")
-    return parsed
 
 
 def _is_integer(value) -> bool:

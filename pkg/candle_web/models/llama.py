@@ -42,6 +42,7 @@ from ..core import dtype as dt
 from ..backend import parts
 from ..core.device import Device
 from ..core.errors import FormatError, IndexOutOfRange, ModelNotFound, ShapeMismatch, UnsupportedError
+from ..io.checkpoint import open_checkpoint
 from ..io.weights import GgufWeights, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
@@ -487,29 +488,21 @@ class Llama:
 
     @staticmethod
     def from_pretrained(path, device=None, mode: str = "auto") -> "Llama":
-        """From a .gguf file, or a folder holding one .gguf file or HF config.json +
-        *.safetensors (+ optional chat template in tokenizer_config.json)."""
-        path = Path(path)
-        if path.is_file():
-            if path.suffix != ".gguf":
-                raise UnsupportedError(f"{path}: expected a .gguf file or a model folder")
-            return Llama.load(path, None, device, mode)
-        if not path.is_dir():
-            raise ModelNotFound(f"no such model file or folder: {path}")
-        ggufs = sorted(path.glob("*.gguf"))
-        if (path / "config.json").exists():
-            shards = sorted(path.glob("*.safetensors"))
-            if not shards:
-                raise ModelNotFound(f"{path}: config.json but no *.safetensors weights")
-            config_path = path / "config.json"
-            cfg = _with_generation_eos(LlamaConfig.from_hf_config(
-                read_json_config(config_path, "llama config.json"),
-                f"llama config.json {config_path}"), path)
-            return Llama.load([str(s) for s in shards], cfg, device, mode, _hf_chat_template(path))
-        if len(ggufs) == 1:
-            return Llama.load(ggufs[0], None, device, mode)
-        raise ModelNotFound(f"{path}: expected config.json + *.safetensors or exactly one .gguf "
-                            f"file (found {len(ggufs)} .gguf files)")
+        """From what io/checkpoint.py opens (a .gguf file; a folder holding one .gguf, or HF
+        config.json + *.safetensors; a registry name; a Hub "org/name@revision"; received
+        bytes; a Checkpoint). A GGUF carries its config and chat template; an HF checkpoint's
+        come from config.json (+ the end tokens of generation_config.json) and
+        chat_template.jinja or tokenizer_config.json."""
+        checkpoint = open_checkpoint(path, kind="llama")
+        if checkpoint.format == "gguf":
+            return Llama.load(checkpoint.weights, None, device, mode)
+        if checkpoint.config is None:
+            raise ModelNotFound(f"{checkpoint.label}: {checkpoint.format} weights but no "
+                                f"config.json")
+        cfg = _with_generation_eos(
+            LlamaConfig.from_hf_config(checkpoint.config, checkpoint.config_label), checkpoint)
+        chat_template = checkpoint.chat_template  # read (and checked) before the weights
+        return Llama.load(checkpoint.weights, cfg, device, mode, chat_template)
 
 
 def _build(cfg: LlamaConfig, vb: VarBuilder, device, chat_template) -> Llama:
@@ -543,28 +536,16 @@ def _build(cfg: LlamaConfig, vb: VarBuilder, device, chat_template) -> Llama:
     return Llama(cfg, embed, blocks, norm(vb, "norm.weight"), lm_head, device, chat_template)
 
 
-def _with_generation_eos(cfg: LlamaConfig, folder: Path) -> LlamaConfig:
+def _with_generation_eos(cfg: LlamaConfig, checkpoint) -> LlamaConfig:
     """Add the end tokens of generation_config.json (Llama 3 lists several there)."""
-    path = folder / "generation_config.json"
-    if not path.exists():
+    generation = checkpoint.generation_config
+    if generation is None:
         return cfg
-    fields = ConfigFields(read_json_config(path, "generation_config.json"),
-                          f"generation_config.json {path}")
+    fields = ConfigFields(generation,
+                          f"generation_config.json {checkpoint.where('generation_config.json')}")
     extra = fields.token_ids("eos_token_id", cfg.vocab_size)
     merged = tuple(dict.fromkeys(cfg.eos_token_ids + extra))
     return dataclasses.replace(cfg, eos_token_ids=merged)
-
-
-def _hf_chat_template(folder: Path):
-    """The chat template of an HF folder: chat_template.jinja or tokenizer_config.json."""
-    jinja = folder / "chat_template.jinja"
-    if jinja.exists():
-        return jinja.read_text(encoding="utf-8")
-    config = folder / "tokenizer_config.json"
-    if config.exists():
-        template = read_json_config(config, "tokenizer_config.json").get("chat_template")
-        return template if isinstance(template, str) else None
-    return None
 
 
 # -- weight names ---------------------------------------------------------------------------
