@@ -314,9 +314,13 @@ def _parse_tensor_infos(cursor: _Cursor, n_tensors: int):
     return infos
 
 
-def _check_data_offset(data_offset: int, alignment: int, cursor: _Cursor) -> None:
-    # Every writer pads the header to the alignment, even with no tensors to follow, so a data
-    # section that starts past the end means a lying alignment or a cut-off file.
+def _check_data_offset(data_offset: int, alignment: int, cursor: _Cursor,
+                       n_tensors: int) -> None:
+    # Writers pad the header to the alignment, so a data section that starts past the end
+    # means a lying alignment or a cut-off file; except that a file with no tensors may end
+    # right after its header (llama.cpp's vocabulary-only ggml-vocab-*.gguf files do).
+    if n_tensors == 0 and cursor.pos == len(cursor.view):
+        return
     if data_offset > len(cursor.view):
         raise cursor.fail(f"the data section would start at byte {data_offset} (tensor infos "
                           f"end at {cursor.pos}, padded to {ALIGNMENT_KEY} {alignment}), past "
@@ -438,7 +442,7 @@ class GgufFile:
         self.alignment = _alignment(self.metadata, self.metadata_types, cursor)
         infos = _parse_tensor_infos(cursor, n_tensors)
         self.data_offset = _align(cursor.pos, self.alignment)
-        _check_data_offset(self.data_offset, self.alignment, cursor)
+        _check_data_offset(self.data_offset, self.alignment, cursor, n_tensors)
         self.tensors = _locate_tensors(infos, self.data_offset, self.alignment, cursor)
 
     def _info(self, name: str) -> GgufTensorInfo:

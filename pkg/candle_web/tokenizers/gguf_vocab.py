@@ -4,6 +4,10 @@
   `tokenizer.ggml.pre` the way llama.cpp does (its regexes are the HF ones).
 - model "llama": SentencePiece BPE from `tokens` + `scores` (merges ordered by the score of the
   merged piece, as HF's SentencePiece converter does), with byte fallback and "▁" spaces.
+- model "gemma4": BPE from `tokens` + `merges` on raw UTF-8 with byte fallback, spaces written
+  as "▁", the text cut only into runs of newlines and runs of anything else.
+- model "bert": WordPiece (llama.cpp stores a word-initial piece as "▁piece" and a
+  continuation without HF's "##"), with BERT's lowercasing normalizer and pre-tokenizer.
 Control tokens (type 3) become special added tokens, user-defined ones (type 4) plain added
 tokens, so they are matched whole in text as HF and llama.cpp do.
 """
@@ -18,12 +22,13 @@ from ..core.errors import FormatError, UnsupportedError
 from .added_vocabulary import AddedToken
 from .decoders import ByteFallback, ByteLevel as ByteLevelDecoder, Fuse
 from .decoders import Replace as ReplaceDecoder, Sequence as DecoderSequence, Strip
+from .decoders import WordPiece as WordPieceDecoder
 from .fields import MAX_ID, as_bool, as_int, as_string, describe
-from .models import BPE
-from .normalizers import Prepend, Replace, Sequence as NormalizerSequence
+from .models import BPE, WordPiece
+from .normalizers import BertNormalizer, Prepend, Replace, Sequence as NormalizerSequence
 from .post_processors import TemplateProcessing
-from .pre_tokenizers import ByteLevel, PredicateSplit, Sequence, Split
-from .unicode_classes import is_numeric
+from .pre_tokenizers import BertPreTokenizer, ByteLevel, PredicateSplit, Sequence, Split
+from .unicode_classes import is_numeric, is_punctuation
 
 # llama.cpp token types (enum llama_token_type).
 TOKEN_TYPE_NORMAL = 1
@@ -41,8 +46,36 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                  r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# The CJK run of DeepSeek's tokenizers (the ranges as their tokenizer.json writes them).
+DEEPSEEK_CJK_PATTERN = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+# DeepSeek LLM's letters: cased scripts only (Latin, Greek, Cyrillic, Armenian, Georgian,
+# Cherokee, Glagolitic, Coptic, Deseret, Osage, Old Hungarian, Warang Citi, Adlam...).
+DEEPSEEK_LLM_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
+    "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a"
+    "\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556"
+    "\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
+    "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
+    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+    "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128"
+    "\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184"
+    "\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
+    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
+    "\U000118a0-\U000118df\U0001e900-\U0001e943")
+DEEPSEEK_LLM_PUNCTUATION = "!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002"
+
 # tokenizer.ggml.pre values that use plain GPT-2 byte-level splitting.
-GPT2_STYLE_PRE = ("default", "gpt2", "gpt-2", "mpt", "olmo", "jais")
+GPT2_STYLE_PRE = ("default", "gpt2", "gpt-2", "mpt", "olmo", "jais", "phi-2")
+# Digits one by one, then GPT-2 splitting (SmolLM's and StarCoder's tokenizer.json).
+DIGITS_THEN_GPT2_PRE = ("smollm", "starcoder", "refact", "codeshell", "command-r")
+# Pre-tokenizers whose BPE takes a word found whole in the vocabulary as it is (HF's
+# ignore_merges): Llama 3's.
+IGNORE_MERGES_PRE = ("llama-bpe", "llama3", "llama-v3")
 
 
 def _key(metadata: dict, name: str, required: bool = True, default=None):
@@ -112,21 +145,51 @@ def _scores(values: list, key: str) -> list:
     return scores
 
 
+def _isolated(pattern: str) -> Split:
+    return Split({"Regex": pattern}, "Isolated")
+
+
+def _byte_level_after(*steps) -> Sequence:
+    """`steps`, then the byte-level alphabet with no further splitting."""
+    return Sequence([*steps, ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
 def _pre_tokenizer_for(pre: str):
+    """The HF pre-tokenizer of the model that `tokenizer.ggml.pre` names."""
     if pre in GPT2_STYLE_PRE:
         return ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder", "refact", "codeshell"):
-        # Every digit on its own, then GPT-2 splitting (SmolLM's tokenizer.json).
+    if pre in DIGITS_THEN_GPT2_PRE:
         return Sequence([PredicateSplit(is_numeric, "Isolated"),
                          ByteLevel(add_prefix_space=False, use_regex=True)])
-    if pre in ("llama-bpe", "llama3", "llama-v3"):
-        return Sequence([Split({"Regex": LLAMA3_PATTERN}, "Isolated"),
-                         ByteLevel(add_prefix_space=False, use_regex=False)])
-    if pre == "qwen2":
-        return Sequence([Split({"Regex": QWEN2_PATTERN}, "Isolated"),
-                         ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre in IGNORE_MERGES_PRE:
+        return _byte_level_after(_isolated(LLAMA3_PATTERN))
+    if pre in ("qwen2", "deepseek-r1-qwen"):
+        return _byte_level_after(_isolated(QWEN2_PATTERN))
+    if pre == "qwen35":
+        return _byte_level_after(_isolated(QWEN35_PATTERN))
+    if pre == "falcon":
+        # Punctuation runs, GPT-2 splitting, digit runs, then every three digits apart.
+        return Sequence([PredicateSplit(is_punctuation, "Contiguous"),
+                         ByteLevel(add_prefix_space=False, use_regex=True),
+                         PredicateSplit(is_numeric, "Contiguous"),
+                         _isolated("[0-9][0-9][0-9]")])
+    if pre == "deepseek-coder":
+        return _byte_level_after(_isolated(r"[\r\n]"), _isolated(r"\s?\p{L}+"),
+                                 _isolated(r"\s?\p{P}+"), _isolated(DEEPSEEK_CJK_PATTERN),
+                                 PredicateSplit(is_numeric, "Isolated"))
+    if pre == "deepseek-llm":
+        return _byte_level_after(_isolated(r"[\r\n]"),
+                                 _isolated(r"\s?[" + DEEPSEEK_LLM_LETTERS + "]+"),
+                                 _isolated(r"\s?[" + DEEPSEEK_LLM_PUNCTUATION + "]+"),
+                                 _isolated(r"\s+$"), _isolated(DEEPSEEK_CJK_PATTERN),
+                                 PredicateSplit(is_numeric, "Isolated"))
     raise UnsupportedError(f"GGUF metadata: tokenizer.ggml.pre = {pre!r} is not supported "
-                           f"(known: {GPT2_STYLE_PRE + ('smollm', 'llama-bpe', 'qwen2')})")
+                           f"(known: {', '.join(KNOWN_PRE)})")
+
+
+KNOWN_PRE = (GPT2_STYLE_PRE + DIGITS_THEN_GPT2_PRE + IGNORE_MERGES_PRE
+             + ("qwen2", "deepseek-r1-qwen", "qwen35", "falcon", "deepseek-coder",
+                "deepseek-llm"))
 
 
 def _added_tokens(tokens: list, token_types: list) -> list:
@@ -175,9 +238,10 @@ def _bos_eos_template(metadata: dict, tokens: list, add_bos_default: bool):
 def _gpt2_tokenizer(metadata: dict, tokens: list, token_types: list):
     merges = _strings(metadata, "merges")
     vocab = {token: index for index, token in enumerate(tokens)}
-    model = BPE(vocab, merges)
     pre = _string(metadata, "pre", False, "default")
-    return TokenizerParts(model, None, _pre_tokenizer_for(pre),
+    pre_tokenizer = _pre_tokenizer_for(pre)
+    model = BPE(vocab, merges, ignore_merges=pre in IGNORE_MERGES_PRE)
+    return TokenizerParts(model, None, pre_tokenizer,
                           _bos_eos_template(metadata, tokens, add_bos_default=False),
                           ByteLevelDecoder(), _added_tokens(tokens, token_types))
 
@@ -232,6 +296,62 @@ def _llama_tokenizer(metadata: dict, tokens: list, token_types: list):
                           DecoderSequence(decoder_steps), _added_tokens(tokens, token_types))
 
 
+def _merge_pairs(merges: list) -> list:
+    """GGUF merges "left right" as pairs, cut at the first space after the first character
+    (as llama.cpp reads them: a left piece may itself be a space)."""
+    pairs = []
+    for index, merge in enumerate(merges):
+        cut = merge.find(" ", 1)
+        if cut < 0:
+            raise FormatError(f"GGUF metadata: tokenizer.ggml.merges[{index}] = "
+                              f"{describe(merge)}: expected two pieces separated by a space")
+        pairs.append((merge[:cut], merge[cut + 1:]))
+    return pairs
+
+
+def _gemma4_tokenizer(metadata: dict, tokens: list, token_types: list):
+    vocab = {}
+    for index, token in enumerate(tokens):
+        vocab.setdefault(token, index)
+    unk_id = _integer(metadata, "unknown_token_id", False, None)
+    unk_token = tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None
+    model = BPE(vocab, _merge_pairs(_strings(metadata, "merges")), unk_token=unk_token,
+                byte_fallback=True, fuse_unk=True)
+    # No word splitting: BPE runs over each run of newlines and each run of other text.
+    pre_tokenizer = _isolated("[^\n]+|[\n]+")
+    normalizer = Replace({"String": " "}, SPIECE_SPACE)
+    decoder = DecoderSequence([ReplaceDecoder({"String": SPIECE_SPACE}, " "), ByteFallback(),
+                               Fuse()])
+    return TokenizerParts(model, normalizer, pre_tokenizer,
+                          _bos_eos_template(metadata, tokens, add_bos_default=True),
+                          decoder, _added_tokens(tokens, token_types))
+
+
+def _bert_tokenizer(metadata: dict, tokens: list, token_types: list):
+    # llama.cpp's converter writes a word-initial piece as "▁piece" and a continuation as
+    # the bare piece; HF's WordPiece wants "piece" and "##piece".
+    vocab = {}
+    for index, (token, token_type) in enumerate(zip(tokens, token_types)):
+        if token_type == TOKEN_TYPE_NORMAL:
+            token = token[1:] if token.startswith(SPIECE_SPACE) else "##" + token
+        vocab.setdefault(token, index)
+    unk_id = _integer(metadata, "unknown_token_id", False, None)
+    unk_token = tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else "[UNK]"
+    model = WordPiece(vocab, unk_token=unk_token)
+    special = {}
+    cls_sep = []
+    for name in ("cls_token_id", "seperator_token_id"):
+        token_id, token = _token_for(metadata, tokens, name)
+        special[token] = ([token_id], [token])
+        cls_sep.append(token)
+    cls, sep = cls_sep
+    single = [("special", cls, 0), ("sequence", "A", 0), ("special", sep, 0)]
+    pair = single + [("sequence", "B", 1), ("special", sep, 1)]
+    return TokenizerParts(model, BertNormalizer(lowercase=True), BertPreTokenizer(),
+                          TemplateProcessing(single, pair, special), WordPieceDecoder(),
+                          _added_tokens(tokens, token_types))
+
+
 class TokenizerParts(NamedTuple):
     """What a Tokenizer is built from (Tokenizer.from_gguf_metadata builds it: this module
     does not import the Tokenizer, which imports this module)."""
@@ -259,5 +379,9 @@ def tokenizer_parts_from_gguf_metadata(metadata: dict) -> TokenizerParts:
         return _gpt2_tokenizer(metadata, tokens, token_types)
     if model_kind == "llama":
         return _llama_tokenizer(metadata, tokens, token_types)
+    if model_kind == "gemma4":
+        return _gemma4_tokenizer(metadata, tokens, token_types)
+    if model_kind == "bert":
+        return _bert_tokenizer(metadata, tokens, token_types)
     raise UnsupportedError(f"GGUF metadata: tokenizer.ggml.model = {model_kind!r} is not "
-                           f"supported (known: 'gpt2', 'llama')")
+                           f"supported (known: 'gpt2', 'llama', 'gemma4', 'bert')")
