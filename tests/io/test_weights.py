@@ -31,8 +31,8 @@ def test_open_weights_tells_the_format_and_refuses_what_it_cannot(tmp_path):
     assert isinstance(open_weights(WEIGHTS), DictWeights)
     with pytest.raises(FormatError, match="neither GGUF nor safetensors"):
         open_weights(b"\x00" * 64)
-    with pytest.raises(FormatError, match="'.pt'"):
-        open_weights(tmp_path / "model.pt")
+    with pytest.raises(FormatError, match="'.h5'"):
+        open_weights(tmp_path / "model.h5")
 
 
 @pytest.mark.parametrize("kind", ["safetensors", "gguf", "dict"])

@@ -14,7 +14,8 @@
     weights.names()                               -> every name it has
 
 Sources: SafetensorsWeights (one file or several shards), GgufWeights, Ct2Weights (a
-CTranslate2 model.bin), NpzWeights and DictWeights (numpy arrays, Tensors or QTensors, e.g. for
+CTranslate2 model.bin), PytorchWeights (torch.save checkpoints, read without unpickling:
+io/pytorch.py), NpzWeights and DictWeights (numpy arrays, Tensors or QTensors, e.g. for
 tests and benchmarks). A missing name raises ModelNotFound (FormatError for a model.bin, where
 a missing variable means a broken file) and a wrong shape ShapeMismatch, both naming the tensor
 as the file calls it.
@@ -43,6 +44,7 @@ from ..core.errors import FormatError, ModelNotFound, ShapeMismatch
 from ..core.tensor import Tensor
 from ..quantized.qmatmul import QMatMul
 from ..quantized.qtensor import QTensor
+from .files import check_regular_file
 
 GGUF_MAGIC = b"GGUF"
 
@@ -262,11 +264,73 @@ class Ct2Weights(Weights):
                              f"model's config implies {list(expected)}")
 
 
+class PytorchWeights(Weights):
+    """One or several PyTorch checkpoints (`pytorch_model.bin`, `.pt`, `.pth`: paths, bytes or
+    TorchCheckpoint) as one namespace, read without running their pickles (io/pytorch.py);
+    each tensor is read on request."""
+
+    def __init__(self, sources):
+        from .pytorch import TorchCheckpoint
+
+        if not isinstance(sources, (list, tuple)):
+            sources = [sources]
+        self.files = [s if isinstance(s, TorchCheckpoint) else TorchCheckpoint(s)
+                      for s in sources]
+        self.index = {}
+        for file in self.files:
+            for key in file.keys():
+                self.index[key] = file
+        names = [file.source_name for file in self.files]
+        self.label = (f"PyTorch checkpoint {names[0]}" if len(names) == 1
+                      else f"{len(names)} PyTorch checkpoints")
+
+    def names(self) -> list:
+        return list(self.index)
+
+    def has(self, name: str) -> bool:
+        return name in self.index
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self.index[name].info(name).shape)
+
+    def _read(self, name: str) -> Tensor:
+        return self.index[name].get(name)
+
+
+PYTORCH_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def _is_pytorch_file(path) -> bool:
+    from .pytorch import is_pytorch_checkpoint
+
+    try:
+        with open(path, "rb") as handle:
+            return is_pytorch_checkpoint(handle.read(16))
+    except OSError:
+        return False  # the reader that is picked names the missing file
+
+
+def folder_weights(folder):
+    """The weights of an HF model folder, as `open_weights` takes them: its *.safetensors
+    (preferred when both exist), else its PyTorch checkpoint(s) (`pytorch_model*.bin`, or
+    one `*.pt`/`*.pth`), else None."""
+    folder = Path(folder)
+    shards = sorted(folder.glob("*.safetensors"))
+    if shards:
+        return [str(path) for path in shards]
+    checkpoints = sorted(folder.glob("pytorch_model*.bin")) or sorted(
+        path for suffix in (".pt", ".pth") for path in folder.glob("*" + suffix))
+    checkpoints = [path for path in checkpoints if _is_pytorch_file(path)]
+    return PytorchWeights([str(path) for path in checkpoints]) if checkpoints else None
+
+
 def open_weights(source) -> Weights:
     """A Weights source for `source`: one already; a dict (DictWeights); a list of paths
     (safetensors shards); a path by its suffix (.safetensors, .gguf, .npz, .bin for a
     CTranslate2 model.bin); bytes by their first bytes (GGUF or safetensors); or a parsed
-    SafeTensors, GgufFile, NpzFile or Ct2Model."""
+    SafeTensors, GgufFile, NpzFile or Ct2Model. A PyTorch checkpoint (.pt, .pth, or a .bin
+    whose first bytes are torch.save's: zip or legacy pickle) gives PytorchWeights; a list of
+    them too."""
     from .ct2 import Ct2Model
     from .gguf import GgufFile
     from .npz import NpzFile
@@ -276,6 +340,10 @@ def open_weights(source) -> Weights:
         return source
     if isinstance(source, dict):
         return DictWeights(source)
+    if isinstance(source, (list, tuple)) and source and all(
+            isinstance(s, (str, os.PathLike)) and Path(s).suffix.lower() in PYTORCH_SUFFIXES
+            for s in source):
+        return PytorchWeights(list(source))
     if isinstance(source, (list, tuple, SafeTensors)):
         return SafetensorsWeights(source)
     if isinstance(source, GgufFile):
@@ -286,11 +354,15 @@ def open_weights(source) -> Weights:
         return NpzWeights(source)
     if isinstance(source, (str, os.PathLike)):
         suffix = Path(source).suffix.lower()
+        if suffix in PYTORCH_SUFFIXES and (suffix != ".bin" or _is_pytorch_file(source)):
+            return PytorchWeights(source)
         kinds = {".safetensors": SafetensorsWeights, ".gguf": GgufWeights, ".npz": NpzWeights,
                  ".bin": Ct2Weights}
         if suffix not in kinds:
             raise FormatError(f"{source}: cannot tell the weights format from the suffix "
                               f"{suffix!r}; expected one of {sorted(kinds)}")
+        if os.path.exists(source):  # a missing file keeps its reader's own message
+            check_regular_file(source, "a weights file")  # not /dev/zero, a FIFO, a folder
         return kinds[suffix](source)
     try:
         head = bytes(memoryview(source)[:9])
@@ -301,8 +373,12 @@ def open_weights(source) -> Weights:
         return GgufWeights(source)
     if head[8:9] == b"{":  # safetensors: an 8-byte header length, then the JSON header
         return SafetensorsWeights(source)
-    raise FormatError("weights: these bytes are neither GGUF nor safetensors; pass a CTranslate2 "
-                      "model.bin as io.weights.Ct2Weights(data)")
+    from .pytorch import is_pytorch_checkpoint
+
+    if is_pytorch_checkpoint(bytes(memoryview(source)[:16])):
+        return PytorchWeights(source)
+    raise FormatError("weights: these bytes are neither GGUF nor safetensors, nor a PyTorch "
+                      "checkpoint; pass a CTranslate2 model.bin as io.weights.Ct2Weights(data)")
 
 
 # -- a model's own names --------------------------------------------------------------------
@@ -489,4 +565,5 @@ class NamedWeights(Weights):
 
 
 __all__ = ["Weights", "SafetensorsWeights", "GgufWeights", "Ct2Weights", "NpzWeights",
-           "DictWeights", "NamedWeights", "WeightNames", "FirstOf", "Part", "open_weights"]
+           "DictWeights", "PytorchWeights", "folder_weights", "NamedWeights", "WeightNames",
+           "FirstOf", "Part", "open_weights"]

@@ -26,7 +26,7 @@ import numpy as np
 from ..core import dtype as dt
 from ..core.device import Device
 from ..core.errors import FormatError, ModelNotFound, ShapeMismatch
-from ..io.weights import WeightNames, open_weights
+from ..io.weights import WeightNames, folder_weights, open_weights
 from ..nn import ops
 from ..nn.layers import Activation, LayerNorm, Linear
 from ..nn.var_builder import VarBuilder
@@ -167,12 +167,18 @@ class BertModel:
 
     @staticmethod
     def from_pretrained(folder, device=None) -> "BertModel":
-        """A folder with config.json and *.safetensors."""
+        """A folder with config.json and *.safetensors, or a PyTorch pytorch_model.bin (read
+        without unpickling, io/pytorch.py) when it has no safetensors."""
         folder = Path(folder)
-        shards = sorted(folder.glob("*.safetensors"))
-        if not (folder / "config.json").exists() or not shards:
-            raise ModelNotFound(f"{folder}: expected config.json and *.safetensors BERT weights")
-        return BertModel.load([str(s) for s in shards], folder / "config.json", device)
+        if not (folder / "config.json").exists():
+            raise ModelNotFound(f"{folder}: expected config.json and *.safetensors (or "
+                                "pytorch_model.bin) BERT weights")
+        config = _read_config(folder / "config.json")  # named before the weights are opened
+        weights = folder_weights(folder)
+        if weights is None:
+            raise ModelNotFound(f"{folder}: expected config.json and *.safetensors (or "
+                                "pytorch_model.bin) BERT weights")
+        return BertModel.load(weights, config, device)
 
 
 def _build(config: BertConfig, vb: VarBuilder, device) -> BertModel:

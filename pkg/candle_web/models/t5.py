@@ -38,7 +38,7 @@ from ..core.device import Device
 from ..core.errors import FormatError, ModelNotFound, UnsupportedError
 from ..core.tensor import Tensor
 from ..generation import GenerationOptions, Seq2SeqLM, sample_steps
-from ..io.weights import FirstOf, GgufWeights, WeightNames, open_weights
+from ..io.weights import FirstOf, GgufWeights, WeightNames, folder_weights, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import Activation, RmsNorm
@@ -417,8 +417,8 @@ class T5ForConditionalGeneration:
 
     @staticmethod
     def from_pretrained(path, device=None, mode: str = "auto") -> "T5ForConditionalGeneration":
-        """A folder with config.json + *.safetensors (or one .gguf), or a .gguf file (with a
-        config.json beside it when it uses HF names)."""
+        """A folder with config.json + *.safetensors (or pytorch_model.bin, or one .gguf), or a
+        .gguf file (with a config.json beside it when it uses HF names)."""
         path = Path(path)
         if path.is_file():
             if path.suffix != ".gguf":
@@ -434,11 +434,16 @@ class T5ForConditionalGeneration:
             if not config.exists():
                 raise ModelNotFound(f"{path}: T5 safetensors weights but no config.json")
             return T5ForConditionalGeneration.load([str(s) for s in shards], config, device)
+        if config.exists() and not list(path.glob("*.gguf")):
+            weights = folder_weights(path)  # pytorch_model.bin, read without unpickling
+            if weights is not None:
+                return T5ForConditionalGeneration.load(weights, config, device)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return T5ForConditionalGeneration.load(ggufs[0], config if config.exists() else None,
                                                    device, mode)
-        raise ModelNotFound(f"{path}: expected config.json + *.safetensors or one .gguf file")
+        raise ModelNotFound(f"{path}: expected config.json + *.safetensors (or "
+                            "pytorch_model.bin) or one .gguf file")
 
 
 def _build(config: T5Config, vb: VarBuilder, device) -> T5ForConditionalGeneration:

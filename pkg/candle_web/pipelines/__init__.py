@@ -116,16 +116,60 @@ def load_t5(name_or_path=DEFAULT_T5, progress=None, device=None, mode: str = "au
     return T5TextGenerator(model, Tokenizer.from_file(str(tokenizer_path)))
 
 
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def bert_tokenizer_from_vocab(folder: Path):
+    """The WordPiece tokenizer a folder with only vocab.txt (one token a line, its id the line
+    number) means, as HF's BertTokenizerFast builds it: BERT normalizer (lowercasing unless
+    tokenizer_config.json says do_lower_case false), BERT pre-tokenizer, [CLS] A [SEP]."""
+    import json
+
+    from ..models.config_fields import read_json_config
+    from ..tokenizers import Tokenizer
+
+    vocab = {}
+    for index, token in enumerate((folder / "vocab.txt").read_text(encoding="utf-8")
+                                  .splitlines()):
+        vocab.setdefault(token.rstrip("\r"), index)
+    config_path = folder / "tokenizer_config.json"
+    config = read_json_config(config_path, "tokenizer_config.json") if config_path.exists() else {}
+    lowercase = config.get("do_lower_case", True) is not False
+    missing = [token for token in ("[UNK]", "[CLS]", "[SEP]") if token not in vocab]
+    if missing:
+        raise ModelNotFound(f"{folder / 'vocab.txt'}: no {', '.join(missing)} token, not a "
+                            "BERT vocabulary")
+    added = [{"id": vocab[token], "content": token, "single_word": False, "lstrip": False,
+              "rstrip": False, "normalized": False, "special": True}
+             for token in BERT_SPECIAL_TOKENS if token in vocab]
+    return Tokenizer.from_str(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "BertNormalizer", "clean_text": True,
+                       "handle_chinese_chars": True, "strip_accents": None,
+                       "lowercase": lowercase},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", vocab["[SEP]"]],
+                           "cls": ["[CLS]", vocab["[CLS]"]]},
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": vocab}}))
+
+
 def load_bert(name_or_path=DEFAULT_BERT, progress=None, device=None):
     """A SentenceEmbedder (BERT + tokenizer, mean pooling, L2 normalisation) from a registry
-    name (e.g. 'all-minilm-l6-v2') or a folder (config.json, *.safetensors, tokenizer.json)."""
+    name (e.g. 'all-minilm-l6-v2') or a folder (config.json, *.safetensors or
+    pytorch_model.bin, tokenizer.json or a WordPiece vocab.txt)."""
     from ..models.bert import BertModel
     from ..tokenizers import Tokenizer
     from .embed import SentenceEmbedder
 
     folder = model_folder(name_or_path, progress)
     tokenizer_path = folder / "tokenizer.json"
-    if not tokenizer_path.exists():
-        raise ModelNotFound(f"{folder}: no tokenizer.json next to the BERT weights")
-    return SentenceEmbedder(BertModel.from_pretrained(folder, device),
-                            Tokenizer.from_file(tokenizer_path))
+    if tokenizer_path.exists():
+        tokenizer = Tokenizer.from_file(tokenizer_path)
+    elif (folder / "vocab.txt").exists():
+        tokenizer = bert_tokenizer_from_vocab(folder)
+    else:
+        raise ModelNotFound(f"{folder}: no tokenizer.json (or vocab.txt) next to the BERT "
+                            "weights")
+    return SentenceEmbedder(BertModel.from_pretrained(folder, device), tokenizer)
