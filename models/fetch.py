@@ -31,6 +31,10 @@ DEFAULT_MODELS = (
     "all-minilm-l6-v2",
     "gemma3-270m-q4km",
     "multilingual-e5-small",
+    "rxnfp-bert-pretrained",
+    "rxnmapper-albert",
+    "whisperx-segmentation",
+    "silero-vad-jit",
 )
 BAR_WIDTH = 30
 REDRAW_INTERVAL_S = 0.1

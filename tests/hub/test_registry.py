@@ -28,6 +28,8 @@ UPSTREAM_SHA256 = {
 EXPECTED_KINDS = {"whisper-tiny.en": "whisper", "whisper-base": "whisper",
                   "smollm2-135m-instruct": "llama", "all-minilm-l6-v2": "bert",
                   "gemma3-270m-q4km": "test-input", "multilingual-e5-small": "test-input",
+                  "rxnfp-bert-pretrained": "test-input", "rxnmapper-albert": "test-input",
+                  "whisperx-segmentation": "test-input", "silero-vad-jit": "test-input",
                   "t5-small": "t5", "flan-t5-small": "t5"}
 # Pinned to a Hub commit alone (no offline mirror exists): online only, never shipped to
 # browsers from the registry (tests/hub/test_hub_commit_pins.py).

@@ -311,17 +311,21 @@ def _is_pytorch_file(path) -> bool:
 
 
 def folder_weights(folder):
-    """The weights of an HF model folder, as `open_weights` takes them: its *.safetensors
-    (preferred when both exist), else its PyTorch checkpoint(s) (`pytorch_model*.bin`, or
-    one `*.pt`/`*.pth`), else None."""
+    """The weights of an HF model folder, as `open_weights` takes them, chosen as
+    io/checkpoint.py chooses: its *.safetensors (preferred when both exist), else its PyTorch
+    checkpoint(s) (pytorch_model*.bin, or one .pt/.pth); None when it has neither."""
+    from .checkpoint import weights_files
+
     folder = Path(folder)
-    shards = sorted(folder.glob("*.safetensors"))
-    if shards:
-        return [str(path) for path in shards]
-    checkpoints = sorted(folder.glob("pytorch_model*.bin")) or sorted(
-        path for suffix in (".pt", ".pth") for path in folder.glob("*" + suffix))
-    checkpoints = [path for path in checkpoints if _is_pytorch_file(path)]
-    return PytorchWeights([str(path) for path in checkpoints]) if checkpoints else None
+    names = [path.name for path in folder.iterdir() if path.is_file()] if folder.is_dir() else []
+    try:
+        kind, files = weights_files(names, str(folder))
+    except ModelNotFound:
+        return None
+    paths = [str(folder / name) for name in files]
+    if kind == "safetensors":
+        return paths
+    return PytorchWeights(paths) if kind == "pytorch" else None
 
 
 def open_weights(source) -> Weights:
