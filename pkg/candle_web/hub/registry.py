@@ -270,11 +270,19 @@ class HubSpec:
         spec = HubSpec(repo, revision or "main")
         return spec if spec.is_valid() else None
 
+    @staticmethod
+    def valid_repo(repo: object) -> bool:
+        """Whether `repo` is "org/name" (no '..', so no path escapes the cache)."""
+        return isinstance(repo, str) and bool(REPO_RE.fullmatch(repo)) and ".." not in repo
+
+    @staticmethod
+    def valid_revision(revision: object) -> bool:
+        """Whether `revision` is a branch, tag or commit name (no '..')."""
+        return (isinstance(revision, str) and bool(REVISION_RE.fullmatch(revision))
+                and ".." not in revision)
+
     def is_valid(self) -> bool:
-        """Whether both parts keep to the grammar (no '..', so no path escapes the cache)."""
-        return (isinstance(self.repo, str) and bool(REPO_RE.fullmatch(self.repo))
-                and isinstance(self.revision, str) and bool(REVISION_RE.fullmatch(self.revision))
-                and ".." not in self.repo and ".." not in self.revision)
+        return HubSpec.valid_repo(self.repo) and HubSpec.valid_revision(self.revision)
 
     def __str__(self) -> str:
         return f"{self.repo}@{self.revision}"

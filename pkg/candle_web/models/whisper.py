@@ -27,6 +27,7 @@ from ..core import dtype as dt
 from ..core.autograd import is_tracking
 from ..backend import parts
 from ..core.errors import FormatError, ShapeMismatch
+from ..io.checkpoint import CONFIG_FILE, open_checkpoint
 from ..io.weights import Ct2Weights, Part, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
@@ -391,14 +392,15 @@ class Whisper:
 
     @staticmethod
     def from_pretrained(model_dir, device=None) -> "Whisper":
-        """A directory holding either model.bin (CT2) or model.safetensors (HF) + config.json."""
-        model_dir = Path(model_dir)
-        config = model_dir / "config.json"
-        if (model_dir / "model.bin").exists():
-            return Whisper.load(Ct2Weights(model_dir / "model.bin"),
-                                config if config.exists() else None, device)
-        # The config first: a broken config.json is named before the weights are read.
-        return Whisper.load(str(model_dir / "model.safetensors"), _hf_config(config), device)
+        """From what io/checkpoint.py opens (a folder, a registry name, a Hub spec, received
+        bytes, a Checkpoint): a CTranslate2 model.bin (faster-whisper's config.json optional)
+        or HF weights (model.safetensors) + config.json."""
+        checkpoint = open_checkpoint(model_dir, kind="whisper")
+        config = checkpoint.files.get(CONFIG_FILE)  # a path or bytes: the readers below name it
+        if checkpoint.format != "ct2":
+            # The config first: a broken config.json is named before the weights are read.
+            config = _hf_config(config)
+        return Whisper.load(checkpoint.weights, config, device)
 
 
 def _build(config: WhisperConfig, vb: VarBuilder) -> Whisper:

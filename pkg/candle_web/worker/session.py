@@ -43,8 +43,6 @@ FILE_LIMIT_BYTES = 1 << 31
 COMMIT_HASH_LENGTH = 40
 # A folder URL: a relative path on the serving origin, made of plain segments and ending in /.
 FOLDER_URL_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*/)+$")
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-REVISION_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -120,14 +118,16 @@ class Session:
         return {"key": entry.name, "source": "server", "files": files}
 
     def _hub_manifest(self, hf_repo, revision) -> dict:
-        if not isinstance(hf_repo, str) or not REPO_RE.match(hf_repo):
+        from candle_web.hub import HubSpec  # the one "org/name@revision" grammar
+
+        if not HubSpec.valid_repo(hf_repo):
             raise ModelNotFound(f"load ({self.kind}): the Hub repo must look like 'owner/name', "
                                 f"got {hf_repo!r}")
-        if not isinstance(revision, str) or not REVISION_RE.match(revision):
+        if not HubSpec.valid_revision(revision):
             raise ModelNotFound(f"load ({self.kind}): the revision must be a branch, tag or "
                                 f"commit, got {revision!r}")
         base = f"{HF_ENDPOINT}/{hf_repo}/resolve/{revision}/"
-        key = f"{hf_repo}@{revision}"
+        key = str(HubSpec(hf_repo, revision))
         for entry in _registry():
             if entry.kind == self.kind and _hf_source(entry) == {"repo": hf_repo,
                                                                  "revision": revision}:
