@@ -110,21 +110,24 @@ def prepare_models(quants, work: Path) -> dict:
 class CandleEngine:
     def __init__(self, backend: str, model_path: Path):
         from candle_web import Device
+        from candle_web.backend import parts
         from candle_web.models.llama import Llama
 
         self.name = f"cw-{backend}"
         started = time.perf_counter()
         self.model = Llama.from_pretrained(model_path, device=Device.cpu(backend=backend))
+        # as the decode loop runs it: a backend's fused step for single tokens where it has one
+        self.steps = parts.start_causal_decoding(self.model)
         self.load_s = time.perf_counter() - started
 
     def reset(self, capacity: int):
         self.model.clear_kv_cache(capacity)
 
     def prefill(self, ids):
-        return self.model.forward([ids]).to_numpy()[0]
+        return self.steps([ids], 0).to_numpy()[0]
 
     def step(self, token: int):
-        return self.model.forward([[token]]).to_numpy()[0]
+        return self.steps([[token]], self.model.seq_len).to_numpy()[0]
 
 
 class TorchEngine:

@@ -38,10 +38,11 @@ def decode_logits(decoder, audio, device, steps, reorder_at, fed=None):
     Returns (logits, state, the tokens fed); `fed` replays another run's tokens, so that runs
     whose logits differ by rounding still decode the same sequence."""
     from candle_web import Tensor
+    from candle_web.backend import parts
 
-    state = decoder.start(Tensor.from_numpy(audio, device=device))
+    state = parts.start_whisper_decoding(decoder, Tensor.from_numpy(audio, device=device))
     tokens = np.array([[1, 5, 7], [2, 5, 9]], dtype=np.int64)
-    out = [decoder(Tensor.from_numpy(tokens, device=device), state).to_numpy()[:, -1]]
+    out = [state.logits(Tensor.from_numpy(tokens, device=device)).to_numpy()[:, -1]]
     chosen = []
     for step in range(steps):
         if fed is None:
@@ -51,7 +52,7 @@ def decode_logits(decoder, audio, device, steps, reorder_at, fed=None):
         chosen.append(next_ids)
         if step == reorder_at:
             state.reorder([1, 1])
-        out.append(decoder(Tensor.from_numpy(next_ids, device=device), state).to_numpy()[:, -1])
+        out.append(state.logits(Tensor.from_numpy(next_ids, device=device)).to_numpy()[:, -1])
     return np.stack(out), state, chosen
 
 
@@ -91,9 +92,51 @@ def random_encoder(device, rng, d=64, n_head=4, n_blocks=2, n_mels=12, n_ctx=160
 
 
 def encode(encoder, mel, device):
+    """The encoder as a model runs it: through the backend's part when it has one."""
     from candle_web import Tensor
+    from candle_web.backend import parts
 
-    return encoder(Tensor.from_numpy(mel, device=device)).to_numpy()
+    return parts.encode_audio(encoder, Tensor.from_numpy(mel, device=device)).to_numpy()
+
+
+# -- what the fast path chose (backend/parts.py) ---------------------------------------------------
+def whisper_decoder_part(decoder):
+    """The decoder's `whisper.decoder_step` implementation on its device, or None."""
+    from candle_web.backend import parts
+
+    return parts.fast_path(parts.WHISPER_DECODER_STEP, decoder,
+                           decoder.token_embedding.device).impl
+
+
+def whisper_encoder_part(encoder, mel=None):
+    """The encoder's `whisper.encoder` implementation, or None; with `mel`, the one the fast
+    path would run on that input (None where the guards send it to the tensor path)."""
+    from candle_web.backend import parts
+
+    path = parts.fast_path(parts.WHISPER_ENCODER, encoder, encoder.conv1_w.device)
+    return path.impl if mel is None else path.usable(mel, weights=(encoder.conv1_w,))
+
+
+def llama_part(model):
+    """The model's `llama.decoder_step` implementation on its device, or None."""
+    from candle_web.backend import parts
+
+    return parts.fast_path(parts.LLAMA_DECODER_STEP, model, model.device).impl
+
+
+def ran_fused(state) -> bool:
+    """Whether a Whisper decoding went through a fused step (it converted the features)."""
+    from candle_web.backend import parts
+
+    return isinstance(state, parts.FusedWhisperDecoding) and state.features is not None
+
+
+def llama_steps(model, fused: bool):
+    """The model's decode steps with the fast path as the decode loop chooses it, or forced
+    onto the reference tensor path (for comparisons)."""
+    from candle_web.backend import parts
+
+    return parts.start_causal_decoding(model) if fused else parts.ReferenceSteps(model)
 
 
 def encoder_in_float64(encoder, device):

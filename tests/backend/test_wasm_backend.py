@@ -1,4 +1,4 @@
-"""The wasm backend (pkg/candle_web/backend/wasm_backend.py) natively, on web/vendor/kernels.wasm
+"""The wasm backend (pkg/candle_web/backend/wasm/backend.py) natively, on web/vendor/kernels.wasm
 under wasmtime, against the numpy reference backend.
 
 What the core op suite (tests/core, which also runs on "wasm") does not reach: matmul on
@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from candle_web import BackendUnavailable, Device
-from candle_web.backend import get_backend, wasm_abi
+from candle_web.backend import get_backend
+from candle_web.backend.wasm import abi as wasm_abi
 from candle_web.backend.numpy_backend import NumpyBackend
 from candle_web.core.errors import CandleError
 from candle_web.quantized import GgmlDType, QTensor
@@ -71,7 +72,7 @@ class Spy:
 @pytest.fixture
 def spy(wasm):
     """A WasmBackend on a recording host (the same module instance)."""
-    from candle_web.backend.wasm_backend import WasmBackend
+    from candle_web.backend.wasm.backend import WasmBackend
 
     return WasmBackend(Spy(wasm.host))
 
@@ -350,7 +351,7 @@ def test_hosts_name_the_argument_that_is_wrong(wasm):
 
 def test_the_factory_names_a_missing_kernel_file(monkeypatch, tmp_path):
     from candle_web.backend.settings import reload_settings
-    from candle_web.backend.wasm_backend import create_backend
+    from candle_web.backend.wasm.backend import create_backend
 
     missing = tmp_path / "kernels.wasm"
     monkeypatch.setenv("CANDLE_WEB_WASM_KERNELS", str(missing))
@@ -406,7 +407,7 @@ class _FakeJsModule:
 
 
 def test_pyodide_host_passes_pointers_in_place_and_inserts_scratch():
-    from candle_web.backend.wasm_hosts import PyodideHost
+    from candle_web.backend.wasm.hosts import PyodideHost
 
     module = _FakeJsModule()
     host = PyodideHost(module)
@@ -431,7 +432,7 @@ def test_pyodide_host_passes_pointers_in_place_and_inserts_scratch():
 
 
 def test_pyodide_host_refuses_a_module_without_the_abi():
-    from candle_web.backend.wasm_hosts import PyodideHost
+    from candle_web.backend.wasm.hosts import PyodideHost
 
     class Old(_FakeExports):
         def abi_version(self):
@@ -445,15 +446,17 @@ def test_pyodide_host_refuses_a_module_without_the_abi():
 
 def test_install_makes_the_page_kernels_the_cpu_backend(monkeypatch):
     """What the worker calls after registering `candle_kernels` (here a fake one)."""
-    from candle_web.backend import _default_cpu_backend_name, wasm_backend
+    from candle_web import backend as registry
+    from candle_web.backend import _default_cpu_backend_name
+    from candle_web.backend.wasm import backend as wasm_backend
 
-    monkeypatch.setattr(wasm_backend, "_page_backend", None)
+    monkeypatch.setattr(registry, "_INSTANCES", {})  # the one cache, restored after the test
     monkeypatch.setenv("CANDLE_WEB_BACKEND", "numpy")  # restored after the test
     backend = wasm_backend.install(_FakeJsModule())
     assert backend.host.kind == "pyodide" and _default_cpu_backend_name() == "wasm"
-    assert wasm_backend.create_backend() is backend  # the factory reuses it
+    assert get_backend("wasm") is backend  # the registry hands out the installed one
     with pytest.raises(BackendUnavailable, match="candle_kernels"):
-        monkeypatch.setattr(wasm_backend, "_page_backend", None)
+        monkeypatch.setattr(registry, "_INSTANCES", {})
         wasm_backend.install()  # natively there is no registered JS module
 
 
@@ -478,7 +481,6 @@ def test_smollm2_decodes_the_same_tokens_on_wasm_as_on_numpy(wasm, model_file):
         prompt = tokenizer.encode("The capital of France is").ids
         if backend == "wasm":
             assert model.lm_head.is_quantized or model.blocks[0].attn.qkv.is_quantized
-            model.use_fused_decode = False
         model.clear_kv_cache(capacity=16)
         ids, logits_seen = [], []
         logits = model.forward([prompt]).to_numpy()[0]

@@ -1,4 +1,4 @@
-"""The wasm backend's accelerated parts (pkg/candle_web/backend/wasm_parts.py), natively: the
+"""The wasm backend's accelerated parts (pkg/candle_web/backend/wasm/parts.py), natively: the
 same kernels.wasm the page runs, under wasmtime, against the numpy backend's generic path.
 
 Tolerances, as for numba's parts (tests/native/test_numba_whisper.py,
@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
-from parts_testlib import (decode_logits, encode, generic_and_truth, random_text_decoder,
-                           same_encoders)
+from parts_testlib import (decode_logits, encode, generic_and_truth, llama_part, llama_steps,
+                           ran_fused, random_text_decoder, same_encoders, whisper_decoder_part,
+                           whisper_encoder_part)
 from tolerances import assert_near_truth
 
 from candle_web import Device
@@ -45,7 +46,7 @@ def wasm_device():
 
 def _wasm_decode(decoder, device, fed):
     got, state, _ = decode_logits(decoder, AUDIO, device, steps=6, reorder_at=3, fed=fed)
-    assert state.fused_run is not None, "the wasm device should have taken its decoder part"
+    assert ran_fused(state), "the wasm device should have taken its decoder part"
     return got
 
 
@@ -63,7 +64,7 @@ def test_whisper_decoder_step_matches_the_generic_path(wasm_device, n_head, d, a
     want, truth, fed = generic_and_truth(build, audio, steps=6, reorder_at=3)
     decoder = build(wasm_device, np.float32)
     got, state, _ = decode_logits(decoder, audio, wasm_device, steps=6, reorder_at=3, fed=fed)
-    assert state.fused_run is not None, "the wasm device should have taken its decoder part"
+    assert ran_fused(state), "the wasm device should have taken its decoder part"
     assert_near_truth(got, want, truth)
 
 
@@ -93,7 +94,7 @@ def test_whisper_decoder_step_multiplies_f16_valued_weights_from_their_bits(wasm
         reload_settings()  # the switches are read once
         decoder = build(wasm_device, np.float32)
         got = _wasm_decode(decoder, wasm_device, fed)
-        projection = decoder._fused.projection
+        projection = whisper_decoder_part(decoder).projection
         assert (projection.half if projection.half is not None else projection.weight).dtype == storage
         assert_near_truth(got, want, truth, f"CANDLE_WEB_WHISPER_F16={switch}")
 
@@ -104,7 +105,7 @@ def test_whisper_encoder_matches_the_generic_path(wasm_device, frames):
     fused, reference, truth = same_encoders(rng, "wasm")
     mel = rng.standard_normal((2, 12, frames)).astype(np.float32)
     got = encode(fused, mel, wasm_device)
-    assert fused._fused_encoder is not None, "the wasm device should have taken its encoder part"
+    assert whisper_encoder_part(fused) is not None, "the wasm device should have taken its encoder part"
     numpy_device = Device.cpu(backend="numpy")
     assert_near_truth(got, encode(reference, mel, numpy_device),
                       encode(truth, mel.astype(np.float64), numpy_device), f"{frames} frames")
@@ -122,12 +123,13 @@ STEPS = 8
 
 
 def _greedy(model, prompt, steps, fused, feed=None):
-    model.use_fused_decode = fused
+    steps_of = llama_steps(model, fused)
     model.clear_kv_cache(capacity=4)  # small, so decoding grows the cache
-    logits = [model.forward([prompt]).to_numpy()[0]]
+    logits = [steps_of([prompt], 0).to_numpy()[0]]
     ids = [int(np.argmax(logits[-1]))]
     for step in range(steps):
-        logits.append(model.forward([[ids[-1] if feed is None else feed[step]]]).to_numpy()[0])
+        token = ids[-1] if feed is None else feed[step]
+        logits.append(steps_of([[token]], model.seq_len).to_numpy()[0])
         ids.append(int(np.argmax(logits[-1])))
     return ids, np.array(logits)
 
@@ -142,7 +144,7 @@ def test_llama_decoder_step_matches_the_generic_path(wasm_device, tmp_path, qtyp
 
     path, state, config, kind = llama_testlib.tiny_gguf(tmp_path, qtype, wide)  # wide: K-quants
     model = Llama.load(path, device=wasm_device)
-    assert model._fused_decoder_for_backend() is not None
+    assert llama_part(model) is not None
     if kind is not None:
         assert model.lm_head.is_quantized, "the wasm backend keeps GGML blocks packed"
     prompt = [1, 5, 9, 33, 70] if not wide else [2, 7, 100]

@@ -1,4 +1,4 @@
-"""The two-thread parts (kernels-threads.wasm, backend/wasm_team.py, wasm_team_parts.py): the
+"""The two-thread parts (kernels-threads.wasm, backend/wasm/team.py, team_parts.py): the
 decode steps and Whisper's encoder, natively: the threads build under wasmtime on a shared memory, its helper on a real second
 thread, against the one-thread steps of kernels.wasm.
 
@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from parts_testlib import decode_logits, encode, random_encoder, random_text_decoder
+from parts_testlib import (decode_logits, encode, llama_part, llama_steps, random_encoder,
+                           random_text_decoder, whisper_decoder_part, whisper_encoder_part)
 
 from candle_web import Device, Tensor
-from candle_web.backend import wasm_abi, wasm_team
+from candle_web.backend.wasm import abi as wasm_abi
+from candle_web.backend.wasm import team as wasm_team
 from candle_web.core.errors import BackendUnavailable, CandleError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -98,7 +100,7 @@ def test_the_argument_layouts_and_offsets_agree_with_the_c_and_the_worker():
     assert tuple(re.findall(r"int32_t (\w+);", fields)) == wasm_abi.TEAM_CTRL_FIELDS
     for job, code in wasm_abi.TEAM_JOBS.items():
         assert define(f"TEAM_JOB_{job.upper()}") == code
-    worker = (REPO_ROOT / "web" / "worker.js").read_text()
+    worker = (REPO_ROOT / "web" / "worker" / "team.js").read_text()
     assert "const TEAM_CTRL_OFFSET = 1 << 20;" in worker and wasm_team.CTRL_OFFSET == 1 << 20
     assert "const TEAM_HELPER_SCRATCH_OFFSET = TEAM_CTRL_OFFSET + 64;" in worker
     assert wasm_team.HELPER_SCRATCH_OFFSET == wasm_team.CTRL_OFFSET + 64
@@ -109,15 +111,15 @@ def test_the_argument_layouts_and_offsets_agree_with_the_c_and_the_worker():
 def _greedy(model, prompt, steps, extend=None):
     """Greedy ids and every step's logits; `extend`: (after step, tokens) fed through the
     generic path in the middle (a prompt chunk appended to the same cache)."""
-    model.use_fused_decode = True
+    steps_of = llama_steps(model, fused=True)
     model.clear_kv_cache(capacity=4)  # small: decoding grows the cache (a new buffer)
-    logits = [model.forward([prompt]).to_numpy()[0]]
+    logits = [steps_of([prompt], 0).to_numpy()[0]]
     ids = [int(np.argmax(logits[-1]))]
     for step in range(steps):
         if extend is not None and step == extend[0]:
-            logits.append(model.forward([extend[1]]).to_numpy()[0])
+            logits.append(steps_of([extend[1]], model.seq_len).to_numpy()[0])
             ids.append(int(np.argmax(logits[-1])))
-        logits.append(model.forward([[ids[-1]]]).to_numpy()[0])
+        logits.append(steps_of([[ids[-1]]], model.seq_len).to_numpy()[0])
         ids.append(int(np.argmax(logits[-1])))
     return ids, np.array(logits)
 
@@ -127,11 +129,11 @@ def _one_and_two_threads(path, attach, team, run):
 
     attach(None)
     alone = Llama.load(path, device=wasm_device())
-    assert type(alone._fused_decoder_for_backend()).__name__ == "LlamaDecoderStep"
+    assert type(llama_part(alone)).__name__ == "LlamaDecoderStep"
     one = run(alone)
     attach(team)
     paired = Llama.load(path, device=wasm_device())
-    part = paired._fused_decoder_for_backend()
+    part = llama_part(paired)
     assert type(part).__name__ == "TeamLlamaDecoderStep"
     jobs = team.helper_jobs
     two = run(paired)
@@ -184,7 +186,7 @@ def test_a_team_without_its_helper_runs_alone_with_the_same_numbers(backend, tmp
         backend.attach_team(lonely)
         model = Llama.load(path, device=wasm_device())
         got = _greedy(model, [1, 5, 9], 5)
-        assert model._fused_decoder_for_backend().threads_used == 1
+        assert llama_part(model).threads_used == 1
         assert lonely.helper_jobs == 0
         assert got[0] == want[0]
         np.testing.assert_array_equal(got[1], want[1])
@@ -232,8 +234,8 @@ def test_whisper_steps_with_beams_on_two_threads_equal_one_thread(with_team, tea
     decoder = build()
     jobs = team.helper_jobs
     got, state2, _ = decode_logits(decoder, audio, wasm_device(), steps=6, reorder_at=3, fed=fed)
-    assert type(decoder._fused).__name__ == "TeamWhisperDecoderStep"
-    assert decoder._fused.threads_used == 2 and team.helper_jobs > jobs
+    assert type(whisper_decoder_part(decoder)).__name__ == "TeamWhisperDecoderStep"
+    assert whisper_decoder_part(decoder).threads_used == 2 and team.helper_jobs > jobs
     np.testing.assert_array_equal(got, want)
     for one, two in zip(state1.caches, state2.caches):
         n = one.length
@@ -253,7 +255,7 @@ def test_whisper_encoder_on_two_threads_equals_one_thread(with_team, team, frame
         encoder = random_encoder(wasm_device(), np.random.default_rng(5), **shape)
         jobs = team.helper_jobs
         features.append(encode(encoder, mel, wasm_device()))
-        part = encoder._fused_encoder
+        part = whisper_encoder_part(encoder)
         assert type(part).__name__ == ("TeamWhisperEncoder" if attached else "WhisperEncoder")
         if attached:
             assert part.threads_used == 2 and team.helper_jobs == jobs + 2  # one job per audio
@@ -293,10 +295,10 @@ def test_real_tiny_en_transcribes_the_same_on_two_threads(with_team, team, model
                 break
         runs.append((tokens, np.array(logits)))
         if attached is team:
-            assert type(model.decoder._fused).__name__ == "TeamWhisperDecoderStep"
-            assert model.decoder._fused.threads_used == 2
-            assert type(model.encoder._fused_encoder).__name__ == "TeamWhisperEncoder"
-            assert model.encoder._fused_encoder.threads_used == 2
+            assert type(whisper_decoder_part(model.decoder)).__name__ == "TeamWhisperDecoderStep"
+            assert whisper_decoder_part(model.decoder).threads_used == 2
+            assert type(whisper_encoder_part(model.encoder)).__name__ == "TeamWhisperEncoder"
+            assert whisper_encoder_part(model.encoder).threads_used == 2
     assert encoded[0].shape == (1, 1500, 384)
     np.testing.assert_array_equal(encoded[1], encoded[0])
     (tokens1, logits1), (tokens2, logits2) = runs
@@ -313,13 +315,13 @@ def test_the_cache_mirrors_are_kept_from_step_to_step(with_team, team, tmp_path)
 
     with_team(team)
     model = Llama.load(llama_testlib.tiny_gguf(tmp_path)[0], device=wasm_device())
-    model.use_fused_decode = True
+    steps_of = llama_steps(model, fused=True)
     model.clear_kv_cache(capacity=64)  # no growth in the steps below
-    model.forward([[1, 5, 9]])
-    part = model._fused_decoder_for_backend()
+    steps_of([[1, 5, 9]], 0)
+    part = llama_part(model)
     seen = []
     for token in (4, 8, 15):
-        model.forward([[token]])
+        steps_of([[token]], model.seq_len)
         seen.append([id(mirror) for mirror in part.mirrors])
     assert seen[0] == seen[1] == seen[2]
     assert all(mirror.synced == 6 for mirror in part.mirrors)
@@ -361,7 +363,7 @@ def test_weights_the_shared_memory_cannot_hold_run_on_one_thread(with_team, tmp_
         model = Llama.load(_tiny_llama(tmp_path), device=wasm_device())
         with pytest.warns(UserWarning, match="TeamLlamaDecoderStep: one thread runs instead: "
                                              ".* exceed the shared memory"):
-            part = model._fused_decoder_for_backend()
+            part = llama_part(model)
         assert type(part).__name__ == "LlamaDecoderStep"
         with_team(None)
         want = _greedy(Llama.load(_tiny_llama(tmp_path), device=wasm_device()), [1, 5, 9], 4)

@@ -22,7 +22,8 @@ import math
 import numpy as np
 import pytest
 
-from parts_testlib import decode_logits, generic_and_truth, random_text_decoder
+from parts_testlib import (decode_logits, generic_and_truth, ran_fused, random_text_decoder,
+                           whisper_decoder_part)
 from tolerances import assert_near_truth, assert_within, attention_bound, gamma, unary_bound
 
 GELU_ABS = 5e-7
@@ -145,15 +146,15 @@ def test_fused_decode_step_matches_the_generic_path(numba_backend, threads, n_he
     audio = (np.random.default_rng(8).standard_normal((2, 30, d)) * audio_scale).astype(np.float32)
     want, truth, fed = generic_and_truth(build, audio, steps=6, reorder_at=3)
     fused_decoder = build(fast, np.float32)
-    fused_decoder._fused_step().threads = threads
+    whisper_decoder_part(fused_decoder).threads = threads
     got, state, _ = decode_logits(fused_decoder, audio, fast, steps=6, reorder_at=3, fed=fed)
-    assert state.fused_run is not None, "the numba device should have taken the fused path"
+    assert ran_fused(state), "the numba device should have taken the fused path"
     assert_near_truth(got, want, truth)
 
 
 def test_prompt_after_fused_steps_hands_the_caches_back(numba_backend):
     from candle_web import Device, Tensor
-    from candle_web.models.whisper import FUSED_PROMPT_TOKENS
+    from candle_web.backend.parts import FUSED_PROMPT_TOKENS, start_whisper_decoding
 
     fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
     long_prompt = np.arange(FUSED_PROMPT_TOKENS + 1)[None] % 90 + 3  # beyond the fused path
@@ -161,18 +162,20 @@ def test_prompt_after_fused_steps_hands_the_caches_back(numba_backend):
     for device, dtype in ((fast, np.float32), (slow, np.float32), (slow, np.float64)):
         decoder = random_text_decoder(device, np.random.default_rng(3), dtype=dtype)
         audio = np.random.default_rng(4).standard_normal((1, 30, 64)).astype(np.float32)
-        state = decoder.start(Tensor.from_numpy(audio.astype(dtype), device=device))
-        decoder(Tensor.from_numpy(np.array([[4]]), device=device), state)  # one token: fused
-        decoder(Tensor.from_numpy(np.array([[6]]), device=device), state)
-        logits = decoder(Tensor.from_numpy(long_prompt, device=device), state)  # generic
+        state = start_whisper_decoding(decoder, Tensor.from_numpy(audio.astype(dtype), device=device))
+        state.logits(Tensor.from_numpy(np.array([[4]]), device=device))  # one token: fused
+        state.logits(Tensor.from_numpy(np.array([[6]]), device=device))
+        assert ran_fused(state) == (device is fast)
+        logits = state.logits(Tensor.from_numpy(long_prompt, device=device))  # generic
+        # the generic path continued in the caches the fused steps wrote
         assert state.offset == 2 + long_prompt.shape[1]
-        assert state.fused_run is None  # the fused caches were handed back (numba)
         results.append(logits.to_numpy())
     assert_near_truth(*results)
 
 
 def test_short_prompt_runs_fused_and_returns_the_positions_asked_for(numba_backend):
     from candle_web import Device, Tensor
+    from candle_web.backend.parts import start_whisper_decoding
 
     fast, slow = Device.cpu(backend="numba"), Device.cpu(backend="numpy")
     prompt = np.array([[1, 5, 7, 11], [2, 5, 9, 13]])
@@ -180,11 +183,13 @@ def test_short_prompt_runs_fused_and_returns_the_positions_asked_for(numba_backe
     for device, dtype in ((fast, np.float32), (slow, np.float32), (slow, np.float64)):
         decoder = random_text_decoder(device, np.random.default_rng(5), dtype=dtype)
         audio = np.random.default_rng(6).standard_normal((2, 30, 64)).astype(np.float32)
-        state = decoder.start(Tensor.from_numpy(audio.astype(dtype), device=device))
-        rows = decoder(Tensor.from_numpy(prompt, device=device), state, positions=[0, 3])
+        state = start_whisper_decoding(decoder, Tensor.from_numpy(audio.astype(dtype), device=device))
+        rows = state.logits(Tensor.from_numpy(prompt, device=device), positions=[0, 3])
         assert rows.dims() == (2, 2, 97)
-        assert (state.fused_run is not None) == (device is fast)
-        assert state._cross_kv is None or device is slow, "the fused prompt projected cross K/V"
-        after = decoder(Tensor.from_numpy(np.array([[17], [19]]), device=device), state)
+        assert ran_fused(state) == (device is fast)
+        reference_state = state.state if ran_fused(state) else state
+        assert reference_state._cross_kv is None or device is slow, \
+            "the fused prompt projected cross K/V"
+        after = state.logits(Tensor.from_numpy(np.array([[17], [19]]), device=device))
         results.append(np.concatenate([rows.to_numpy(), after.to_numpy()], axis=1))
     assert_near_truth(*results)

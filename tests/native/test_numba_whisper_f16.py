@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
 
-from parts_testlib import decode_logits, generic_and_truth, random_text_decoder
+from parts_testlib import (decode_logits, generic_and_truth, ran_fused, random_text_decoder,
+                           whisper_decoder_part)
 from tolerances import assert_near_truth
 
 
@@ -80,7 +81,7 @@ def _half_valued_decoder(device, seed, dtype=np.float32):
 
 def _fused_logits(device, decoder, audio, fed=None):
     got, state, _ = decode_logits(decoder, audio, device, steps=6, reorder_at=3, fed=fed)
-    assert state.fused_run is not None, "the numba device should have taken the fused path"
+    assert ran_fused(state), "the numba device should have taken the fused path"
     return got
 
 
@@ -102,15 +103,15 @@ def test_half_weights_take_the_f16_path_and_match_the_generic_path(devices, monk
         lambda device, dtype: _half_valued_decoder(device, 7, dtype), AUDIO, steps=6, reorder_at=3)
     decoder = _half_valued_decoder(fast, 7)
     got = _fused_logits(fast, decoder, AUDIO, fed)
-    assert decoder._fused.projection.dtype == np.uint16
-    assert decoder._fused.blocks[0].weights[2].dtype == np.uint16
+    assert whisper_decoder_part(decoder).projection.dtype == np.uint16
+    assert whisper_decoder_part(decoder).blocks[0].weights[2].dtype == np.uint16
     assert_near_truth(got, want, truth, "f16 storage")
 
     monkeypatch.setenv("CANDLE_WEB_WHISPER_F16", "0")
     reload_settings()  # the switches are read once
     f32_decoder = _half_valued_decoder(fast, 7)
     f32_got = _fused_logits(fast, f32_decoder, AUDIO, fed)
-    assert f32_decoder._fused.projection.dtype == np.float32
+    assert whisper_decoder_part(f32_decoder).projection.dtype == np.float32
     assert_near_truth(f32_got, want, truth, "f32 storage")
 
 
@@ -122,6 +123,6 @@ def test_one_inexact_matrix_keeps_all_matrices_f32(devices, monkeypatch):
     fc2 = decoder.blocks[-1].mlp.fc2.weight.storage_numpy()
     fc2[0, 0] = np.float32(0.1)  # not an f16 value
     _fused_logits(fast, decoder, AUDIO)
-    fused = decoder._fused
+    fused = whisper_decoder_part(decoder)
     assert fused.projection.dtype == np.float32
     assert all(w.dtype == np.float32 for b in fused.blocks for w in b.weights[2::2])

@@ -3,13 +3,16 @@
 Every variable the backends and the accelerated parts honour is listed here (and in the
 README's table); nothing else in the package or the native twin reads them. `settings()`
 parses them on first use and keeps the result; after `reload_settings()` they are read again
-(tests that change a variable call it).
+(tests that change a variable call it). A program sets a switch for its own process with
+`override_settings(field=value)` (the page's worker picks its backend so) instead of writing
+the environment; the environment stays what the user set.
 
 | variable | default | effect |
 |---|---|---|
 | CANDLE_WEB_BACKEND | (auto) | `numpy`, `numba` or `wasm` for `Device.cpu()`; auto: numba when it loads |
 | CANDLE_WEB_FUSED_WHISPER | 1 | 0: Whisper decodes through the generic tensor path |
 | CANDLE_WEB_FUSED_WHISPER_ENCODER | 1 | 0: Whisper encodes through the generic tensor path |
+| CANDLE_WEB_FUSED_LLAMA | 1 | 0: LLaMA-family models decode through the generic tensor path |
 | CANDLE_WEB_WHISPER_F16 | 1 | 0: the fused Whisper step keeps f16-valued weights as f32 |
 | CANDLE_WEB_DECODE_THREADS | (all) | 1: the fused decode steps run on one thread |
 | CANDLE_WEB_PROMPT_WEIGHTS_MB | 1024 | MiB of f32 copies of quantized weights kept for prompts |
@@ -19,13 +22,14 @@ parses them on first use and keeps the result; after `reload_settings()` they ar
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 from ..core.errors import CandleError, UnsupportedError
 
 BACKEND_VARIABLE = "CANDLE_WEB_BACKEND"
 FUSED_WHISPER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER"
 FUSED_WHISPER_ENCODER_VARIABLE = "CANDLE_WEB_FUSED_WHISPER_ENCODER"
+FUSED_LLAMA_VARIABLE = "CANDLE_WEB_FUSED_LLAMA"
 WHISPER_F16_VARIABLE = "CANDLE_WEB_WHISPER_F16"
 DECODE_THREADS_VARIABLE = "CANDLE_WEB_DECODE_THREADS"
 PROMPT_WEIGHTS_MB_VARIABLE = "CANDLE_WEB_PROMPT_WEIGHTS_MB"
@@ -40,6 +44,7 @@ class Settings:
     cpu_backend: str | None  # None: numba when it loads, else numpy
     fused_whisper_decoder: bool
     fused_whisper_encoder: bool
+    fused_llama_decoder: bool
     whisper_f16: bool
     decode_threads: int | None  # None: as many as numba has
     prompt_weights_bytes: int
@@ -89,6 +94,7 @@ def _read() -> Settings:
     return Settings(cpu_backend=_cpu_backend(),
                     fused_whisper_decoder=_switch(FUSED_WHISPER_VARIABLE),
                     fused_whisper_encoder=_switch(FUSED_WHISPER_ENCODER_VARIABLE),
+                    fused_llama_decoder=_switch(FUSED_LLAMA_VARIABLE),
                     whisper_f16=_switch(WHISPER_F16_VARIABLE),
                     decode_threads=_decode_threads(),
                     prompt_weights_bytes=_prompt_weights_bytes(),
@@ -96,18 +102,47 @@ def _read() -> Settings:
 
 
 _current: Settings | None = None
+_overrides: dict = {}  # field -> value set by override_settings, over the environment's
 
 
 def settings() -> Settings:
-    """The switches, parsed from the environment at the first call."""
+    """The switches, parsed from the environment at the first call, with the overrides."""
     global _current
     if _current is None:
-        _current = _read()
+        _current = replace(_read(), **_overrides)
     return _current
 
 
+def override_settings(**values) -> Settings:
+    """Set switches for this process by their `Settings` field names, over the environment
+    (e.g. `override_settings(cpu_backend="wasm")`); fields not named keep their values. Checked
+    as the environment's values are; `reload_settings()` drops every override. Returns the
+    settings now in force."""
+    known = {field.name for field in fields(Settings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise CandleError(f"override_settings: unknown switches {unknown}; known: {sorted(known)}")
+    backend = values.get("cpu_backend")
+    if backend is not None and backend not in CPU_BACKENDS:
+        raise CandleError(f"override_settings: cpu_backend={backend!r}: expected one of "
+                          f"{', '.join(repr(name) for name in CPU_BACKENDS)} or None")
+    threads = values.get("decode_threads")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise UnsupportedError(f"override_settings: decode_threads={threads!r}: expected a "
+                               "whole number of threads >= 1 or None")
+    if "prompt_weights_bytes" in values and not values["prompt_weights_bytes"] >= 0:
+        raise UnsupportedError(f"override_settings: prompt_weights_bytes="
+                               f"{values['prompt_weights_bytes']!r}: expected bytes >= 0")
+    global _current
+    _overrides.update(values)
+    _current = None
+    return settings()
+
+
 def reload_settings() -> None:
-    """Forget the parsed switches: the next `settings()` reads the environment again (after a
-    test or a user changed a variable; a bad value is reported there, where it is used)."""
+    """Forget the parsed switches and the overrides: the next `settings()` reads the
+    environment again (after a test or a user changed a variable; a bad value is reported
+    there, where it is used)."""
     global _current
     _current = None
+    _overrides.clear()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import parts
 from ..core import option_limits as limits
 from ..core.errors import Cancelled, CandleError
 from .logits_processor import DEFAULT_SEED, LogitsProcessor, Sampling
@@ -147,16 +148,18 @@ class CausalLM(Decoder):
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.context_length = model.config.max_position_embeddings
         self.position = 0
+        # The model's forward, or a backend's fused step for single tokens (backend/parts.py).
+        self.steps = parts.start_causal_decoding(model)
 
     def reset(self, capacity: int) -> None:
         self.model.clear_kv_cache(capacity)
 
     def start(self, prompts: list) -> np.ndarray:
         self.position = len(prompts[0])
-        return self.model.forward(np.asarray(prompts, dtype=np.int64), 0).to_numpy()
+        return self.steps(np.asarray(prompts, dtype=np.int64), 0).to_numpy()
 
     def step(self, ids: np.ndarray) -> np.ndarray:
-        logits = self.model.forward(np.asarray(ids, dtype=np.int64).reshape(-1, 1), self.position)
+        logits = self.steps(np.asarray(ids, dtype=np.int64).reshape(-1, 1), self.position)
         self.position += 1
         return logits.to_numpy()
 

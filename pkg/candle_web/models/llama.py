@@ -18,11 +18,10 @@ rotated pairs are adjacent (the original Meta layout), so GGUF weights use inter
 (`rope_i`); HF checkpoints rotate the two halves of each head (`rope`). Weights are never
 shuffled at load; `LlamaConfig.rope_interleaved` records which layout the checkpoint uses.
 
-Decode steps (batch 1, one new token) go to the accelerated part `llama.decoder_step`
-(backend/parts.py) when the backend has one (numba: one machine-code call per block, see
-native/candle_native/parts/llama_decoder.py), writing the same KV caches as the tensor path; the
-result is the same up to f32 summation order.
-Prompts, batches and other backends take the tensor path below.
+This file is the reference computation only. Decoding chooses, in backend/parts.py
+(`start_causal_decoding`), whether single-token steps go to a backend's fused part
+`llama.decoder_step` (fed with `part_weights()`, writing the same KV caches as the tensor path;
+the same result up to f32 summation order) or to `forward` below.
 
 Grouped-query attention without repeating K/V: the h query heads are grouped as
 [n_kv, n_rep], so q [b, h, t, hd] is viewed as [b, n_kv, n_rep * t, hd] and attends to the
@@ -258,9 +257,6 @@ def _gguf_rope_scaling(gguf, arch: str, field: ConfigFields):
                            "supported; supported: linear (and llama3 via rope_freqs.weight)")
 
 
-_NOT_BUILT = object()  # Llama._fused_decoder before the backend was asked
-
-
 # -- modules in forward order -------------------------------------------------------------
 class TokenEmbedding:
     """Rows of the [vocab, d] table; from f32 (shared with a dequantized tied head) or
@@ -366,10 +362,6 @@ class Llama:
         self.device = Device.parse(device)
         self.rotary = RotaryEmbedding(cfg, self.device)
         self.chat_template = chat_template
-        # Whether single-token steps may use the backend's fused decoder (when it has one);
-        # False forces the generic tensor path (for comparisons).
-        self.use_fused_decode = True
-        self._fused_decoder = _NOT_BUILT
         self.clear_kv_cache()
 
     def clear_kv_cache(self, capacity: int = None) -> None:
@@ -393,10 +385,6 @@ class Llama:
             raise ShapeMismatch(f"llama forward: index_pos {index_pos} but the KV cache holds "
                                 f"{self.seq_len} positions (call clear_kv_cache to restart)")
         x = self.embed(ids)  # [b, t, d]
-        if b == 1 and t == 1 and not all_logits and self.use_fused_decode:
-            decoder = self._fused_decoder_for_backend()
-            if decoder is not None:
-                return self._fused_forward(decoder, x, index_pos)
         cos, sin = self.rotary.tables(index_pos, t)
         mask = self._mask(t, index_pos)
         for block, cache in zip(self.blocks, self.caches):
@@ -419,31 +407,6 @@ class Llama:
             num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             rope_interleaved=cfg.rope_interleaved, layers=layers, norm=self.norm.weight,
             norm_eps=self.norm.eps, lm_head=self.lm_head)
-
-    def _fused_decoder_for_backend(self):
-        """The backend's `llama.decoder_step` part for this model (built once), or None when
-        the backend has none (numpy, cupy) or it cannot take these weights."""
-        if self._fused_decoder is _NOT_BUILT:
-            self._fused_decoder = parts.find_part(parts.LLAMA_DECODER_STEP, self.device,
-                                                  self.part_weights)
-        return self._fused_decoder
-
-    def _fused_forward(self, decoder, x: Tensor, index_pos: int) -> Tensor:
-        """One token through the fused decoder: it writes each block's new key/value at
-        position index_pos of the same KV caches the generic path uses, and returns the
-        logits."""
-        cfg = self.config
-        entry = (1, cfg.num_kv_heads, 1, cfg.head_dim)
-        buffers = []
-        for cache in self.caches:
-            keys, values = cache.buffers(1, entry, x.dtype, x.device)
-            buffers.append((keys[0], values[0]))  # [n_kv, capacity, head_dim]
-        self.rotary.tables(index_pos, 1)  # grows the tables to cover index_pos
-        logits = decoder(x.storage().reshape(-1), index_pos, buffers,
-                         self.rotary.cos.storage(), self.rotary.sin.storage())
-        for cache in self.caches:
-            cache.advance(1)
-        return Tensor.from_storage(logits.reshape(1, -1), dt.f32, self.device)
 
     def _mask(self, t: int, index_pos: int):
         """Causal additive mask [n_rep * t, index_pos + t] for the grouped queries; none

@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 
 from ..core import dtype as dt
-from ..core.autograd import is_tracking
 from ..backend import parts
 from ..core.errors import FormatError, ShapeMismatch
 from ..io.checkpoint import CONFIG_FILE, open_checkpoint
@@ -37,13 +36,6 @@ from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 
 N_AUDIO_CTX = 1500  # encoder positions for one 30 s window (3000 mel frames / stride 2)
-# Prompts up to this many new tokens go through a backend's fused one-token step, a token at a
-# time; longer ones (previous-text prompts of long-form transcription, up to 224 tokens) through
-# the batched generic path. Why: the generic path projects every block's cross-attention keys
-# and values from the features first: 154 ms of the 236 ms a 4-token prompt took on
-# whisper-base with numba, and with the prompt as four fused steps a window's whole greedy
-# decode went from 30.7-39.6 to 21.2-25.6 ms per token (LibriVox clips).
-FUSED_PROMPT_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -187,36 +179,17 @@ class AudioEncoder:
             positions=self.positions, blocks=tuple(block.part_weights() for block in self.blocks),
             ln_post=_norm_weights(self.ln_post))
 
-    def _fused(self, mel: Tensor):
-        """The backend's `whisper.encoder` part for these weights (built once), or None: only
-        the numba backend offers one (time-major activations, row blocks on a thread pool), and
-        never while gradients are tracked, for another dtype than f32 or for an empty mel (the
-        tensor path raises the error)."""
-        if not hasattr(self, "_fused_encoder"):
-            self._fused_encoder = parts.find_part(parts.WHISPER_ENCODER, self.conv1_w.device,
-                                                  self.part_weights)
-        if (self._fused_encoder is None or mel.dtype is not dt.f32 or 0 in mel.dims()
-                or mel.device.backend is not self.conv1_w.device.backend
-                or is_tracking(mel, self.conv1_w)):
-            return None
-        return self._fused_encoder
-
     def __call__(self, mel: Tensor) -> Tensor:
-        fused = self._fused(mel)
-        if fused is not None:
-            frames = (mel.dims()[2] - 1) // 2 + 1  # after conv2 (kernel 3, padding 1, stride 2)
-            self._check_frames(frames)
-            return Tensor.from_numpy(fused(mel.to_numpy()), device=mel.device)
         x = mel.conv1d(self.conv1_w, padding=1).broadcast_add(self.conv1_b).gelu_erf()
         x = x.conv1d(self.conv2_w, padding=1, stride=2).broadcast_add(self.conv2_b).gelu_erf()
         x = x.transpose(1, 2)  # [b, 1500, d]
-        self._check_frames(x.dims()[1])
+        self.check_frames(x.dims()[1])
         x = x.broadcast_add(self.positions.narrow(0, 0, x.dims()[1]))
         for block in self.blocks:
             x = block.encode(x)
         return self.ln_post(x)
 
-    def _check_frames(self, frames: int) -> None:
+    def check_frames(self, frames: int) -> None:
         if frames > self.positions.dims()[0]:
             raise ShapeMismatch(f"whisper encoder: {frames} frames exceed the "
                                 f"{self.positions.dims()[0]} positions of the model")
@@ -230,15 +203,13 @@ class DecoderState:
         self._blocks = blocks
         self._cross_kv = None
         self.caches = [KvCache(dim=2) for _ in blocks]
-        # While the backend's fused step decodes (see TextDecoder.__call__): what it reads
-        # besides the caches, which both paths share.
-        self.fused_run = None
+        self._decoder = None  # set by TextDecoder.start
 
     @property
     def cross_kv(self) -> list:
         """Per layer (k, v) [b, h, 1500, dh], projected from the audio features on first use:
-        the numba fused step attends over the features directly, so a decoding that stays on it
-        never pays for this projection."""
+        a fused step (backend/parts.py) attends over the features directly, so a decoding that
+        stays on it never pays for this projection."""
         if self._cross_kv is None:
             self._cross_kv = [block.cross_attn.cross_kv(self.audio_features) for block in self._blocks]
         return self._cross_kv
@@ -246,6 +217,10 @@ class DecoderState:
     @property
     def offset(self) -> int:
         return self.caches[0].length
+
+    def logits(self, tokens: Tensor, positions=None) -> Tensor:
+        """The new tokens through the decoder's tensor path (TextDecoder.__call__)."""
+        return self._decoder(tokens, self, positions)
 
     def reorder(self, indices) -> None:
         """Keep batch rows `indices` (beam search): caches and cross K/V follow their beams.
@@ -257,17 +232,8 @@ class DecoderState:
             if self._cross_kv is not None:
                 self._cross_kv = [(k.index_select(ids, 0).contiguous(), v.index_select(ids, 0).contiguous())
                                   for k, v in self._cross_kv]
-        if self.fused_run is not None and not same_rows:
-            self.fused_run = FusedRun(self.audio_features.to_numpy())
         for cache in self.caches:
             cache.reorder(indices)
-
-
-@dataclass
-class FusedRun:
-    """What the fused decode step reads besides the KV caches: the audio features as one
-    host array [1 or R, n_audio, d], converted once per decoding (and per change of rows)."""
-    features: np.ndarray
 
 
 class TextDecoder:
@@ -278,7 +244,9 @@ class TextDecoder:
         self.ln = ln
 
     def start(self, audio_features: Tensor) -> DecoderState:
-        return DecoderState(self.blocks, audio_features)
+        state = DecoderState(self.blocks, audio_features)
+        state._decoder = self
+        return state
 
     def part_weights(self) -> parts.WhisperDecoderWeights:
         """The weights the accelerated part `whisper.decoder_step` takes (the same tensors)."""
@@ -286,40 +254,10 @@ class TextDecoder:
             token_embedding=self.token_embedding, positions=self.positions,
             blocks=tuple(block.part_weights() for block in self.blocks), ln=_norm_weights(self.ln))
 
-    def _fused_step(self):
-        """The backend's `whisper.decoder_step` part for these weights (built once), or None:
-        only native backends offer one (numba: one machine-code call per block instead of ~60
-        tensor ops), and never while gradients are tracked."""
-        if not hasattr(self, "_fused"):
-            self._fused = parts.find_part(parts.WHISPER_DECODER_STEP,
-                                          self.token_embedding.device, self.part_weights)
-        if self._fused is None or is_tracking(self.token_embedding):
-            return None
-        return self._fused
-
-    def _fused_tokens(self, fused, tokens: Tensor, state: DecoderState, positions) -> Tensor:
-        """The new tokens through the backend's fused step, one position at a time, writing
-        the same KV caches as the generic path; the vocabulary projection only for the
-        positions read."""
-        b, t = tokens.dims()
-        if state.fused_run is None:
-            state.fused_run = FusedRun(state.audio_features.to_numpy())
-        ids = tokens.to_numpy().reshape(b, t)
-        wanted = list(range(t)) if positions is None else list(positions)
-        head_dim = self.token_embedding.dims()[1] // self.blocks[0].attn.n_head
-        rows = {}
-        for i in range(t):
-            position = state.offset
-            caches = [cache.buffers(1, (b, block.attn.n_head, 1, head_dim), dt.f32, tokens.device)
-                      for cache, block in zip(state.caches, self.blocks)]
-            logits = fused.step(ids[:, i], position, caches, state.fused_run.features,
-                                with_logits=i in wanted)
-            for cache in state.caches:
-                cache.advance(1)
-            if logits is not None:
-                rows[i] = logits
-        stacked = np.stack([rows[i] for i in wanted], axis=1)  # [b, len(wanted), vocab]
-        return Tensor.from_numpy(stacked, device=tokens.device)
+    def check_positions(self, offset: int, t: int) -> None:
+        if offset + t > self.positions.dims()[0]:
+            raise ShapeMismatch(f"whisper decoder: {offset + t} tokens exceed the "
+                                f"{self.positions.dims()[0]} text positions")
 
     def __call__(self, tokens: Tensor, state: DecoderState, positions=None) -> Tensor:
         """tokens [b, t] (new tokens only) -> logits [b, t, vocab] in f32, or [b, p, vocab] for
@@ -327,13 +265,7 @@ class TextDecoder:
         prompt of 100 tokens needs 2 rows of logits, not 100 x vocab."""
         b, t = tokens.dims()
         offset = state.offset
-        if offset + t > self.positions.dims()[0]:
-            raise ShapeMismatch(f"whisper decoder: {offset + t} tokens exceed the "
-                                f"{self.positions.dims()[0]} text positions")
-        fused = self._fused_step() if 0 < t <= FUSED_PROMPT_TOKENS else None
-        if fused is not None:
-            return self._fused_tokens(fused, tokens, state, positions)
-        state.fused_run = None  # the generic path continues in the same caches
+        self.check_positions(offset, t)
         x = self.token_embedding.embedding(tokens).broadcast_add(self.positions.narrow(0, offset, t))
         for block, (k, v), cache in zip(self.blocks, state.cross_kv, state.caches):
             x = block.decode(x, k, v, cache)
@@ -362,13 +294,14 @@ class Whisper:
         if mel.dims()[1] != self.config.n_mels:
             raise ShapeMismatch(f"whisper: mel has {mel.dims()[1]} bins, model expects "
                                 f"{self.config.n_mels}")
-        return self.encoder(mel)
+        return parts.encode_audio(self.encoder, mel)  # a backend's fused encoder, or the reference
 
-    def start_decoding(self, audio_features: Tensor) -> DecoderState:
-        return self.decoder.start(audio_features)
+    def start_decoding(self, audio_features: Tensor):
+        """A DecoderState, or a fused decoding around one (backend/parts.py chooses)."""
+        return parts.start_whisper_decoding(self.decoder, audio_features)
 
-    def logits(self, tokens: Tensor, state: DecoderState, positions=None) -> Tensor:
-        return self.decoder(tokens, state, positions)
+    def logits(self, tokens: Tensor, state, positions=None) -> Tensor:
+        return state.logits(tokens, positions)
 
     # -- loading ----------------------------------------------------------------------------
     @staticmethod
