@@ -7,7 +7,7 @@ two-thread decode steps, team.h), with `zig cc` from the pinned PyPI package `zi
 Cached: a module is rebuilt only when the sha256 of the sources, the flags and the zig version
 differs from the one recorded beside it (web/vendor/kernels.stamp.json). Every module, built
 or cached, is then checked (scripts/wasm_check.py): memory imported as env.memory and nothing
-else imported, exports exactly the ABI (pkg/candle_web/backend/wasm_abi.py) with its
+else imported, exports exactly the ABI (pkg/candle_web/backend/wasm/abi.py) with its
 signatures, no data segment, and no code touching __stack_pointer; the threads build's memory
 import must be shared, the others' must not. A failed check exits 1.
 

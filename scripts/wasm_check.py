@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ABI_FILE = REPO_ROOT / "pkg" / "candle_web" / "backend" / "wasm_abi.py"
+ABI_FILE = REPO_ROOT / "pkg" / "candle_web" / "backend" / "wasm" / "abi.py"
 
 WASM_MAGIC = b"\0asm"
 WASM_VERSION = 1
@@ -361,7 +361,7 @@ def parse_module(data: bytes) -> Module:
 # -- the kernel module's rules --------------------------------------------------------------------
 
 def load_abi():
-    """The ABI table (pkg/candle_web/backend/wasm_abi.py), loaded by path: the build runs before
+    """The ABI table (pkg/candle_web/backend/wasm/abi.py), loaded by path: the build runs before
     anything is installed and must not depend on the package importing."""
     spec = importlib.util.spec_from_file_location("_candle_wasm_abi", ABI_FILE)
     abi = importlib.util.module_from_spec(spec)

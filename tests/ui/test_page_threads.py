@@ -43,7 +43,7 @@ def helper_jobs(page) -> int:
     workers = [w for w in page.workers if w.url.endswith("/worker.js")]
     assert len(workers) == 1, [w.url for w in page.workers]
     return workers[0].evaluate("""() => pyodide.runPython(
-        "from candle_web.backend.wasm_backend import install; install().team.helper_jobs")""")
+        "from candle_web.backend.wasm import install; install().team.helper_jobs")""")
 
 
 # The pages of the UI tests share one browser profile, and later tests (test_transcribe) expect

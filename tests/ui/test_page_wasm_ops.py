@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from candle_web.backend import wasm_abi
+from candle_web.backend.wasm import abi as wasm_abi
 from candle_web.quantized import GgmlDType, QTensor
 
 from wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitudes, random_qweight,
@@ -176,7 +176,7 @@ PAGE_PROGRAM = """
 import base64, json
 import numpy as np
 from candle_web.backend import get_backend
-from candle_web.backend.wasm_backend import WasmBackend
+from candle_web.backend.wasm.backend import WasmBackend
 from candle_web.quantized import GgmlDType, QTensor
 
 

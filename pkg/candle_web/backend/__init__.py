@@ -2,7 +2,7 @@
 
 `Device.cpu()` uses the numba backend when the native twin (found through the
 `candle_web.backends` entry points) and numba import, else numpy;
-`CANDLE_WEB_BACKEND=numpy|numba|wasm` overrides. "wasm" (wasm_backend.py) runs the WebAssembly
+`CANDLE_WEB_BACKEND=numpy|numba|wasm` overrides. "wasm" (the wasm/ package) runs the WebAssembly
 kernels of web/kernels: in the page on the module the worker registered, natively under
 wasmtime. `Device.cuda(i)` uses the cupy backend. Backends load lazily, on the first op of a
 device, and fail with a message naming the missing package.
@@ -16,7 +16,7 @@ from .settings import settings
 
 # name -> zero-argument factory returning a Backend (or raising BackendUnavailable)
 _FACTORIES = {}
-_INSTANCES = {}
+_INSTANCES = {}  # name -> the backend built (or set): the one cache of backend instances
 
 
 def register_backend(name: str, factory) -> None:
@@ -37,6 +37,14 @@ def get_backend(name: str) -> Backend:
         except ImportError as e:  # a package the backend needs is missing or broken
             raise BackendUnavailable(f"the {name} backend cannot load: {e}") from None
     return _INSTANCES[name]
+
+
+def set_backend(name: str, backend: Backend) -> None:
+    """Make `backend` what `get_backend(name)` returns from now on (the page's worker hands
+    over the wasm backend built on the kernels it instantiated: wasm.install)."""
+    if name not in _FACTORIES:
+        raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(_FACTORIES)}")
+    _INSTANCES[name] = backend
 
 
 # Packages that provide more backends declare an entry point in this group (candle-web's own
@@ -100,7 +108,7 @@ def _numpy_factory():
 def _wasm_factory():
     # Raises BackendUnavailable naming what is missing (the registered JS module in the page;
     # natively the kernels.wasm file or wasmtime).
-    from .wasm_backend import create_backend
+    from .wasm.backend import create_backend
 
     return create_backend()
 

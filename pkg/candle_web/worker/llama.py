@@ -2,7 +2,7 @@
 template from the GGUF's own metadata), then generation with streamed tokens.
 
 In the page the wasm backend keeps the GGML blocks packed (`supports_qmatmul`) and each decode
-step is one kernel call per block (backend/wasm_parts.py). With `?backend=numpy` the weights are
+step is one kernel call per block (backend/wasm/parts.py). With `?backend=numpy` the weights are
 dequantized to float32 once at load (quantized/qmatmul.py): SmolLM2-135M's 98 MB of Q4_1 blocks
 become ~540 MB of f32, each array far below wasm32's 2 GiB limit, and every decode step is then
 BLAS matmuls.

@@ -2,7 +2,7 @@
 
 One table, `EXPORTS`, names every function the kernel module exports and the kind of each
 argument, in order. The C side (web/kernels/) implements exactly these signatures; the build
-script checks the module's exports against this table; the hosts (`wasm_hosts`) read it to
+script checks the module's exports against this table; the hosts (`hosts.py`) read it to
 know which arguments are arrays and which way to copy them; the wasm backend calls them.
 
 Conventions (fixed; both sides follow them):

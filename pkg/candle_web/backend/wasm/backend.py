@@ -1,5 +1,5 @@
 """The wasm backend: the browser's twin of numba, calling the WebAssembly SIMD kernels of
-`web/kernels/` (`kernels.wasm`) through a host (`wasm_hosts`).
+`web/kernels/` (`kernels.wasm`) through a host (`hosts.py`).
 
 It is the numpy reference with the hot ops overridden: f32 matmul (batched, broadcast, any
 strided or transposed 2-D views passed as strides, not copied), softmax / log-softmax over the
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import BackendUnavailable
-from . import wasm_abi
-from .numpy_backend import NumpyBackend
-from .wasm_hosts import JS_MODULE_NAME, PyodideHost, WasmtimeHost, pyodide_js_module
+from ...core.errors import BackendUnavailable
+from ..numpy_backend import NumpyBackend
+from . import abi
+from .hosts import JS_MODULE_NAME, PyodideHost, WasmtimeHost, pyodide_js_module
 
 _F32 = np.dtype(np.float32)
 _F16_TYPE = 1  # GgmlDType.F16: linear_f16 multiplies from raw half bits
@@ -94,34 +94,31 @@ class WasmBackend(NumpyBackend):
         self._sgemm = None
         self.host = host
         # The exports as functions, looked up once (a call in the page costs microseconds).
-        self._k = {name: host.kernel(name) for name in wasm_abi.EXPORT_NAMES}
-        from . import wasm_parts
-
-        wasm_parts.register()  # the fused model steps on these kernels (backend/parts.py)
-        self._q_types = frozenset(wasm_abi.LINEAR_Q_TYPES)
+        self._k = {name: host.kernel(name) for name in abi.EXPORT_NAMES}
+        self._q_types = frozenset(abi.LINEAR_Q_TYPES)
         self.team = None  # the threads build's host (attach_team), for two-thread decode steps
 
     def attach_team(self, team) -> None:
-        """Decode-step parts built from now on run on `team` (a wasm_team host: two threads,
+        """Decode-step parts built from now on run on `team` (a team.py host: two threads,
         the weights resident in its shared memory); None detaches it. Parts already built keep
         what they run on."""
         self.team = team
 
     def team_part(self, cls, weights):
-        """The two-thread version of wasm_parts' part `cls` for these weights, or None (no
+        """The two-thread version of parts.py's part `cls` for these weights, or None (no
         team attached, no such version, or the weights do not fit it)."""
         if self.team is None:
             return None
-        from . import wasm_team_parts
+        from . import team_parts
 
-        return wasm_team_parts.build(self, cls, weights)
+        return team_parts.build(self, cls, weights)
 
     def __repr__(self):
         return f"WasmBackend({getattr(self.host, 'kind', type(self.host).__name__)})"
 
     # -- elementwise ------------------------------------------------------------------------
     def unary(self, op, x):
-        code = wasm_abi.UNARY_OPS.get(op)
+        code = abi.UNARY_OPS.get(op)
         if code is None or x.dtype != _F32 or x.size == 0:
             return super().unary(op, x)
         x = _rows(x)
@@ -334,15 +331,12 @@ class WasmBackend(NumpyBackend):
 
 def default_kernels_path() -> Path | None:
     """web/vendor/kernels.wasm of the source checkout this package runs from (pkg/candle_web/
-    backend/ -> the checkout), or None for an installed package."""
-    checkout = Path(__file__).resolve().parents[3]
+    backend/wasm/ -> the checkout), or None for an installed package."""
+    checkout = Path(__file__).resolve().parents[4]
     candidate = checkout / "web" / "vendor" / KERNELS_FILE
     if (checkout / "pyproject.toml").is_file() and candidate.is_file():
         return candidate
     return None
-
-
-_page_backend = None  # the backend on the page's kernels, once built (install or the factory)
 
 
 def _missing_page_module() -> BackendUnavailable:
@@ -353,36 +347,35 @@ def _missing_page_module() -> BackendUnavailable:
 
 def install(js_module=None, make_default: bool = True) -> WasmBackend:
     """In the page: the "wasm" backend on the kernels the worker registered as `candle_kernels`
-    (or on `js_module`), made `Device.cpu()`'s backend unless `make_default` is False (it sets
-    CANDLE_WEB_BACKEND=wasm). Call it before the first tensor op. See wasm_hosts' module doc."""
-    global _page_backend
-    from .settings import BACKEND_VARIABLE, reload_settings
+    (or on `js_module`, which replaces the backend the registry holds), made `Device.cpu()`'s
+    backend unless `make_default` is False (a settings override, cpu_backend="wasm"). Call it
+    before the first tensor op. See hosts.py's module doc."""
+    from .. import get_backend, set_backend
+    from ..settings import override_settings
 
-    if js_module is not None or _page_backend is None:
-        module = js_module if js_module is not None else pyodide_js_module()
-        if module is None:
-            raise _missing_page_module()
-        _page_backend = WasmBackend(PyodideHost(module))
+    if js_module is not None:
+        backend = WasmBackend(PyodideHost(js_module))
+        set_backend("wasm", backend)
+    elif pyodide_js_module() is None:
+        raise _missing_page_module()
+    else:
+        backend = get_backend("wasm")  # in Pyodide the factory builds it on that module, once
     if make_default:
-        os.environ[BACKEND_VARIABLE] = "wasm"
-        reload_settings()
-    return _page_backend
+        override_settings(cpu_backend="wasm")
+    return backend
 
 
 def create_backend() -> WasmBackend:
-    """The "wasm" backend's factory: in Pyodide on the kernels the worker registered; natively
-    under wasmtime on CANDLE_WEB_WASM_KERNELS (default: the checkout's web/vendor/kernels.wasm)."""
-    global _page_backend
-    from .settings import WASM_KERNELS_VARIABLE, settings
+    """The "wasm" backend's factory (the registry in backend/__init__ calls it once and keeps
+    the backend): in Pyodide on the kernels the worker registered; natively under wasmtime on
+    CANDLE_WEB_WASM_KERNELS (default: the checkout's web/vendor/kernels.wasm)."""
+    from ..settings import WASM_KERNELS_VARIABLE, settings
 
-    if _page_backend is not None:
-        return _page_backend
     if sys.platform == "emscripten":
         module = pyodide_js_module()
         if module is None:
             raise _missing_page_module()
-        _page_backend = WasmBackend(PyodideHost(module))
-        return _page_backend
+        return WasmBackend(PyodideHost(module))
     configured = settings().wasm_kernels
     path = Path(configured) if configured else default_kernels_path()
     if path is None:

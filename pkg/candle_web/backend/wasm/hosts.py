@@ -1,7 +1,7 @@
 """Hosts of the wasm kernel module: how Python reaches `kernels.wasm`'s exports.
 
 Both hosts have one interface, `host.call(name, *args)` (and `host.kernel(name)`, the same as
-a function to keep), taking the arguments of the export `name` in `wasm_abi.EXPORTS` order
+a function to keep), taking the arguments of the export `name` in `abi.EXPORTS` order
 WITHOUT the `scratch` argument (the host inserts its own buffer): numpy arrays (or None where
 the ABI allows an absent pointer) for array arguments, Python ints for i32 arguments and Python
 floats for f32 ones. Strides are the caller's business:
@@ -26,7 +26,7 @@ Entry points for the page's worker (web/worker.js):
    `loadPyodide` and keep `imports.env.memory`; `memory.buffer === pyodide._module.HEAPU8.buffer`
    confirms it. Checked under Node 20 with Pyodide 0.27.7 and the real kernels.)
 2. Before the first tensor op, in Python:
-   `from candle_web.backend.wasm_backend import install; install()`.
+   `from candle_web.backend.wasm import install; install()`.
    `install()` builds a `PyodideHost` on `candle_kernels`, makes it the "wasm" backend's host
    and (unless `make_default=False`) sets `CANDLE_WEB_BACKEND=wasm`, so `Device.cpu()` uses it.
    It returns the backend; it raises `BackendUnavailable` naming what is missing (no registered
@@ -44,8 +44,8 @@ import weakref
 
 import numpy as np
 
-from . import wasm_abi
-from ..core.errors import BackendUnavailable, CandleError
+from ...core.errors import BackendUnavailable, CandleError
+from . import abi
 
 JS_MODULE_NAME = "candle_kernels"
 
@@ -62,14 +62,14 @@ class _CallSpec:
 
     __slots__ = ("name", "n_args", "arrays", "optional", "scratch_at", "kinds")
 
-    def __init__(self, export: wasm_abi.Export):
+    def __init__(self, export: abi.Export):
         self.name = export.name
-        user = [a for a in export.args if a.kind != wasm_abi.SCRATCH]
+        user = [a for a in export.args if a.kind != abi.SCRATCH]
         self.n_args = len(user)
-        self.arrays = tuple(i for i, a in enumerate(user) if a.kind in wasm_abi.ARRAY_KINDS)
+        self.arrays = tuple(i for i, a in enumerate(user) if a.kind in abi.ARRAY_KINDS)
         self.optional = frozenset(i for i, a in enumerate(user) if a.optional)
         self.kinds = tuple(a.kind for a in user)
-        positions = [i for i, a in enumerate(export.args) if a.kind == wasm_abi.SCRATCH]
+        positions = [i for i, a in enumerate(export.args) if a.kind == abi.SCRATCH]
         self.scratch_at = positions[0] if positions else None
 
     def check(self, args) -> None:
@@ -78,7 +78,7 @@ class _CallSpec:
                               f"(the ABI's, without scratch), got {len(args)}")
 
 
-_SPECS = {e.name: _CallSpec(e) for e in wasm_abi.EXPORTS}
+_SPECS = {e.name: _CallSpec(e) for e in abi.EXPORTS}
 
 
 def _spec(name):
@@ -86,7 +86,7 @@ def _spec(name):
         return _SPECS[name]
     except KeyError:
         raise CandleError(f"wasm kernel {name!r} is not in the ABI; exports: "
-                          f"{list(wasm_abi.EXPORT_NAMES)}") from None
+                          f"{list(abi.EXPORT_NAMES)}") from None
 
 
 def _aligned_bytes(n: int, align: int = SCRATCH_ALIGN):
@@ -98,9 +98,9 @@ def _aligned_bytes(n: int, align: int = SCRATCH_ALIGN):
 
 
 def _check_version(version: int, where: str) -> None:
-    if version != wasm_abi.ABI_VERSION:
+    if version != abi.ABI_VERSION:
         raise BackendUnavailable(f"the wasm kernels at {where} implement ABI version {version}, "
-                                 f"this candle-web expects {wasm_abi.ABI_VERSION}: rebuild them "
+                                 f"this candle-web expects {abi.ABI_VERSION}: rebuild them "
                                  "(scripts/build_kernels.py)")
 
 
@@ -127,7 +127,7 @@ class PyodideHost:
                                      "attribute (register {exports: instance.exports})")
         fns = {}
         missing = []
-        for export in wasm_abi.EXPORTS:
+        for export in abi.EXPORTS:
             try:
                 fns[export.name] = getattr(exports, export.name)
             except AttributeError:
@@ -237,11 +237,11 @@ class WasmtimeHost:
             wasmtime.Limits(minimum, memory_type.limits.max)))
         instance = wasmtime.Instance(self._store, module, [self._memory])
         exports = instance.exports(self._store)
-        missing = [e.name for e in wasm_abi.EXPORTS if e.name not in exports]
+        missing = [e.name for e in abi.EXPORTS if e.name not in exports]
         if missing:
             raise BackendUnavailable(f"the wasm kernels at {self.path} lack exports {missing}: "
                                      "rebuild them (scripts/build_kernels.py)")
-        self._fns = {e.name: exports[e.name] for e in wasm_abi.EXPORTS}
+        self._fns = {e.name: exports[e.name] for e in abi.EXPORTS}
         self._view = None
         _check_version(self._fns["abi_version"](self._store), self.path)
         self.scratch_bytes = int(self._fns["scratch_bytes"](self._store))
@@ -305,9 +305,9 @@ class WasmtimeHost:
         values = list(args)
         regions = self._place(spec, args)
         for i, kind in enumerate(spec.kinds):
-            if kind == wasm_abi.INT:
+            if kind == abi.INT:
                 values[i] = _i32(args[i], name, i)
-            elif kind == wasm_abi.FLOAT:
+            elif kind == abi.FLOAT:
                 values[i] = float(args[i])
             elif args[i] is None:
                 if i not in spec.optional:
@@ -320,7 +320,7 @@ class WasmtimeHost:
             values.insert(spec.scratch_at, self._scratch_ptr)
         result = self._fns[name](self._store, *values)
         for i in spec.arrays:
-            if args[i] is not None and spec.kinds[i] != wasm_abi.IN:
+            if args[i] is not None and spec.kinds[i] != abi.IN:
                 args[i][...] = regions[i][1]
         return result
 
@@ -368,7 +368,7 @@ class WasmtimeHost:
                                   strides=a.strides)
                 regions[i] = (base + offset, view)
             for i, _ in members:
-                if spec.kinds[i] != wasm_abi.OUT:
+                if spec.kinds[i] != abi.OUT:
                     regions[i][1][...] = args[i]
         return regions
 
@@ -410,7 +410,7 @@ def _align(n: int, align: int) -> int:
 
 
 def _arg_name(name: str, index: int) -> str:
-    user = [a for a in wasm_abi.EXPORTS_BY_NAME[name].args if a.kind != wasm_abi.SCRATCH]
+    user = [a for a in abi.EXPORTS_BY_NAME[name].args if a.kind != abi.SCRATCH]
     return user[index].name
 
 

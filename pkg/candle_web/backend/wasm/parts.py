@@ -1,6 +1,6 @@
 """The wasm backend's accelerated parts: Whisper's encoder and decode step and LLaMA's decode
-step on the kernels of `kernels.wasm` (backend/parts.py declares them; models/whisper.py and
-llama.py look them up).
+step on the kernels of `kernels.wasm` (backend/parts.py declares them and decides when they
+run; this package's __init__ registers them).
 
 Why a part and not the tensor path: in Pyodide every tensor op costs tens of microseconds of
 interpreter work before any arithmetic, and a decode step is ~60 ops per block. Here a decode
@@ -14,34 +14,41 @@ The arithmetic is the tensor path's (layer/RMS norms, biased products, attention
 matrices that hold only f16 values (Whisper's CTranslate2 files store f16) are multiplied from
 their f16 bits, which is exact and halves the bytes a memory-bound step reads; otherwise from
 the model's own f32 storage. LLaMA's quantized weights are multiplied straight from their GGML
-blocks. A factory returns None when the weights do not fit (a missing bias, another dtype, a
-GGML type the module lacks), and the model keeps its tensor path.
+blocks. A class raises `UnfitWeights` when the weights do not fit (a missing bias, another
+dtype, a GGML type the module lacks); its factory then returns None and the model keeps its
+tensor path. The two-thread versions (team_parts.py) wrap these classes and stand aside on the
+same error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 
 import numpy as np
 
-from . import parts, wasm_abi
-from .settings import settings
+from .. import parts
+from ...core.errors import UnsupportedError
+from ..settings import settings
+from . import abi
 
 _F32 = np.dtype(np.float32)
-_UNARY_GELU_ERF = wasm_abi.UNARY_OPS["gelu_erf"]
+_UNARY_GELU_ERF = abi.UNARY_OPS["gelu_erf"]
 
 
-class _Unfit(Exception):
-    """A weight the kernels cannot take."""
+class UnfitWeights(UnsupportedError):
+    """The weights do not fit the kernels (the message says which); the part's factory returns
+    None and the model's tensor path runs."""
 
 
 def _f32(tensor) -> np.ndarray:
     if tensor is None:
-        raise _Unfit
+        raise UnfitWeights("a weight the kernels need is absent")
     array = tensor.storage_numpy() if hasattr(tensor, "storage_numpy") else tensor
     if not isinstance(array, np.ndarray) or array.dtype != _F32:
-        raise _Unfit
+        raise UnfitWeights(f"a weight is {getattr(array, 'dtype', type(array).__name__)}, the "
+                           "kernels take float32")
     return np.ascontiguousarray(array)
 
 
@@ -118,7 +125,7 @@ class _WhisperBlock:
     def __init__(self, call, block, use_half: bool):
         for affine in (block.qkv, block.attn_out, block.fc1, block.fc2):
             if affine.bias is None:
-                raise _Unfit
+                raise UnfitWeights("a Whisper block's linear layer has no bias")
         self.n_head = block.n_head
         linear = lambda affine: _Linear(call, _f32(affine.weight), affine.bias, use_half)  # noqa: E731
         self.attn_ln = _norm(block.attn_ln)
@@ -164,7 +171,9 @@ class WhisperEncoder:
         for conv in (weights.conv1, weights.conv2):
             w = _f32(conv.weight)  # [c_out, c_in, 3]
             if w.ndim != 3 or w.shape[2] != 3 or conv.bias is None:
-                raise _Unfit
+                raise UnfitWeights(f"a Whisper convolution of shape {list(w.shape)} (bias "
+                                   f"{'absent' if conv.bias is None else 'present'}): the "
+                                   "kernels take kernel 3 with a bias")
             taps = [np.ascontiguousarray(w[:, :, j]) for j in range(3)]
             self.convs.append(([_Linear(call, tap, None, False) for tap in taps],
                                _f32(conv.bias).reshape(-1)))
@@ -176,7 +185,7 @@ class WhisperEncoder:
     def build(backend, weights):
         try:
             return WhisperEncoder(backend, weights)
-        except _Unfit:
+        except UnfitWeights:
             return None
 
     def _conv_gelu(self, index: int, x: np.ndarray, stride: int) -> np.ndarray:
@@ -232,7 +241,7 @@ class WhisperDecoderStep:
         self.positions = _f32(weights.positions)
         self.ln = _norm(weights.ln)
         if any(block.cross_q is None for block in weights.blocks):
-            raise _Unfit
+            raise UnfitWeights("a Whisper decoder block without cross-attention")
         # f16 bits for matrices that hold only f16 values, unless CANDLE_WEB_WHISPER_F16=0.
         use_half = settings().whisper_f16
         self.blocks = [_WhisperBlock(call, block, use_half) for block in weights.blocks]
@@ -245,13 +254,14 @@ class WhisperDecoderStep:
                 value is None for b in self.blocks
                 for value in (b.attn_ln[1], b.cross_ln[1], b.mlp_ln[1], b.cross_q.bias,
                               b.cross_out.bias)):
-            raise _Unfit  # the fused block takes one eps and biased norms and linears
+            raise UnfitWeights("the fused Whisper block takes one eps and biased norms and "
+                               "linear layers")
 
     @staticmethod
     def build(backend, weights):
         try:
             return WhisperDecoderStep(backend, weights)
-        except _Unfit:
+        except UnfitWeights:
             return None
 
     def _cross_kv(self, features: np.ndarray) -> list:
@@ -327,13 +337,15 @@ class _QLinear:
                 if kind == _GGML_F16:
                     data = data.view(np.uint16)
                 elif kind not in types:
-                    raise _Unfit
+                    raise UnfitWeights(f"GGML type {kind} is not one the kernels multiply "
+                                       f"({sorted(types)})")
                 self.pieces.append((kind, n, data))
         else:
             weight = _f32(qmatmul.weight)
             self.pieces.append((0, weight.shape[0], weight))
         if len(self.pieces) > max_pieces:
-            raise _Unfit
+            raise UnfitWeights(f"a projection stored as {len(self.pieces)} tensors (the fused "
+                               f"step takes at most {max_pieces})")
         self.n = sum(rows for _, rows, _ in self.pieces)
 
     def slots(self, count: int) -> tuple:
@@ -356,7 +368,7 @@ class LlamaDecoderStep:
 
     def __init__(self, backend, weights: parts.LlamaDecoderWeights):
         self.call = backend.host.call
-        types = frozenset(wasm_abi.LINEAR_Q_TYPES)
+        types = frozenset(abi.LINEAR_Q_TYPES)
         self.w = weights
         self.layers = []
         for layer in weights.layers:
@@ -377,7 +389,7 @@ class LlamaDecoderStep:
     def build(backend, weights):
         try:
             return LlamaDecoderStep(backend, weights)
-        except _Unfit:
+        except UnfitWeights:
             return None
 
     def __call__(self, x: np.ndarray, pos: int, caches, cos: np.ndarray, sin: np.ndarray):
@@ -398,22 +410,33 @@ class LlamaDecoderStep:
         return logits
 
 
-def register() -> None:
-    """Offer the parts on the wasm backend (called when the backend is created)."""
-    parts.register_part(parts.WHISPER_ENCODER, "wasm",
-                        lambda weights: _build(WhisperEncoder, weights))
-    parts.register_part(parts.WHISPER_DECODER_STEP, "wasm",
-                        lambda weights: _build(WhisperDecoderStep, weights))
-    parts.register_part(parts.LLAMA_DECODER_STEP, "wasm",
-                        lambda weights: _build(LlamaDecoderStep, weights))
+def _home(weights):
+    """The wasm backend the weights live on: find_part chose this part by that backend's name,
+    and the part runs where its tensors are (their device's backend)."""
+    for field in dataclasses.fields(weights):
+        device = getattr(getattr(weights, field.name), "device", None)
+        if device is not None:
+            return device.backend
+    raise TypeError(f"{type(weights).__name__} holds no tensor to find its backend by")
 
 
 def _build(cls, weights):
-    """The part on the wasm backend: its two-thread version when the backend has a team
-    (backend/wasm_team_parts.py, ?threads=2 in the page) and the weights fit it, else this
-    module's."""
-    from . import get_backend
-
-    backend = get_backend("wasm")
+    """The part on the weights' wasm backend: its two-thread version when the backend has a
+    team (team_parts.py, ?threads=2 in the page) and the weights fit it, else this module's."""
+    backend = _home(weights)
     team_part = backend.team_part(cls, weights)
     return team_part if team_part is not None else cls.build(backend, weights)
+
+
+# The factories the package's __init__ registers (backend/parts.py calls them with the model's
+# exported weights).
+def whisper_encoder(weights: parts.WhisperEncoderWeights):
+    return _build(WhisperEncoder, weights)
+
+
+def whisper_decoder_step(weights: parts.WhisperDecoderWeights):
+    return _build(WhisperDecoderStep, weights)
+
+
+def llama_decoder_step(weights: parts.LlamaDecoderWeights):
+    return _build(LlamaDecoderStep, weights)

@@ -29,9 +29,9 @@ import threading
 
 import numpy as np
 
-from . import wasm_abi
-from ..core.errors import BackendUnavailable, CandleError
-from .wasm_hosts import close_at_exit, closed
+from ...core.errors import BackendUnavailable, CandleError
+from . import abi
+from .hosts import close_at_exit, closed
 
 JS_MODULE_NAME = "candle_team"
 ALIGN = 16
@@ -115,7 +115,7 @@ class _TeamHost:
         self.arena = Arena(heap_start, self.ensure)
         self.scratch_bytes = int(self._scratch_bytes())
         self.scratch = self.arena.alloc(self.scratch_bytes)  # the calling thread's
-        self._jobs = wasm_abi.TEAM_JOBS
+        self._jobs = abi.TEAM_JOBS
 
     def alloc(self, nbytes: int) -> int:
         return self.arena.alloc(nbytes)
@@ -136,8 +136,8 @@ class _TeamHost:
         return int(self._team_run(self.ctrl, self._jobs[job], args, self.scratch))
 
     def _ctrl_field(self, name: str) -> int:
-        fields = self.read(self.ctrl, np.empty(len(wasm_abi.TEAM_CTRL_FIELDS), np.int32))
-        return int(fields[wasm_abi.TEAM_CTRL_FIELDS.index(name)])
+        fields = self.read(self.ctrl, np.empty(len(abi.TEAM_CTRL_FIELDS), np.int32))
+        return int(fields[abi.TEAM_CTRL_FIELDS.index(name)])
 
     @property
     def threads(self) -> int:
@@ -161,11 +161,11 @@ class PyodideTeamHost(_TeamHost):
         if exports is None or layout is None:
             raise BackendUnavailable(f"the JS module {JS_MODULE_NAME!r} lacks `exports` or "
                                      "`layout` (web/worker.js registers both)")
-        missing = [name for name in wasm_abi.TEAM_EXPORT_NAMES if not hasattr(exports, name)]
+        missing = [name for name in abi.TEAM_EXPORT_NAMES if not hasattr(exports, name)]
         if missing:
             raise BackendUnavailable(f"the threads kernels lack exports {missing}: rebuild them "
                                      "(scripts/build_kernels.py)")
-        if int(exports.abi_version()) != wasm_abi.ABI_VERSION:
+        if int(exports.abi_version()) != abi.ABI_VERSION:
             raise BackendUnavailable("the threads kernels implement another ABI version: "
                                      "rebuild them (scripts/build_kernels.py)")
         self._js = js_module
@@ -230,7 +230,7 @@ class WasmtimeTeamHost(_TeamHost):
         scratch_bytes = int(self._scratch_bytes())
         self._start(HELPER_SCRATCH_OFFSET + scratch_bytes)
         self.helper_scratch = HELPER_SCRATCH_OFFSET
-        self._bytes()[self.ctrl:self.ctrl + wasm_abi.TEAM_CTRL_BYTES] = 0
+        self._bytes()[self.ctrl:self.ctrl + abi.TEAM_CTRL_BYTES] = 0
         self._helper = None
         if helper:
             self.start_helper()

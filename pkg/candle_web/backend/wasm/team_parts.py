@@ -1,8 +1,8 @@
-"""The parts on two threads (`kernels-threads.wasm`, backend/wasm_team.py): LLaMA's and
+"""The parts on two threads (`kernels-threads.wasm`, team.py): LLaMA's and
 Whisper's whole decode step, and Whisper's encoder for one window, as one team job each, with
 the weights resident in the team's shared memory.
 
-Each part wraps the one-thread part of backend/wasm_parts.py (which checks that the weights
+Each part wraps the one-thread part of parts.py (which checks that the weights
 fit and prepares them: f16 bits, GGML pieces) and copies its arrays into the shared memory
 once. A step then copies in the hidden state (and the rotary rows), runs every block and the
 vocabulary projection in one `team_run`, and copies out the logits and the step's new keys and
@@ -25,8 +25,9 @@ import weakref
 
 import numpy as np
 
-from . import wasm_abi, wasm_parts
-from .wasm_team import TeamMemoryFull
+from . import abi
+from . import parts as one_thread
+from .team import TeamMemoryFull
 
 _F32 = np.dtype(np.float32)
 
@@ -63,7 +64,7 @@ class _Ledger:
 
 class _ArgBlock:
     """An argument block (a header, then one record per block) as an int32 array, filled by
-    field name from the wasm_abi layout tables; floats are stored as their f32 bits."""
+    field name from the abi.py layout tables; floats are stored as their f32 bits."""
 
     def __init__(self, header: tuple, record: tuple, records: int):
         self.header_index = {name: i for i, (name, _) in enumerate(header)}
@@ -179,14 +180,14 @@ class TeamLlamaDecoderStep:
     team job per token."""
 
     def __init__(self, backend, weights, team):
-        base = wasm_parts.LlamaDecoderStep(backend, weights)  # raises _Unfit
+        base = one_thread.LlamaDecoderStep(backend, weights)  # raises UnfitWeights
         self.team = team = _ledger(self, team)
         put = team.put
         w = weights
         hd, nh, nkv = w.head_dim, w.num_heads, w.num_kv_heads
         d = base.norm.shape[0]
         self.d, self.hd, self.nkv, self.half = d, hd, nkv, hd // 2
-        self.args = _ArgBlock(wasm_abi.TEAM_LLAMA_HEADER, wasm_abi.TEAM_LLAMA_LAYER,
+        self.args = _ArgBlock(abi.TEAM_LLAMA_HEADER, abi.TEAM_LLAMA_LAYER,
                               len(base.layers))
         for i, (attn_norm, mlp_norm, eps, qkv, out, gate_up, down) in enumerate(base.layers):
             (qt, qr, qw), (kt, kr, kw), (vt, vr, vw) = _pieces(qkv, 3)
@@ -226,7 +227,7 @@ class TeamLlamaDecoderStep:
     def build(backend, weights, team):
         try:
             return TeamLlamaDecoderStep(backend, weights, team)
-        except wasm_parts._Unfit:
+        except one_thread.UnfitWeights:
             return None
 
     def __call__(self, x: np.ndarray, pos: int, caches, cos: np.ndarray, sin: np.ndarray):
@@ -262,14 +263,14 @@ class TeamWhisperDecoderStep:
     token per row in one team job; the cross K/V of an audio are copied in once."""
 
     def __init__(self, backend, weights, team):
-        base = wasm_parts.WhisperDecoderStep(backend, weights)  # raises _Unfit
+        base = one_thread.WhisperDecoderStep(backend, weights)  # raises UnfitWeights
         self.base = base
         self.team = team = _ledger(self, team)
         put = lambda array: _put(team, array)  # noqa: E731  (an absent bias: 0)
         self.embedding = base.embedding
         self.positions = base.positions
         self.blocks = base.blocks
-        self.args = _ArgBlock(wasm_abi.TEAM_WHISPER_HEADER, wasm_abi.TEAM_WHISPER_BLOCK,
+        self.args = _ArgBlock(abi.TEAM_WHISPER_HEADER, abi.TEAM_WHISPER_BLOCK,
                               len(base.blocks))
         for i, block in enumerate(base.blocks):
             ln1, ln2, ln3 = block.attn_ln, block.cross_ln, block.mlp_ln
@@ -314,7 +315,7 @@ class TeamWhisperDecoderStep:
     def build(backend, weights, team):
         try:
             return TeamWhisperDecoderStep(backend, weights, team)
-        except wasm_parts._Unfit:
+        except one_thread.UnfitWeights:
             return None
 
     def _cross_kv(self, features: np.ndarray) -> list:
@@ -328,7 +329,7 @@ class TeamWhisperDecoderStep:
         return self._cross[1]
 
     def step(self, token_ids, position: int, caches, features, with_logits: bool = True):
-        """As wasm_parts.WhisperDecoderStep.step."""
+        """As one_thread.WhisperDecoderStep.step."""
         team = self.team
         ids = np.asarray(token_ids, dtype=np.intp).reshape(-1)
         rows = ids.shape[0]
@@ -372,7 +373,7 @@ class TeamWhisperEncoder:
     in one team job (steps.c: whisper_encoder_team_step); the weights are copied in once."""
 
     def __init__(self, backend, weights, team):
-        base = wasm_parts.WhisperEncoder(backend, weights)  # raises _Unfit
+        base = one_thread.WhisperEncoder(backend, weights)  # raises UnfitWeights
         self.team = team = _ledger(self, team)
         put = lambda array: _put(team, array)  # noqa: E731  (an absent bias: 0)
         (taps1, bias1), (taps2, bias2) = base.convs
@@ -381,7 +382,7 @@ class TeamWhisperEncoder:
         self.n_head = base.blocks[0].n_head
         self.ffn = base.blocks[0].fc1.n
         self.positions = base.positions
-        self.args = _ArgBlock(wasm_abi.TEAM_ENCODER_HEADER, wasm_abi.TEAM_ENCODER_BLOCK,
+        self.args = _ArgBlock(abi.TEAM_ENCODER_HEADER, abi.TEAM_ENCODER_BLOCK,
                               len(base.blocks))
         for i, block in enumerate(base.blocks):
             ln1, ln2 = block.attn_ln, block.mlp_ln
@@ -407,7 +408,7 @@ class TeamWhisperEncoder:
     def build(backend, weights, team):
         try:
             return TeamWhisperEncoder(backend, weights, team)
-        except wasm_parts._Unfit:
+        except one_thread.UnfitWeights:
             return None
 
     def __call__(self, mel: np.ndarray) -> np.ndarray:
@@ -426,7 +427,7 @@ class TeamWhisperEncoder:
         buffers = self.buffers
         mel_offset = buffers.get("mel", padded.nbytes)
         out_offset = buffers.get("out", frames * self.d * 4)
-        work = buffers.get("work", 4 * wasm_abi.team_encoder_work_floats(frames_in, self.d,
+        work = buffers.get("work", 4 * abi.team_encoder_work_floats(frames_in, self.d,
                                                                           self.ffn))
         self.args.set(frames_in=frames_in, mel=mel_offset, out=out_offset, work=work)
         team.write(mel_offset, padded)
@@ -435,13 +436,13 @@ class TeamWhisperEncoder:
         return team.read(out_offset, np.empty((frames, self.d), _F32))
 
 
-_TEAM_CLASSES = {wasm_parts.LlamaDecoderStep: TeamLlamaDecoderStep,
-                 wasm_parts.WhisperDecoderStep: TeamWhisperDecoderStep,
-                 wasm_parts.WhisperEncoder: TeamWhisperEncoder}
+_TEAM_CLASSES = {one_thread.LlamaDecoderStep: TeamLlamaDecoderStep,
+                 one_thread.WhisperDecoderStep: TeamWhisperDecoderStep,
+                 one_thread.WhisperEncoder: TeamWhisperEncoder}
 
 
 def build(backend, cls, weights):
-    """The two-thread version of wasm_parts' part class `cls` on backend.team, or None (no
+    """The two-thread version of parts.py's part class `cls` on backend.team, or None (no
     such version, the weights do not fit, or the shared memory cannot hold them: the
     one-thread part runs then, and a warning says why)."""
     team_cls = _TEAM_CLASSES.get(cls)
