@@ -212,10 +212,16 @@ def whisper_config(shape: dict) -> dict:
     }
 
 
+def sinusoids(length: int, channels: int) -> np.ndarray:
+    """Whisper's fixed encoder positions: sin then cos of position / 10000^(i / (channels/2 - 1))
+    (every real checkpoint stores them; a random one must be given the same table)."""
+    rates = np.exp(-np.log(10000.0) / (channels // 2 - 1) * np.arange(channels // 2))
+    angles = np.arange(length)[:, None] * rates[None, :]
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
+
+
 def whisper_random_state(config: dict, seed: int) -> dict:
     """HF-named f32 weights, scaled so activations stay O(1) and logits O(1-10)."""
-    from candle_web.models.whisper import sinusoids
-
     rng = np.random.default_rng(seed)
     d, ffn, vocab = config["d_model"], config["encoder_ffn_dim"], config["vocab_size"]
 

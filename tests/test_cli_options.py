@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from candle_web import cli
-from candle_web.core import option_limits
+from candle_web.generation import option_limits
 from candle_web.core.errors import CandleError, InvalidOption
 
 BEAM_RANGE = f"an integer from 1 to {option_limits.MAX_BEAM_SIZE}"
@@ -157,7 +157,8 @@ def no_model(monkeypatch):
     """transcribe without loading Whisper: the audio is read (and fails) before it is used."""
     from candle_web import pipelines
 
-    monkeypatch.setattr(pipelines, "load_whisper", lambda *args, **kwargs: (None, None))
+    monkeypatch.setattr(pipelines, "load_whisper",
+                        lambda *args, **kwargs: pipelines.Loaded(None, None))
 
 
 def test_audio_errors_name_the_path_once_and_no_object_repr(tmp_path, no_model, capsys):

@@ -12,7 +12,7 @@ import pytest
 from candle_web.core.errors import FormatError, ModelNotFound, ShapeMismatch
 from candle_web.io.gguf import write_gguf
 from candle_web.io.safetensors import serialize
-from candle_web.io.weights import (DictWeights, FirstOf, GgufWeights, Part, SafetensorsWeights,
+from candle_web.io.weights import (DictWeights, FirstOf, GgufWeights, RowSlice, SafetensorsWeights,
                                    WeightNames, open_weights)
 from candle_web.quantized import QTensor
 
@@ -67,8 +67,8 @@ def test_ggml_blocks_stay_packed_or_decode_as_the_mode_says():
 
 NAMES = WeightNames(("hf", "fused"), {
     "embed": (FirstOf("model.embed", "embed_tokens"), "tok"),
-    "blocks.{i}.q": ("layers.{i}.q_proj", Part("blk.{i}.qk", 0, 2)),
-    "blocks.{i}.k": ("layers.{i}.k_proj", Part("blk.{i}.qk", 1, 2)),
+    "blocks.{i}.q": ("layers.{i}.q_proj", RowSlice("blk.{i}.qk", 0, 2)),
+    "blocks.{i}.k": ("layers.{i}.k_proj", RowSlice("blk.{i}.qk", 1, 2)),
     "blocks.{i}.bias": (None, "blk.{i}.bias"),
 }, marker="embed")
 
@@ -89,7 +89,7 @@ def test_name_tables_map_model_names_to_each_naming():
     with pytest.raises(ModelNotFound, match="blocks.3.bias"):
         view.tensor("blocks.3.bias")
     assert sorted(view.names()) == ["blocks.3.k", "blocks.3.q", "embed"]
-    # A Part is a row slice of the fused tensor: q the first half, k the second.
+    # A RowSlice is a row slice of the fused tensor: q the first half, k the second.
     split = NAMES.view(DictWeights(fused), "fused")
     assert split.shape("blocks.3.k") == (32, 32)
     np.testing.assert_array_equal(split.tensor("blocks.3.q", (32, 32)).to_numpy(),

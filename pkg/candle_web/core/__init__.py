@@ -1,3 +1,3 @@
 """The tensor core: Tensor and Var (with their math and shape mixins, conv, display), dtypes,
-devices, shapes, autograd, the error hierarchy and option limits. Depends on nothing else in
+devices, shapes, autograd, the error hierarchy. Depends on nothing else in
 candle_web but the backend interface it dispatches to; the package face re-exports its names."""

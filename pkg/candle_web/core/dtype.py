@@ -98,13 +98,6 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return rounded
 
 
-def to_compute_f32(arr: np.ndarray, dtype: DType) -> np.ndarray:
-    """A float32 (or wider) view of stored values for computing: bf16 bits are widened."""
-    if dtype is bf16:
-        return bf16_bits_to_f32(arr)
-    return arr
-
-
 def float_to_int_saturating(xp, arr, np_dtype):
     """Float -> integer cast with Candle's (Rust `as`) semantics: truncate toward zero,
     saturate at the integer range, NaN -> 0.
@@ -124,19 +117,3 @@ def float_to_int_saturating(xp, arr, np_dtype):
     out = xp.where(below, xp.asarray(info.min, dtype=np_dtype), out)
     out = xp.where(above, xp.asarray(info.max, dtype=np_dtype), out)
     return xp.where(nan, xp.asarray(0, dtype=np_dtype), out)
-
-
-def cast_numpy(arr: np.ndarray, src: DType, dst: DType) -> np.ndarray:
-    """Convert stored values from one dtype to another: float→int truncates toward zero and
-    saturates (Candle's `as`), float→bf16 rounds to nearest even (as PyTorch does), int→int
-    wraps (two's complement, like both)."""
-    if src is dst:
-        return arr
-    if src is bf16:
-        arr = bf16_bits_to_f32(arr)
-    if dst is bf16:
-        return f32_to_bf16_bits(arr.astype(np.float32))
-    if dst.is_int and arr.dtype.kind == "f":
-        return float_to_int_saturating(np, arr, dst.np_storage)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return arr.astype(dst.np_storage)

@@ -9,7 +9,7 @@ import math
 
 from . import dtype as dt
 from .autograd import record
-from .errors import DTypeMismatch, IndexOutOfRange, ShapeError, ShapeMismatch, UnsupportedError
+from .errors import DTypeMismatch, IndexOutOfRange, ShapeError, ShapeMismatch
 from .shape import broadcast_shape, resolve_dim, resolve_dims
 
 FLOAT_ONLY_UNARY = {"exp", "log", "sin", "cos", "tanh", "sqrt", "recip", "gelu", "gelu_erf",
@@ -471,6 +471,3 @@ _BINARY_GRADS = {
     "minimum": lambda a, b, y, g: _max_min_grad(a, b, y, g, a.lt(b)),
 }
 
-
-def unsupported_grad(op: str):
-    raise UnsupportedError(f"{op}: gradient not implemented")

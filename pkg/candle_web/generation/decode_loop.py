@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend import parts
-from ..core import option_limits as limits
+from . import option_limits as limits
 from ..core.errors import Cancelled, CandleError
 from .logits_processor import DEFAULT_SEED, LogitsProcessor, Sampling
 from .penalties import DEFAULT_REPEAT_LAST_N, apply_repeat_penalty, penalty_window

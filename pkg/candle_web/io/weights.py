@@ -25,7 +25,7 @@ through `WeightNames`: a table kept next to the model with, per checkpoint namin
 Hugging Face, "gguf" for llama.cpp, "ct2" for CTranslate2), what that naming calls each weight.
 `names.view(weights)` picks the naming the file uses and is itself a source. A table entry is a
 name (with `{i}` for the layer number), `FirstOf(a, b)` (the first name the file has),
-`Part(name, index, count)` (row slice `index` of `count` equal ones: a fused tensor split) or
+`RowSlice(name, index, count)` (row slice `index` of `count` equal ones: a fused tensor split) or
 None (the naming has no such weight; the model decides, e.g. a zero bias).
 """
 
@@ -387,7 +387,7 @@ def open_weights(source) -> Weights:
 
 # -- a model's own names --------------------------------------------------------------------
 @dataclass(frozen=True)
-class Part:
+class RowSlice:
     """Row slice `index` of `count` equal slices of a stored tensor (a fused tensor split)."""
     name: str
     index: int
@@ -444,7 +444,7 @@ class WeightNames:
                          for column in range(len(self.namings))]
 
     def entry(self, model_name: str, naming: str):
-        """What `naming` calls `model_name`: a name, FirstOf, Part or None."""
+        """What `naming` calls `model_name`: a name, FirstOf, RowSlice or None."""
         column = self.namings.index(naming)
         for pattern, entries in self._patterns:
             match = pattern.match(model_name)
@@ -453,8 +453,8 @@ class WeightNames:
                 fields = match.groupdict()
                 if entry is None or not fields:
                     return entry
-                if isinstance(entry, Part):
-                    return Part(entry.name.format(**fields), entry.index, entry.count)
+                if isinstance(entry, RowSlice):
+                    return RowSlice(entry.name.format(**fields), entry.index, entry.count)
                 return entry.format(**fields)
         raise ModelNotFound(f"{model_name!r} is not one of the model's weight names")
 
@@ -507,8 +507,8 @@ class NamedWeights(Weights):
         if isinstance(entry, FirstOf):
             present = [name for name in entry.names if self.inner.has(self.prefix + name)]
             entry = present[0] if present else entry.names[0]
-        if isinstance(entry, Part):
-            return Part(self.prefix + entry.name, entry.index, entry.count)
+        if isinstance(entry, RowSlice):
+            return RowSlice(self.prefix + entry.name, entry.index, entry.count)
         return None if entry is None else self.prefix + entry
 
     def _absent(self, model_name: str) -> Exception:
@@ -526,13 +526,13 @@ class NamedWeights(Weights):
 
     def has(self, name: str) -> bool:
         stored = self._stored(name)
-        if isinstance(stored, Part):
+        if isinstance(stored, RowSlice):
             return self.inner.has(stored.name)
         return stored is not None and self.inner.has(stored)
 
     def shape(self, name: str) -> tuple:
         stored = self._stored(name)
-        if isinstance(stored, Part):
+        if isinstance(stored, RowSlice):
             full = self.inner.shape(stored.name)
             return (full[0] // stored.count,) + tuple(full[1:])
         return self.inner.shape(stored)
@@ -541,7 +541,7 @@ class NamedWeights(Weights):
         stored = self._stored(name)
         if stored is None:
             raise self._absent(name)
-        if not isinstance(stored, Part):
+        if not isinstance(stored, RowSlice):
             return self.inner.tensor(stored, shape, dtype, device)
         full_shape = None
         if shape is not None:
@@ -559,7 +559,7 @@ class NamedWeights(Weights):
         for (name, _), (entry, _) in zip(parts, stored):
             if entry is None:
                 raise self._absent(name)
-        if any(isinstance(entry, Part) for entry, _ in stored):
+        if any(isinstance(entry, RowSlice) for entry, _ in stored):
             tensors = [self.tensor(name, shape, dt.f32, device) for name, shape in parts]
             return QMatMul.from_tensor(tensors[0] if len(tensors) == 1 else Tensor.cat(tensors, 0))
         return self.inner.matrix(stored, device, mode)
@@ -570,4 +570,4 @@ class NamedWeights(Weights):
 
 __all__ = ["Weights", "SafetensorsWeights", "GgufWeights", "Ct2Weights", "NpzWeights",
            "DictWeights", "PytorchWeights", "folder_weights", "NamedWeights", "WeightNames",
-           "FirstOf", "Part", "open_weights"]
+           "FirstOf", "RowSlice", "open_weights"]

@@ -17,7 +17,6 @@ Decoding (greedy, beam search, timestamps, long-form transcription) is in whispe
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from ..core import dtype as dt
 from ..backend import parts
 from ..core.errors import FormatError, ShapeMismatch
 from ..io.checkpoint import CONFIG_FILE, open_checkpoint
-from ..io.weights import Ct2Weights, Part, WeightNames, open_weights
+from ..io.weights import Ct2Weights, RowSlice, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import LayerNorm, Linear
@@ -469,14 +468,6 @@ def _ct2_config(ct2, extra: dict, source: str, config_source: str) -> WhisperCon
         lang_ids=fields.int_list("lang_ids", (), 0, n_vocab - 1))
 
 
-def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:
-    """The encoder's fixed sinusoidal positions (used when a checkpoint omits them)."""
-    log_timescale_increment = math.log(max_timescale) / (channels // 2 - 1)
-    inv_timescales = np.exp(-log_timescale_increment * np.arange(channels // 2))
-    scaled_time = np.arange(length)[:, None] * inv_timescales[None, :]
-    return np.concatenate([np.sin(scaled_time), np.cos(scaled_time)], axis=1).astype(np.float32)
-
-
 # -- weight names ---------------------------------------------------------------------------
 def _block_names(hf: str, ct2: str, cross: bool) -> dict:
     """The rows of one encoder or decoder block: `hf` and `ct2` are the block's prefix in each
@@ -497,16 +488,16 @@ def _block_names(hf: str, ct2: str, cross: bool) -> dict:
         "attn.out.bias": (f"{hf}.self_attn.out_proj.bias", f"{ct2}/self_attention/linear_1/bias"),
         # CTranslate2 fuses Q/K/V in linear_0 (its k-bias slice is zero); HF has no k bias.
         "attn.q.weight": (f"{hf}.self_attn.q_proj.weight",
-                          Part(f"{ct2}/self_attention/linear_0/weight", 0, 3)),
+                          RowSlice(f"{ct2}/self_attention/linear_0/weight", 0, 3)),
         "attn.q.bias": (f"{hf}.self_attn.q_proj.bias",
-                        Part(f"{ct2}/self_attention/linear_0/bias", 0, 3)),
+                        RowSlice(f"{ct2}/self_attention/linear_0/bias", 0, 3)),
         "attn.k.weight": (f"{hf}.self_attn.k_proj.weight",
-                          Part(f"{ct2}/self_attention/linear_0/weight", 1, 3)),
-        "attn.k.bias": (None, Part(f"{ct2}/self_attention/linear_0/bias", 1, 3)),
+                          RowSlice(f"{ct2}/self_attention/linear_0/weight", 1, 3)),
+        "attn.k.bias": (None, RowSlice(f"{ct2}/self_attention/linear_0/bias", 1, 3)),
         "attn.v.weight": (f"{hf}.self_attn.v_proj.weight",
-                          Part(f"{ct2}/self_attention/linear_0/weight", 2, 3)),
+                          RowSlice(f"{ct2}/self_attention/linear_0/weight", 2, 3)),
         "attn.v.bias": (f"{hf}.self_attn.v_proj.bias",
-                        Part(f"{ct2}/self_attention/linear_0/bias", 2, 3)),
+                        RowSlice(f"{ct2}/self_attention/linear_0/bias", 2, 3)),
     }
     if cross:  # CTranslate2: attention/linear_0 = q, linear_1 = fused K/V, linear_2 = out
         rows.update({
@@ -519,12 +510,12 @@ def _block_names(hf: str, ct2: str, cross: bool) -> dict:
             "cross_attn.q.bias": (f"{hf}.encoder_attn.q_proj.bias",
                                   f"{ct2}/attention/linear_0/bias"),
             "cross_attn.k.weight": (f"{hf}.encoder_attn.k_proj.weight",
-                                    Part(f"{ct2}/attention/linear_1/weight", 0, 2)),
-            "cross_attn.k.bias": (None, Part(f"{ct2}/attention/linear_1/bias", 0, 2)),
+                                    RowSlice(f"{ct2}/attention/linear_1/weight", 0, 2)),
+            "cross_attn.k.bias": (None, RowSlice(f"{ct2}/attention/linear_1/bias", 0, 2)),
             "cross_attn.v.weight": (f"{hf}.encoder_attn.v_proj.weight",
-                                    Part(f"{ct2}/attention/linear_1/weight", 1, 2)),
+                                    RowSlice(f"{ct2}/attention/linear_1/weight", 1, 2)),
             "cross_attn.v.bias": (f"{hf}.encoder_attn.v_proj.bias",
-                                  Part(f"{ct2}/attention/linear_1/bias", 1, 2)),
+                                  RowSlice(f"{ct2}/attention/linear_1/bias", 1, 2)),
             "cross_attn.out.weight": (f"{hf}.encoder_attn.out_proj.weight",
                                       f"{ct2}/attention/linear_2/weight"),
             "cross_attn.out.bias": (f"{hf}.encoder_attn.out_proj.bias",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..io import audio as audio_mod
-from ..core import option_limits as limits
+from ..generation import option_limits as limits
 from ..core.errors import Cancelled, CandleError, InvalidOption, UnsupportedError
 from ..core.tensor import Tensor
 

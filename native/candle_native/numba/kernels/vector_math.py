@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 from ._jit import FAST_REDUCTIONS
@@ -58,8 +58,6 @@ INV_SQRT_2 = F(1.0 / math.sqrt(2.0))
 HALF = F(0.5)
 ONE = F(1.0)
 ZERO = F(0.0)
-# Elements per parallel work item (as the other activations).
-CHUNK = 4096
 
 
 def vector_kernel(fn):
@@ -132,12 +130,6 @@ def _gelu_span(x, out, start, stop):
 @vector_kernel
 def gelu_erf_vector_serial(x, out):
     _gelu_span(x, out, 0, x.size)
-
-
-@vector_parallel_kernel
-def gelu_erf_vector_parallel(x, out):
-    for c in prange((x.size + CHUNK - 1) // CHUNK):
-        _gelu_span(x, out, c * CHUNK, min(x.size, (c + 1) * CHUNK))
 
 
 @vector_kernel

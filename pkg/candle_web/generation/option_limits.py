@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from .errors import InvalidOption
+from ..core.errors import InvalidOption
 
 # Beam search (and best_of sampling) runs this many decoder rows per window, and each row keeps
 # its own decoder state: a copy of the audio features, the cross-attention keys and values of
