@@ -28,7 +28,7 @@ const MAX_JOB_ID = 2 ** 31 - 1; // ids live in an int32 slot
 // Talks to web/worker.js: one promise per command, progress through a callback.
 export class WorkerClient {
   constructor(url = WORKER_URL) {
-    this.worker = new Worker(url);
+    this.worker = new Worker(url, { type: "module" }); // web/worker.js imports its parts
     this.nextId = 1;
     this.pending = new Map();
     // Without cross-origin isolation there is no SharedArrayBuffer: commands still work,

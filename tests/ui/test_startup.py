@@ -95,6 +95,7 @@ def test_the_memory_watch_keeps_pyodides_memory_not_the_threads_builds(ready_pag
             0x72, 0x79, 2, flags, 1, ...(flags === 3 ? [1] : [])]);
         const plain = new WebAssembly.Memory({initial: 1});
         const shared = new WebAssembly.Memory({initial: 1, maximum: 1, shared: true});
+        const {watchForPyodideMemory} = await import('./worker/kernels.js');
         const watch = watchForPyodideMemory();
         try {
             await WebAssembly.instantiate(module(0), {env: {memory: plain}});

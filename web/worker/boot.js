@@ -1,0 +1,267 @@
+// The start: Pyodide (from the vendored memory snapshot when there is one), the kernels, the
+// threads build and the candle_web wheel fetched at the same time, numpy (and scipy for the
+// numpy backend) loaded while the wheel is unpacked, then the backend chosen by Python
+// (candle_web.worker.boot, the one Python entry point of the start).
+
+import { loadPyodide } from "../vendor/pyodide/pyodide.mjs";
+import {
+  PYODIDE_INDEX_URL, TypedError, VENDOR_URL, WHEEL_DIR_URL, WHEEL_MANIFEST_URL, describeError,
+  fetchChecked, fetchVerified, progress,
+} from "./common.js";
+import { KernelsUnavailable, compileKernels, instantiateKernels, watchForPyodideMemory } from "./kernels.js";
+import { registerTeam, startTeam } from "./team.js";
+import { installWheelFiles, unpackWheel } from "./wheel.js";
+
+// The page's ?backend=: wasm-simd128 forces the plain SIMD build (what browsers without
+// relaxed SIMD run), for A/B and for testing that build in a browser that has both.
+const BACKEND_CHOICES = ["auto", "wasm", "wasm-simd128", "numpy"];
+const FORCED_VARIANTS = { "wasm-simd128": "simd128" };
+
+// The started runtime: Pyodide, and the Python modules every command goes through
+// (candle_web.worker: the sessions; candle_web.worker.boot: the start). Null until started.
+export const runtime = { pyodide: null, worker: null, boot: null };
+let runtimePromise = null;
+
+// Log lines of Pyodide's package loader are chatty; keep them out of the console unless
+// something goes wrong.
+function quietLoaderOptions() {
+  return { messageCallback: () => {}, errorCallback: (text) => console.warn(text), checkIntegrity: true };
+}
+
+// Starts Pyodide: from the vendored memory snapshot when the manifest has one (the interpreter
+// is restored, not started: ~2 s less), else, or when the snapshot fails, the usual way.
+// Returns {pyodide, snapshot: whether it was used, snapshotReason: why not, or null}.
+async function loadRuntime(manifest) {
+  const options = {
+    indexURL: PYODIDE_INDEX_URL,
+    stdout: (line) => console.log(`[python] ${line}`),
+    stderr: (line) => console.warn(`[python] ${line}`),
+  };
+  let snapshotReason = manifest === null ? "not asked for" : "not vendored";
+  const entry = manifest?.snapshot;
+  if (entry) {
+    // The download and the hash run while loadPyodide fetches and compiles the runtime.
+    const bytes = fetchVerified(new URL(entry.file, VENDOR_URL).href, entry.file, entry.sha256)
+      .then((buffer) => new Uint8Array(buffer));
+    try {
+      const restored = await loadPyodide({ ...options, _loadSnapshot: bytes });
+      return { pyodide: restored, snapshot: true, snapshotReason: null };
+    } catch (error) {
+      snapshotReason = describeError(error).message;
+      console.warn(`candle-web: the Pyodide snapshot was not used, Python starts the usual way: ${snapshotReason}`);
+    }
+  }
+  return { pyodide: await loadPyodide(options), snapshot: false, snapshotReason };
+}
+
+// Runs `work` as the named phase of a start (progress start/done with ms) and keeps its
+// duration in `phases`; returns what `work` returns. Phases may overlap.
+async function startPhase(id, phases, phase, work) {
+  progress(id, { phase, state: "start" });
+  const start = performance.now();
+  let state = "failed"; // a phase that throws still has its duration (the kernels' may)
+  try {
+    const value = await work();
+    state = "done";
+    return value;
+  } finally {
+    phases[phase] = performance.now() - start;
+    progress(id, { phase, state, ms: phases[phase] });
+  }
+}
+
+// A promise awaited later; until then a rejection must not count as unhandled.
+function later(promise) {
+  promise?.catch(() => {});
+  return promise;
+}
+
+// What needs no Pyodide, started at once: the manifest, then the kernels, the threads build
+// (with its helper worker) and the wheel. Resolves nothing itself: each part is a promise.
+function startDownloads(id, phases, choice, threads) {
+  const manifest = later(fetchChecked(WHEEL_MANIFEST_URL, "wheel manifest").then((response) => response.json()));
+  const kernels = choice === "numpy" ? null
+    : later(startPhase(id, phases, "kernels", () => compileKernels(manifest, FORCED_VARIANTS[choice])));
+  const cores = self.navigator?.hardwareConcurrency ?? 1;
+  const wantTeam = threads === 2 || (threads === "auto" && cores >= 2);
+  const team = wantTeam && choice !== "numpy" && choice !== "wasm-simd128"
+    ? later(startPhase(id, phases, "threads", () => startTeam(manifest))) : null;
+  const wheel = later(startPhase(id, phases, "wheel", async () => {
+    const { wheel: file, sha256 } = await manifest;
+    const bytes = await fetchVerified(new URL(file, WHEEL_DIR_URL).href, file, sha256);
+    return { manifest: await manifest, entries: await unpackWheel(bytes) };
+  }));
+  return { manifest, kernels, team, wheel, wantTeam, cores };
+}
+
+// Pyodide itself, with its memory captured for the kernels; the page's interrupt slot armed.
+async function startPython(id, phases, useSnapshot, manifest, controlSlots) {
+  const memoryWatch = watchForPyodideMemory();
+  let started = null;
+  await startPhase(id, phases, "runtime", async () => {
+    try {
+      started = await loadRuntime(useSnapshot ? await manifest : null);
+    } finally {
+      memoryWatch.stop();
+    }
+    runtime.pyodide = started.pyodide;
+    self.pyodide = started.pyodide; // the console's (and the UI tests') handle on Python
+    if (controlSlots !== null) {
+      started.pyodide.setInterruptBuffer(new Int32Array(controlSlots.buffer, 0, 1));
+    }
+  });
+  return { ...started, memory: memoryWatch.memory() };
+}
+
+// The kernels instantiated on Pyodide's memory: {kernels, reason} (kernels null and the reason
+// when they cannot be used).
+async function kernelsOrReason(kernelsPromise, memory, choice) {
+  if (kernelsPromise === null) return { kernels: null, reason: "?backend=numpy asked for the numpy reference" };
+  try {
+    const kernels = await kernelsPromise;
+    await instantiateKernels(runtime.pyodide, kernels, memory);
+    return { kernels, reason: null };
+  } catch (error) {
+    if (!(error instanceof KernelsUnavailable)) throw error;
+    return { kernels: null, reason: error.message };
+  }
+}
+
+// Without the kernels, "auto" goes on with numpy (saying why); an explicit wasm choice fails.
+function fallBack(choice, why) {
+  if (choice !== "auto") throw new TypedError("KernelsUnavailable", `?backend=${choice} needs the wasm kernels: ${why}`);
+  console.warn(`candle-web: the wasm kernels are not used, numpy runs instead: ${why}`);
+}
+
+// The backend phase: Python renews what a snapshot shares, then chooses the backend (wasm on
+// the registered kernels, else numpy with scipy's BLAS). Returns {name, kernels, reason}.
+async function chooseBackend(id, phases, started, choice, { kernels, reason }) {
+  const { pyodide } = runtime;
+  let name = null;
+  await startPhase(id, phases, "backend", async () => {
+    runtime.worker = pyodide.pyimport("candle_web.worker");
+    runtime.boot = pyodide.pyimport("candle_web.worker.boot");
+    if (started.snapshot) runtime.boot.after_snapshot();
+    if (kernels !== null) {
+      try {
+        name = runtime.boot.select_backend("wasm");
+      } catch (error) {
+        // The kernels loaded but Python could not use them: numpy (with its BLAS) instead.
+        reason = `the wasm backend did not start: ${describeError(error).message}`;
+        kernels = null;
+        fallBack(choice, reason);
+        await pyodide.loadPackage("scipy", quietLoaderOptions());
+      }
+    }
+    if (kernels === null) name = runtime.boot.select_backend("numpy");
+  });
+  return { name, kernels, reason };
+}
+
+// The second thread: {team, threadsReason} (team null and why when one thread runs).
+async function startThreads(downloads, backend, choice, threads) {
+  const { cores, wantTeam } = downloads;
+  if (threads === 1) return { team: null, threadsReason: "?threads=1 asked for one thread" };
+  if (!wantTeam) return { team: null, threadsReason: `the browser reports ${cores} core${cores === 1 ? "" : "s"}` };
+  if (backend.kernels === null) return { team: null, threadsReason: "the two threads need the wasm backend" };
+  if (downloads.team === null) return { team: null, threadsReason: `?backend=${choice} runs one thread` };
+  let team = null;
+  try {
+    team = await downloads.team;
+    registerTeam(runtime.pyodide, team);
+    runtime.boot.attach_team();
+    return { team, threadsReason: null };
+  } catch (error) {
+    team?.helper.terminate();
+    const threadsReason = describeError(error).message;
+    console.warn(`candle-web: one thread runs, not two: ${threadsReason}`);
+    return { team: null, threadsReason };
+  }
+}
+
+function versions() {
+  return { pyodide: runtime.pyodide.version, ...JSON.parse(runtime.boot.versions_json()) };
+}
+
+// The start (see the file's head). `choice`: "auto" (wasm when the kernels load, else numpy
+// with the reason), "wasm" or "wasm-simd128" (the kernels or an error) or "numpy" (the
+// reference, for A/B). `useSnapshot`: restore the vendored Pyodide snapshot when there is one.
+async function startRuntime(id, { choice, useSnapshot, threads, controlSlots }) {
+  const startedAt = performance.now();
+  const phases = {};
+  const downloads = startDownloads(id, phases, choice, threads);
+  const started = await startPython(id, phases, useSnapshot, downloads.manifest, controlSlots);
+  const loaded = await kernelsOrReason(downloads.kernels, started.memory, choice);
+  if (loaded.kernels === null && choice !== "numpy") fallBack(choice, loaded.reason);
+  const packages = startPhase(id, phases, "packages", async () => {
+    await runtime.pyodide.loadPackage(loaded.kernels === null ? ["numpy", "scipy"] : ["numpy"], quietLoaderOptions());
+  });
+  const { manifest, entries } = await downloads.wheel;
+  installWheelFiles(runtime.pyodide, entries);
+  await packages;
+  const backend = await chooseBackend(id, phases, started, choice, loaded);
+  const { team, threadsReason } = await startThreads(downloads, backend, choice, threads);
+  return {
+    phases,
+    totalMs: performance.now() - startedAt,
+    versions: versions(),
+    wheel: manifest,
+    snapshot: { used: started.snapshot, reason: started.snapshotReason },
+    backend: {
+      name: backend.name,
+      requested: choice,
+      variant: backend.kernels?.variant ?? null,
+      label: backend.kernels?.label ?? null,
+      kernels: backend.kernels === null ? null : { file: backend.kernels.file, sha256: backend.kernels.sha256 },
+      reason: backend.reason,
+      threads: team === null ? 1 : 2,
+      threadsReason,
+      threadsKernels: team === null ? null : { file: team.file, sha256: team.sha256 },
+    },
+    crossOriginIsolated: self.crossOriginIsolated === true,
+    cancellable: controlSlots !== null,
+  };
+}
+
+function checkBackendChoice(value) {
+  const choice = value ?? "auto";
+  if (!BACKEND_CHOICES.includes(choice)) {
+    throw new TypedError("FormatError", `init: \`backend\` (the page's ?backend=) must be one of ${BACKEND_CHOICES.join(", ")}, got ${JSON.stringify(value)}`);
+  }
+  return choice;
+}
+
+function checkThreadsChoice(value) {
+  if (value === undefined || value === null) return "auto";
+  if (value !== 1 && value !== 2 && value !== "auto") {
+    throw new TypedError("FormatError", `init: \`threads\` (the page's ?threads=) must be 1, 2 or auto, got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+function checkSnapshotChoice(value) {
+  if (value === undefined || value === null) return true;
+  if (typeof value !== "boolean") {
+    throw new TypedError("FormatError", `init: \`snapshot\` (the page's ?snapshot=0) must be true or false, got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+// The runtime, started by the first caller (whose choices win: it starts once per worker);
+// resolves the init summary. `controlSlots`: the page's shared slots, or null.
+export function ensureRuntime(id, { backend, snapshot, threads } = {}, controlSlots = null) {
+  if (runtimePromise === null) {
+    runtimePromise = startRuntime(id, {
+      choice: checkBackendChoice(backend), useSnapshot: checkSnapshotChoice(snapshot),
+      threads: checkThreadsChoice(threads), controlSlots,
+    });
+    // A failed start may be retried by a later init.
+    runtimePromise.catch(() => { runtimePromise = null; });
+  }
+  return runtimePromise;
+}
+
+// The wasm heap's size in bytes (it grows, never shrinks: the high-water mark of a job).
+export function wasmHeapBytes() {
+  return runtime.pyodide?._module?.HEAP8?.buffer?.byteLength ?? null;
+}
