@@ -28,6 +28,7 @@ DEFAULT_MODELS = (
     "whisper-tiny.en",
     "whisper-base",
     "smollm2-135m-instruct",
+    "qwen2.5-coder-0.5b-instruct",
     "all-minilm-l6-v2",
     "gemma3-270m-q4km",
     "multilingual-e5-small",
