@@ -70,9 +70,9 @@ from .safetensors import MAX_NUMPY_DIMS, _make_tensor, to_candle_storage
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
 ZIP_MAGIC = b"PK\x03\x04"
-# The first bytes torch writes for a legacy file with the default protocol 2: PROTO 2, LONG1 of
-# 10 bytes, the magic number little-endian.
-LEGACY_HEAD = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
+# A legacy file's first pickle is the magic number: PROTO (protocol 2 and above, torch's
+# default) or LONG as text (protocols 0 and 1).
+LEGACY_FIRST_BYTES = (b"\x80", b"L")
 MAX_ELEMENTS = 1 << 62  # a size, stride, offset or element count above this is a lie
 MAX_NESTING = 32  # how deep tensors are looked for in nested dicts and lists
 
@@ -184,11 +184,11 @@ class TorchCheckpoint:
         self._storages = {}  # key -> Storage
         self.little_endian = True
         try:
-            head = bytes(self._buffer[:len(LEGACY_HEAD)])
+            head = bytes(self._buffer[:8])
             if head[:4] == ZIP_MAGIC:
                 self.format = "zip"
                 self._read_zip()
-            elif head[:1] == b"\x80":
+            elif head[:1] in LEGACY_FIRST_BYTES:
                 self.format = "legacy"
                 self._read_legacy()
             else:
@@ -353,13 +353,13 @@ class TorchCheckpoint:
         if not isinstance(pid, tuple) or not pid or pid[0] != "storage":
             head = pid[0] if isinstance(pid, tuple) and pid else type(pid).__name__
             raise FormatError(f"{where} {head!r} is refused: only ('storage', ...) ids are read")
+        if len(pid) > 1 and isinstance(pid[1], Refused):
+            return Refused(pid[1].name)  # named with the other refused globals at the end
         expected = 6 if self.format == "legacy" else 5
         if len(pid) != expected:
             raise FormatError(f"{where}: a storage id has {len(pid)} fields, the {self.format} "
                               f"format has {expected}")
         storage_type, key, location, numel = pid[1:5]
-        if isinstance(storage_type, Refused):
-            return Refused(storage_type.name)
         if not isinstance(storage_type, StorageType):
             raise FormatError(f"{where}: {storage_type!r} is not a storage type")
         if not isinstance(key, str) or not isinstance(location, str):
@@ -520,8 +520,10 @@ def _encode(text, encoding="utf-8"):
 
 
 def is_pytorch_checkpoint(head: bytes) -> bool:
-    """Whether the first bytes look like a torch.save file (zip or legacy, protocol 2)."""
-    return head[:4] == ZIP_MAGIC or head[:len(LEGACY_HEAD)] == LEGACY_HEAD
+    """Whether the first bytes look like a torch.save file: a zip, or the start of the legacy
+    layout's first pickle (whose magic number the reader then checks). A CTranslate2
+    model.bin starts with a small version number instead."""
+    return head[:4] == ZIP_MAGIC or head[:1] in LEGACY_FIRST_BYTES
 
 
 def load(source, device=None) -> dict:

@@ -43,6 +43,7 @@ class WhisperSession(Session):
     command = "transcribe"
     # What a Hub repo the registry does not know must hold: a faster-whisper CT2 export.
     required_files = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE)
+    _live = None  # the live recording: {recording, transcriber, timed, passMs} (live_step)
 
     def build(self, files: dict) -> tuple:
         from candle_web.io.weights import Ct2Weights
@@ -67,14 +68,17 @@ class WhisperSession(Session):
         return np.empty(int(count), dtype=np.float32)
 
     def compute(self, model, samples=None, options=None, profile: bool = False,
-                offset=None, prior=None, on_event=None) -> dict:
+                offset=None, prior=None, live=None, on_event=None) -> dict:
         """Transcribe the samples (bytes-like, float32). on_event(kind, payload) sees
         "language", "window", "token" (with the token's text) and "segment" events.
         profile=True runs under cProfile (slower) and adds the top functions by own time
         (bench/browser.py). offset (seconds) and prior (segment payloads) place the samples
-        in a longer recording (see the module doc)."""
+        in a longer recording (see the module doc). live: a step of a live recording (the
+        page's `live` command, see live_step)."""
         from candle_web.models.whisper_decode import transcribe
 
+        if live is not None:
+            return self.live_step(model, live, samples, options, offset, on_event)
         whisper, tokenizer = model
         opts = transcribe_options(options)
         offset = checked_offset(offset)
@@ -111,6 +115,54 @@ class WhisperSession(Session):
         result["input"] = {"samples": int(samples.size), "sha256": digest}
         return result
 
+    def live_step(self, model, live, samples=None, options=None, offset=None,
+                  on_event=None) -> dict:
+        """One step of a live recording, the policy being pipelines.transcribe's
+        LiveTranscriber: live = {recording: a positive int the page picks, action}.
+        "start" begins the recording with `options` (no samples); "pass" runs a pass over the
+        samples heard from `offset` seconds on, when enough are new; "stop" runs the last
+        pass over the rest (`samples` from `offset` to the recording's end) and returns the
+        transcript of the whole recording, with timings over all its passes. Every reply
+        carries `live`: the recording's state for the page to show (live_payload)."""
+        from candle_web.pipelines.transcribe import LiveTranscriber
+
+        whisper, tokenizer = model
+        recording, action = live_request(live)
+        if action == "start":
+            timed = TimedWhisper(whisper)
+            self._live = {"recording": recording, "timed": timed, "passMs": 0.0,
+                          "transcriber": LiveTranscriber(timed, tokenizer,
+                                                         transcribe_options(options))}
+            return {"live": live_payload(self._live, None)}
+        state = self._live
+        if state is None or state["recording"] != recording:
+            raise FormatError(f"live: recording {recording} was not started (send action "
+                              "'start' first)")
+        transcriber = state["transcriber"]
+        samples = samples_from_buffer(samples)
+        start = checked_offset(offset)
+        forward = _event_forwarder(tokenizer, on_event, transcriber.window_start,
+                                   len(transcriber.final) if action == "stop" else 0)
+        started = time.perf_counter()
+        if action == "pass":
+            done = transcriber.step(samples, start, on_event=forward)
+            state["passMs"] += (time.perf_counter() - started) * 1000.0
+            return {"live": live_payload(state, done)}
+        transcript = transcriber.finish(samples, start, on_event=forward)
+        last_ms = (time.perf_counter() - started) * 1000.0
+        state["passMs"] += last_ms
+        self._live = None
+        result = transcript_payload(transcript)
+        result["timings"] = {
+            "elapsedMs": state["passMs"], "audioSeconds": transcript.duration,
+            "rtf": state["passMs"] / 1000.0 / transcript.duration
+            if transcript.duration > 0 else None,
+            "lastPassMs": last_ms, "encodeMs": state["timed"].encode_ms,
+            "decodeMs": state["timed"].decode_ms, "decoderCalls": state["timed"].decoder_calls,
+            "windows": len(transcript.windows),
+        }
+        result["live"] = live_payload(state, None)
+        return result
 
 def transcribe_options(options):
     """TranscribeOptions from the page's plain dict; unknown names are refused."""
@@ -157,6 +209,39 @@ def checked_offset(offset) -> float:
     return float(offset)
 
 
+LIVE_ACTIONS = ("start", "pass", "stop")
+MAX_RECORDING_ID = 2**31 - 1
+
+
+def live_request(live) -> tuple:
+    """(recording, action) from the page's `live` field, each checked."""
+    live = python_value(live)
+    if not isinstance(live, dict):
+        raise FormatError(f"live: expected {{recording, action}}, got {live!r}")
+    recording, action = live.get("recording"), live.get("action")
+    if isinstance(recording, bool) or not isinstance(recording, int) \
+            or not 0 < recording <= MAX_RECORDING_ID:
+        raise FormatError(f"live: recording must be an integer from 1 to {MAX_RECORDING_ID}, "
+                          f"got {recording!r}")
+    if action not in LIVE_ACTIONS:
+        raise FormatError(f"live: action must be one of {', '.join(LIVE_ACTIONS)}, got "
+                          f"{action!r}")
+    return recording, action
+
+
+def live_payload(state: dict, done) -> dict:
+    """A live recording's state for the page: its passes and windows made final, where the open
+    window starts (the page sends the audio from there), when to run the next pass, the kept
+    and the partial segments, and what the pass of this step did (`ran`, `history`: None when
+    it ran none)."""
+    live = state["transcriber"]
+    return {"recording": state["recording"], "passes": live.passes, "commits": live.commits,
+            "windowStart": live.window_start, "passEnd": live.pass_end, "heard": live.heard,
+            "nextPassAt": live.next_pass_at(), "passMs": state["passMs"],
+            "final": [segment_payload(s) for s in live.final],
+            "partial": [segment_payload(s) for s in live.partial],
+            "ran": done is not None, "history": None if done is None else done.history_entry()}
+
 def prior_segments(prior, n_vocab: int) -> list:
     """Segments from the page (segment_payload's fields) as whisper_decode Segments, each
     field checked and named in the error."""
@@ -201,21 +286,10 @@ def prior_segments(prior, n_vocab: int) -> list:
 
 
 def placed_transcript(transcript, tokenizer, offset: float, prior: list):
-    """The transcript of a window placed in its recording: its segments moved by `offset` and
-    numbered after the `prior` ones, which come first; the text of them all."""
-    from dataclasses import replace
+    """The transcript of a window placed in its recording (pipelines.transcribe's)."""
+    from candle_web.pipelines.transcribe import placed_transcript as placed
 
-    from candle_web.models.whisper_decode import Transcript
-
-    moved = [replace(s, id=len(prior) + i, start=round(s.start + offset, 3),
-                     end=round(s.end + offset, 3))
-             for i, s in enumerate(transcript.segments)]
-    segments = list(prior) + moved
-    eot = tokenizer.token_to_id("<|endoftext|>")
-    text = tokenizer.decode([t for s in segments for t in s.tokens if t < eot],
-                            skip_special_tokens=True)
-    return Transcript(text=text, segments=segments, language=transcript.language,
-                      duration=offset + transcript.duration, windows=transcript.windows)
+    return placed(transcript, tokenizer, offset, prior)
 
 
 def _event_forwarder(tokenizer, on_event, offset: float = 0.0, first_id: int = 0):
