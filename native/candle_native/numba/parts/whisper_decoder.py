@@ -12,7 +12,7 @@ they stay f32, taken from the model's tensors without copies. Cross-attention re
 features and the K/V projection weights instead of projected keys and values, so a decoding
 that stays on this path never projects them (see whisper_step._cross_attend).
 
-Short prompts run here a token at a time (models/whisper.py, FUSED_PROMPT_TOKENS); longer ones
+Short prompts run here a token at a time (backend/parts.py, FUSED_PROMPT_TOKENS); longer ones
 go through the generic path. Both write the same KV caches (the model's nn.KvCache buffers), so
 the two paths take turns without copying anything.
 """
