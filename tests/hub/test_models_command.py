@@ -48,6 +48,17 @@ def test_models_lists_where_each_cached_file_came_from(name, capsys):
 
 
 # -- candle-web models --verify -----------------------------------------------------------------
+def test_models_shows_each_models_licence(capsys):
+    """As a Hub model card does: a user sees the terms before using the weights (the Gemma
+    terms included)."""
+    assert cli.main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "licence" in lines[1]
+    for model in hub.list_models():
+        row = next(line for line in lines if line.split()[:1] == [model.name])
+        assert model.license and model.license in row, f"{model.name}: {row}"
+
+
 def test_models_verify_rehashes_every_file_and_fails_on_corruption(cache, fake_hub, monkeypatch,
                                                                    capsys):
     """--verify re-hashes whatever the stamps say (a stamp cannot vouch for bit rot that left
