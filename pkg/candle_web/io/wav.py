@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.errors import FormatError, ShapeError, UnsupportedError
+from .files import open_regular_file
 
 WAVE_FORMAT_PCM = 0x0001
 WAVE_FORMAT_IEEE_FLOAT = 0x0003
@@ -120,7 +121,8 @@ def source_bytes(source, what: str) -> tuple[memoryview, str]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         try:
-            with open(path, "rb") as handle:
+            # /dev/zero would read until memory runs out, a FIFO block for ever: refused.
+            with open_regular_file(path, "audio") as handle:
                 return memoryview(handle.read()), path
         except FileNotFoundError:
             raise FormatError(f"{path}: cannot read it: no such file") from None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 
+from ..core.errors import check_text
+
 
 @functools.lru_cache(maxsize=1)
 def byte_to_unicode() -> dict:
@@ -33,4 +35,10 @@ def _byte_translation() -> list:
 
 def bytes_to_unicode_text(text: str) -> str:
     translation = _byte_translation()
-    return "".join([translation[byte] for byte in text.encode("utf-8")])
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Tokenizer.encode refuses lone surrogates first; a direct caller gets the same error.
+        check_text(text, "ByteLevel: text")
+        raise
+    return "".join([translation[byte] for byte in data])

@@ -28,6 +28,7 @@ from .models import BPE, WordPiece
 from .normalizers import BertNormalizer, Prepend, Replace, Sequence as NormalizerSequence
 from .post_processors import TemplateProcessing
 from .pre_tokenizers import BertPreTokenizer, ByteLevel, PredicateSplit, Sequence, Split
+from .sentencepiece_ranks import SentencePieceRanks
 from .unicode_classes import is_numeric, is_punctuation
 
 # llama.cpp token types (enum llama_token_type).
@@ -249,7 +250,9 @@ def _gpt2_tokenizer(metadata: dict, tokens: list, token_types: list):
 def sentencepiece_merges(tokens: list, scores: list) -> list:
     """Merges for a SentencePiece BPE vocabulary: every split of a piece into two pieces of
     the vocabulary, ordered by the merged piece's score (highest first), then by the ids of
-    the two halves, as HF's SentencePieceExtractor produces them."""
+    the two halves, as HF's SentencePieceExtractor produces them. The list has one entry per
+    split (N^2 / 2 for 'a', 'aa', ..., 'a' * N): the tokenizer uses SentencePieceRanks, the
+    same ranks worked out per pair; this list is the reference the tests compare it with."""
     vocab = {token: index for index, token in enumerate(tokens)}
     # The left half is itself a piece, so only cuts at the lengths pieces have can match:
     # a few very long pieces then cost (distinct lengths) slices each, not their length.
@@ -281,8 +284,10 @@ def _llama_tokenizer(metadata: dict, tokens: list, token_types: list):
         vocab.setdefault(token, index)
     unk_id = _integer(metadata, "unknown_token_id", False, 0)
     unk_token = tokens[unk_id] if 0 <= unk_id < len(tokens) else None
-    model = BPE(vocab, sentencepiece_merges(tokens, scores), unk_token=unk_token,
-                byte_fallback=True, fuse_unk=True)
+    model = BPE(vocab, [], unk_token=unk_token, byte_fallback=True, fuse_unk=True)
+    # The ranks sentencepiece_merges would list, worked out per pair: one entry per piece
+    # instead of one per split (N^2 / 2 for 'a', 'aa', ..., 'a' * N).
+    model.merge_ranks = SentencePieceRanks(tokens, scores, vocab)
     normalizers = []
     add_space_prefix = _flag(metadata, "add_space_prefix", True)
     if add_space_prefix:

@@ -5,7 +5,7 @@ Never imported at module level by the package: Pyodide has no HF `tokenizers`.
 
 from __future__ import annotations
 
-from ..core.errors import BackendUnavailable, FormatError
+from ..core.errors import BackendUnavailable, FormatError, check_text
 from .encoding import Encoding
 
 
@@ -43,6 +43,12 @@ class HFTokenizer:
             raise FormatError(f"tokenizer.json rejected by HF tokenizers: {exc}") from None
 
     def encode(self, text, pair=None, add_special_tokens=True) -> Encoding:
+        # HF raises TypeError("TextInputSequence must be str") on a lone surrogate: the same
+        # InvalidText as the Python backend instead.
+        if isinstance(text, str):
+            check_text(text, "encode: text")
+        if isinstance(pair, str):
+            check_text(pair, "encode: pair")
         return _to_encoding(self.inner.encode(text, pair, add_special_tokens=add_special_tokens))
 
     def encode_pair(self, text, pair, add_special_tokens=True) -> Encoding:
@@ -50,6 +56,10 @@ class HFTokenizer:
 
     def encode_batch(self, inputs, add_special_tokens=True) -> list:
         items = [tuple(item) if isinstance(item, (tuple, list)) else item for item in inputs]
+        for item in items:
+            for text in (item if isinstance(item, tuple) else (item,)):
+                if isinstance(text, str):
+                    check_text(text, "encode: text")
         return [_to_encoding(encoding) for encoding in
                 self.inner.encode_batch(items, add_special_tokens=add_special_tokens)]
 

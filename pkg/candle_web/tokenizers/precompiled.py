@@ -25,7 +25,7 @@ import struct
 import sys
 from array import array
 
-from ..core.errors import FormatError
+from ..core.errors import FormatError, check_text
 from .graphemes import cluster_spans
 from .normalizer_base import Normalizer
 
@@ -151,7 +151,13 @@ class PrecompiledNormalizer(Normalizer):
             return self._replacements[piece]
         except KeyError:
             pass
-        value = self.trie.shortest_prefix_value(piece.encode("utf-8"))
+        try:
+            key = piece.encode("utf-8")
+        except UnicodeEncodeError:
+            # Tokenizer.encode refuses lone surrogates first; a direct caller gets the same.
+            check_text(piece, f"{self.where}: text")
+            raise
+        value = self.trie.shortest_prefix_value(key)
         replacement = None if value is None else self._pool_string(value)
         self._replacements[piece] = replacement
         return replacement

@@ -12,10 +12,19 @@ own regex parser, and refused when
   `(a?){30}` and `(\\s*\\w+)*` are not;
 - an alternation inside an iterating repeat has branches that can begin with the same
   character (`(a|aa)+`, `(\\w|\\d)+` once the classes are explicit);
-- groups nest deeper than MAX_REGEX_NESTING (which also bounds the recursion here).
+- groups nest deeper than MAX_REGEX_NESTING (which also bounds the recursion here);
+- (polynomial blow-up) two or more unbounded repeats in a row that can match the same
+  characters, with nothing between them that must consume a character outside their common
+  set, and something after them that can still fail: `a*a*b`, `\\s*\\s*x`, `.*.*=`, `.*=.*=`
+  each try every way of sharing a run of n characters among k repeats, O(n^k) steps at each
+  start, O(n^(k+1)) over a search (`a*a*b` on 3,000 'a': 31 s; `.*.*.*.*.*=` far longer).
+  When nothing after them can fail (`\\s*[\\r\\n]+` at the end of an alternative, as in Llama
+  3's pattern) the first split that matches ends the search, and the pattern is accepted.
 
-The rules are conservative (a refused pattern may in fact be harmless) and aim at the
-exponential shapes; polynomial ones such as `\\s*[\\r\\n]+`, used by real files, pass.
+What passes then costs at most O(n) backtracking steps per start position, O(n^2) over a search
+of n characters (`.*=` on 30,000 characters: 2 s in CPython's re; HF's Oniguruma has the same
+bound). The rules are conservative (a refused pattern may in fact be harmless); the patterns of
+real files (GPT-2, Llama 3, Qwen 2, o200k, DeepSeek, T5...) pass.
 """
 
 from __future__ import annotations
@@ -70,6 +79,14 @@ def check_pattern(translated: str, pattern: str, where: str) -> None:
             f"{where}: regex {pattern[:200]!r} can backtrack catastrophically (exponential "
             f"time on some inputs): {exc}. Refused: no variable repeat inside a repeat unless "
             f"a delimiter follows it, no alternatives that start alike inside a repeat"
+        ) from None
+    try:
+        _sequence_polynomial(_flatten(parsed, ignorecase), False)
+    except CatastrophicPattern as exc:
+        raise UnsupportedError(
+            f"{where}: regex {pattern[:200]!r} can backtrack polynomially (time a power of the "
+            f"text length: {exc}). Refused: no two unbounded repeats in a row over the same "
+            f"characters when something after them can fail"
         ) from None
 
 
@@ -309,3 +326,156 @@ def _check_alternatives(branches, follow, ignorecase: bool) -> None:
                                       "inside a repeat can be tried in exponentially many "
                                       "combinations")
         seen = _union(seen, first)
+
+
+# ---- polynomial blow-up: repeats in a row that share characters ------------------------------
+
+# A repeat whose count can vary by more than this is "unbounded" for the polynomial rule:
+# `\\p{N}{1,3}` and `x?` add a constant factor, `x*`, `x+` and `x{0,1000}` a factor of n.
+MAX_BOUNDED_SPAN = 16
+BACKTRACKING_REPEATS = tuple(getattr(sre_parse, name) for name in ("MAX_REPEAT", "MIN_REPEAT")
+                             if hasattr(sre_parse, name))
+
+
+def _flatten(subpattern, ignorecase: bool) -> list:
+    """(op, av, ignorecase) of a sequence, the items of plain groups spliced in: `(a*)(a*)b`
+    is the sequence a*, a*, b."""
+    flat = []
+    for op, av in subpattern:
+        if op is sre_parse.SUBPATTERN:
+            flat.extend(_flatten(av[3], _group_flags(av, ignorecase)))
+        else:
+            flat.append((op, av, ignorecase))
+    return flat
+
+
+def _alphabet(op, av, ignorecase: bool):
+    """Every character the item can consume (lookarounds consume none)."""
+    if op in SINGLE_CHARACTER:
+        return _character_set(op, av, ignorecase)
+    if op in REPEATS:
+        return EMPTY if av[1] == 0 else _sequence_alphabet(av[2], ignorecase)
+    if op is sre_parse.SUBPATTERN:
+        return _sequence_alphabet(av[3], _group_flags(av, ignorecase))
+    if op is ATOMIC_GROUP:
+        return _sequence_alphabet(av, ignorecase)
+    if op is sre_parse.BRANCH:
+        found = EMPTY
+        for branch in av[1]:
+            found = _union(found, _sequence_alphabet(branch, ignorecase))
+        return found
+    if op is sre_parse.GROUPREF or op is sre_parse.GROUPREF_EXISTS:
+        return UNKNOWN
+    return EMPTY
+
+
+def _sequence_alphabet(subpattern, ignorecase: bool):
+    found = EMPTY
+    for op, av in subpattern:
+        found = _union(found, _alphabet(op, av, ignorecase))
+    return found
+
+
+def _backtracks_unboundedly(op, av) -> bool:
+    """Whether the item can match runs of many different lengths at one place and give
+    characters back one at a time: an unbounded repeat that is not possessive, or a group or
+    alternation holding one (atomic groups and lookarounds never give back)."""
+    if op in REPEATS:
+        if op in BACKTRACKING_REPEATS and av[1] - av[0] > MAX_BOUNDED_SPAN \
+                and _first(av[2], False) != EMPTY:
+            return True
+        return op in BACKTRACKING_REPEATS and _sequence_backtracks(av[2])
+    if op is sre_parse.SUBPATTERN:
+        return _sequence_backtracks(av[3])
+    if op is sre_parse.BRANCH:
+        return any(_sequence_backtracks(branch) for branch in av[1])
+    return False
+
+
+def _sequence_backtracks(subpattern) -> bool:
+    return any(_backtracks_unboundedly(op, av) for op, av in subpattern)
+
+
+def _can_fail(op, av) -> bool:
+    """Whether the item can fail where it stands (False: it can always match nothing)."""
+    if op in REPEATS:
+        return av[0] > 0 and _sequence_can_fail(av[2])
+    if op is sre_parse.SUBPATTERN:
+        return _sequence_can_fail(av[3])
+    if op is ATOMIC_GROUP:
+        return _sequence_can_fail(av)
+    if op is sre_parse.BRANCH:
+        return all(_sequence_can_fail(branch) for branch in av[1])
+    return True  # characters, anchors, lookarounds, back-references
+
+
+def _sequence_can_fail(subpattern) -> bool:
+    return any(_can_fail(op, av) for op, av in subpattern)
+
+
+def _sequence_polynomial(flat: list, tail_can_fail: bool) -> None:
+    """Raise CatastrophicPattern on a chain of two or more unboundedly backtracking items over
+    shared characters, with only nullable items or shared characters between them, that
+    something after can make fail. `tail_can_fail`: whether what follows this sequence (in the
+    enclosing ones) can fail."""
+    fails_after = [tail_can_fail] * (len(flat) + 1)
+    for index in range(len(flat) - 1, -1, -1):
+        op, av, _ = flat[index]
+        fails_after[index] = fails_after[index + 1] or _can_fail(op, av)
+    chain = 0
+    shared = EMPTY
+    for index, (op, av, ignorecase) in enumerate(flat):
+        rest_can_fail = fails_after[index + 1]
+        _inner_polynomial(op, av, ignorecase, rest_can_fail)
+        if _backtracks_unboundedly(op, av):
+            alphabet = _alphabet(op, av, ignorecase)
+            if chain and _overlap(alphabet, shared):
+                chain += 1
+                shared = _intersection(shared, alphabet)
+                if rest_can_fail:
+                    raise CatastrophicPattern(
+                        f"{chain} repeats in a row can share the same run of characters, and "
+                        f"what follows them can fail: every split of the run is tried")
+            else:
+                chain, shared = 1, alphabet
+        elif not _can_fail(op, av) or _item_nullable(op, av):
+            continue  # optional items do not separate the repeats around them
+        elif not (chain and _overlap(_alphabet(op, av, ignorecase), shared)):
+            chain, shared = 0, EMPTY  # a character the repeats cannot take: a delimiter
+
+
+def _inner_polynomial(op, av, ignorecase: bool, rest_can_fail: bool) -> None:
+    if op in REPEATS:
+        possessive = op not in BACKTRACKING_REPEATS
+        _sequence_polynomial(_flatten(av[2], ignorecase), rest_can_fail and not possessive)
+    elif op is sre_parse.BRANCH:
+        for branch in av[1]:
+            _sequence_polynomial(_flatten(branch, ignorecase), rest_can_fail)
+    elif op is ATOMIC_GROUP:
+        _sequence_polynomial(_flatten(av, ignorecase), False)
+    elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+        _sequence_polynomial(_flatten(av[1], ignorecase), False)
+    elif op is sre_parse.GROUPREF_EXISTS:
+        for branch in av[1:]:
+            if branch is not None:
+                _sequence_polynomial(_flatten(branch, ignorecase), rest_can_fail)
+
+
+def _intersection(left, right):
+    """Characters in both sets (UNKNOWN when either is)."""
+    if left is UNKNOWN:
+        return right
+    if right is UNKNOWN:
+        return left
+    found = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        first = max(left[i][0], right[j][0])
+        last = min(left[i][1], right[j][1])
+        if first <= last:
+            found.append((first, last))
+        if left[i][1] < right[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(found)

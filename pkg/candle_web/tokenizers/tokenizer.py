@@ -12,7 +12,7 @@ import os
 import re
 import sys
 
-from ..core.errors import CandleError, FormatError
+from ..core.errors import CandleError, FormatError, check_text
 from .added_vocabulary import AddedToken, AddedVocabulary
 from .decoders import decoder_from_config
 from .encoding import (Encoding, PaddingParams, TruncationParams, pad_encodings,
@@ -68,7 +68,9 @@ class Tokenizer:
     def from_str(cls, text: str, backend: str = "python"):
         if backend != "python":
             return _with_backend(text, backend)
-        return cls.from_dict(parse_json(text))
+        config = parse_json(text)
+        refuse_lone_surrogates(config, text)
+        return cls.from_dict(config)
 
     @classmethod
     def from_bytes(cls, data: bytes, backend: str = "python"):
@@ -195,6 +197,12 @@ class Tokenizer:
         return encoding
 
     def encode(self, text: str, pair: str = None, add_special_tokens: bool = True) -> Encoding:
+        # Lone surrogates (non-UTF-8 bytes of argv, JS strings) are refused here, naming the
+        # argument, as HF refuses them; the steps below may then encode to UTF-8 freely.
+        if isinstance(text, str):
+            check_text(text, "encode: text")
+        if isinstance(pair, str):
+            check_text(pair, "encode: pair")
         first = self._encode_sequence(text, 0)
         second = self._encode_sequence(pair, 1) if pair is not None else None
         return self._post_process(first, second, add_special_tokens)
@@ -252,6 +260,35 @@ def parse_json(text: str):
         raise FormatError(f"tokenizer.json is not valid JSON: {exc}") from None
     except ValueError as exc:
         raise FormatError(f"tokenizer.json: {_long_number_location(text)}{exc}") from None
+
+
+# A JSON escape of a UTF-16 surrogate half: only then can a parsed string hold a lone one
+# (the text itself was decoded from UTF-8, which has no surrogates).
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def refuse_lone_surrogates(config, text: str) -> None:
+    """FormatError naming the field when a string of the parsed file holds a lone surrogate
+    (an escape such as "\\ud800" with no partner). HF's JSON parser refuses such a file; here
+    it would reach the normalizers and fail while encoding. Nothing is walked unless the text
+    has a surrogate escape at all."""
+    if SURROGATE_ESCAPE.search(text) is None:
+        return
+    stack = [(config, "(top level)")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    check_text(value, where)
+                except CandleError as exc:
+                    raise FormatError(f"tokenizer.json: {exc}") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, f"{where} key"))
+                stack.append((item, key if where == "(top level)" else f"{where}.{key}"))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{index}]") for index, item in enumerate(value))
 
 
 def _long_number_location(text: str) -> str:
