@@ -51,7 +51,8 @@ CANDLE_LLAMA = textwrap.dedent("""
     from candle_web import Device
     from candle_web.generation.chat_templates import chat_template_for
     from candle_web.pipelines import load_llama
-    model, tokenizer = load_llama(sys.argv[1], device=Device.cpu(backend=sys.argv[2]))
+    loaded = load_llama(sys.argv[1], device=Device.cpu(backend=sys.argv[2]))
+    model, tokenizer = loaded.model, loaded.tokenizer
     prompt = chat_template_for(model, tokenizer).render([{"role": "user", "content": sys.argv[3]}])
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids
     token = int(model.forward([ids]).to_numpy()[0].argmax())
@@ -76,7 +77,8 @@ CANDLE_WHISPER = textwrap.dedent("""
     from candle_web import Device
     from candle_web.models.whisper_decode import TranscribeOptions, transcribe
     from candle_web.pipelines import load_whisper
-    model, tokenizer = load_whisper(sys.argv[1], device=Device.cpu(backend=sys.argv[2]))
+    loaded = load_whisper(sys.argv[1], device=Device.cpu(backend=sys.argv[2]))
+    model, tokenizer = loaded.model, loaded.tokenizer
     samples = np.load(sys.argv[3])
     result = transcribe(model, tokenizer, samples, TranscribeOptions(temperatures=(0.0,)))
     print(json.dumps({"first": result.segments[0].text if result.segments else ""}))

@@ -64,9 +64,11 @@ def bench_embeddings(n: int, repeats: int) -> dict:
     from transformers import AutoModel
 
     from candle_web.pipelines import load_bert, model_folder
+    from candle_web.pipelines.embed import SentenceEmbedder
 
     texts = sentences(n)
-    embedder = load_bert(BERT_MODEL)
+    loaded = load_bert(BERT_MODEL)
+    embedder = SentenceEmbedder(loaded.model, loaded.tokenizer)
     ours = median_seconds(lambda: embedder.embed(texts, batch_size=32), repeats)
 
     folder = model_folder(BERT_MODEL)

@@ -42,7 +42,8 @@ class CandleEngine:
 
         self.name = f"cw-{backend}"
         started = time.perf_counter()
-        self.model, self.tokenizer = load_whisper(model_name, device=Device.cpu(backend=backend))
+        loaded = load_whisper(model_name, device=Device.cpu(backend=backend))
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.load_s = time.perf_counter() - started
 
     def transcribe(self, samples):

@@ -630,7 +630,8 @@ def verify_whisper(model: str, folder: Path, variant: str = "", all_clips: bool 
     os.environ.setdefault("CANDLE_WEB_BACKEND", "numpy")
     from candle_web.pipelines import load_whisper
 
-    cw_model, tokenizer = load_whisper(model)
+    loaded = load_whisper(model)
+    cw_model, tokenizer = loaded.model, loaded.tokenizer
     generation = json.loads((folder / "generation_config.json").read_text())
     encoder = ort_session(folder / "onnx" / f"encoder_model{variant}.onnx")
     decoder = ort_session(folder / "onnx" / f"decoder_model_merged{variant}.onnx")
@@ -764,7 +765,7 @@ def llama_native_ids(model: str, prompt: str, tokens: int) -> dict:
     result = json.loads(done.stdout)["results"][0]
     from candle_web.pipelines import load_llama
 
-    _, tokenizer = load_llama(model)
+    tokenizer = load_llama(model).tokenizer
     eos = {tokenizer.token_to_id(name) for name in ("<|im_end|>", "<|endoftext|>")} - {None}
     return {"promptIds": result["promptIds"], "tokenIds": result["tokenIds"], "eos": eos}
 

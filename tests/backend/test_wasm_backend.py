@@ -477,7 +477,8 @@ def test_smollm2_decodes_the_same_tokens_on_wasm_as_on_numpy(wasm, model_file):
     steps = 4
     chosen = {}
     for backend in ("numpy", "wasm"):
-        model, tokenizer = load_llama(path, device=Device.cpu(backend=backend))
+        loaded = load_llama(path, device=Device.cpu(backend=backend))
+        model, tokenizer = loaded.model, loaded.tokenizer
         prompt = tokenizer.encode("The capital of France is").ids
         if backend == "wasm":
             assert model.lm_head.is_quantized or model.blocks[0].attn.qkv.is_quantized

@@ -62,7 +62,8 @@ def whisper_models():
     def get(name, backend=None):
         if (name, backend) not in loaded:
             device = Device.cpu(backend=backend) if backend else None
-            loaded[name, backend] = load_whisper(name, device=device)
+            pipeline = load_whisper(name, device=device)
+            loaded[name, backend] = pipeline.model, pipeline.tokenizer
         return loaded[name, backend]
 
     return get

@@ -41,7 +41,8 @@ def model_folder(model_file):
 
 @pytest.fixture(scope="module")
 def embedder(model_folder):
-    return load_bert(model_folder)
+    loaded = load_bert(model_folder)
+    return SentenceEmbedder(loaded.model, loaded.tokenizer)
 
 
 def assert_same_embeddings(ours, expected):

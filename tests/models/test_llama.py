@@ -41,7 +41,8 @@ def reference():
 def smollm2(model_file):
     from candle_web.pipelines import load_llama
 
-    return load_llama(model_file(MODEL, GGUF_NAME))
+    loaded = load_llama(model_file(MODEL, GGUF_NAME))
+    return loaded.model, loaded.tokenizer
 
 
 def prompt_ids(model, tokenizer, record) -> list:

@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
 
     model_name, clip_paths = argv[0], argv[1:]
     started = time.perf_counter()
-    model, tokenizer = load_whisper(model_name)
+    loaded = load_whisper(model_name)
+    model, tokenizer = loaded.model, loaded.tokenizer
     load_s = time.perf_counter() - started
     clips = {}
     for clip_path in clip_paths:

@@ -286,6 +286,7 @@ def test_embed_requests_out_of_range_are_refused(sentences, fragment):
 def test_bert_session_builds_the_pipelines_embedder_from_staged_bytes(model_file):
     """The worker builds from bytes what pipelines.load_bert loads from the folder."""
     from candle_web.pipelines import load_bert
+    from candle_web.pipelines.embed import SentenceEmbedder
 
     session = BertSession()
     folder = model_file("all-minilm-l6-v2", "model.safetensors").parent
@@ -298,7 +299,8 @@ def test_bert_session_builds_the_pipelines_embedder_from_staged_bytes(model_file
     reply = json.loads(text)
     assert reply["count"] == 2 and reply["dims"] == 384
     assert arrays["vectors"].dtype == np.float32 and arrays["vectors"].shape == (2, 384)
-    native = load_bert(folder).embed(sentences).vectors
+    loaded = load_bert(folder)
+    native = SentenceEmbedder(loaded.model, loaded.tokenizer).embed(sentences).vectors
     np.testing.assert_allclose(arrays["vectors"], native, rtol=0, atol=1e-6)
 
 

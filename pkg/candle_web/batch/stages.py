@@ -170,8 +170,8 @@ class Transcriber:
 
             options = dict(self.options_dict)
             options["temperatures"] = tuple(options["temperatures"])
-            model, tokenizer = load_whisper(self.model_spec)
-            self.loaded = (model, tokenizer, TranscribeOptions(**options))
+            loaded = load_whisper(self.model_spec)
+            self.loaded = (loaded.model, loaded.tokenizer, TranscribeOptions(**options))
         return self.loaded
 
     def __call__(self, batch):
@@ -261,8 +261,10 @@ class Embedder:
                 continue
             if self.embedder is None:
                 from ..pipelines import load_bert
+                from ..pipelines.embed import SentenceEmbedder
 
-                self.embedder = load_bert(self.model_spec)
+                loaded = load_bert(self.model_spec)
+                self.embedder = SentenceEmbedder(loaded.model, loaded.tokenizer)
             started = time.perf_counter()
             try:
                 with warnings.catch_warnings():

@@ -9,7 +9,8 @@
     checkpoint.naming             the naming its writer uses: "hf", "gguf" or "ct2"
     checkpoint.config             config.json as a dict, or None
     checkpoint.metadata           a GGUF's metadata, or None
-    checkpoint.tokenizer          from the GGUF's vocabulary, else tokenizer.json
+    checkpoint.tokenizer          from the GGUF's vocabulary, else tokenizer.json, else a
+                                  WordPiece vocab.txt (BERT's)
     checkpoint.chat_template      GGUF metadata, chat_template.jinja or tokenizer_config.json
     checkpoint.generation_config  generation_config.json as a dict, or None
 
@@ -43,9 +44,12 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+VOCAB_FILE = "vocab.txt"
 # The files a weights file given alone brings from its folder.
 SIDE_FILES = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, GENERATION_CONFIG_FILE,
-              CHAT_TEMPLATE_FILE)
+              CHAT_TEMPLATE_FILE, VOCAB_FILE)
+# The special tokens of a BERT WordPiece vocabulary (those it has are added as special).
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # What an "org/name@revision" that the registry does not list fetches by default.
 DEFAULT_HUB_FILES = (CONFIG_FILE, TOKENIZER_FILE, "model.safetensors")
 CT2_FILE = "model.bin"
@@ -227,6 +231,14 @@ class Checkpoint:
         """config.json as a dict, or None when the checkpoint has none."""
         return self.json(CONFIG_FILE, f"{self.kind} config.json")
 
+    def required_config(self) -> dict:
+        """config.json, for weights that do not carry their own config (ModelNotFound when
+        absent)."""
+        if self.config is None:
+            raise ModelNotFound(f"{self.label}: {self.kind} {self.format} weights but no "
+                                f"{CONFIG_FILE}")
+        return self.config
+
     @cached_property
     def generation_config(self):
         return self.json(GENERATION_CONFIG_FILE)
@@ -253,23 +265,56 @@ class Checkpoint:
 
     @property
     def has_tokenizer(self) -> bool:
-        return TOKENIZER_FILE in self.files or self._gguf_vocabulary
+        return (TOKENIZER_FILE in self.files or VOCAB_FILE in self.files
+                or self._gguf_vocabulary)
 
     @cached_property
     def tokenizer(self):
         """The GGUF's own vocabulary when it has one (the ids its weights were trained on),
-        else tokenizer.json; ModelNotFound when neither."""
+        else tokenizer.json, else a WordPiece vocab.txt; ModelNotFound when none."""
         from ..tokenizers import Tokenizer
 
         if self._gguf_vocabulary:
             return Tokenizer.from_gguf_metadata(self.metadata)
-        if TOKENIZER_FILE not in self.files:
-            raise ModelNotFound(f"{self.label}: no {TOKENIZER_FILE} next to the {self.kind} "
-                                f"weights (found {', '.join(sorted(self.files))})")
-        data = self._data(TOKENIZER_FILE)
-        if isinstance(data, memoryview):
-            return Tokenizer.from_bytes(data)
-        return Tokenizer.from_file(data)
+        if TOKENIZER_FILE in self.files:
+            data = self._data(TOKENIZER_FILE)
+            if isinstance(data, memoryview):
+                return Tokenizer.from_bytes(data)
+            return Tokenizer.from_file(data)
+        if VOCAB_FILE in self.files:
+            return self.wordpiece_tokenizer()
+        raise ModelNotFound(f"{self.label}: no {TOKENIZER_FILE} (or {VOCAB_FILE}) next to the "
+                            f"{self.kind} weights (found {', '.join(sorted(self.files))})")
+
+    def wordpiece_tokenizer(self):
+        """The WordPiece tokenizer that vocab.txt (one token a line, its id the line number)
+        means, as HF's BertTokenizerFast builds it: BERT normalizer (lowercasing unless
+        tokenizer_config.json says do_lower_case false), BERT pre-tokenizer, [CLS] A [SEP]."""
+        from ..tokenizers import Tokenizer
+
+        vocab = {}
+        for index, token in enumerate((self.text(VOCAB_FILE) or "").splitlines()):
+            vocab.setdefault(token.rstrip("\r"), index)
+        config = self.json(TOKENIZER_CONFIG_FILE) or {}
+        lowercase = config.get("do_lower_case", True) is not False
+        missing = [token for token in ("[UNK]", "[CLS]", "[SEP]") if token not in vocab]
+        if missing:
+            raise ModelNotFound(f"{self.where(VOCAB_FILE)}: no {', '.join(missing)} token, not "
+                                "a BERT vocabulary")
+        added = [{"id": vocab[token], "content": token, "single_word": False, "lstrip": False,
+                  "rstrip": False, "normalized": False, "special": True}
+                 for token in BERT_SPECIAL_TOKENS if token in vocab]
+        return Tokenizer.from_str(json.dumps({
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "BertNormalizer", "clean_text": True,
+                           "handle_chinese_chars": True, "strip_accents": None,
+                           "lowercase": lowercase},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", vocab["[SEP]"]],
+                               "cls": ["[CLS]", vocab["[CLS]"]]},
+            "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                      "max_input_chars_per_word": 100, "vocab": vocab}}))
 
 
 def open_checkpoint(source, kind: str = "model", progress=None,
@@ -280,7 +325,7 @@ def open_checkpoint(source, kind: str = "model", progress=None,
     downloads (hub.ProgressCallback)."""
     if isinstance(source, Checkpoint):
         return source
-    if isinstance(source, dict):
+    if isinstance(source, dict):  # {file name: bytes}, e.g. what the browser worker received
         return Checkpoint(source, "the received files", kind)
     if not isinstance(source, (str, os.PathLike)):
         raise FormatError(f"{kind} checkpoint: expected a path, a registry name, a Hub "
@@ -305,4 +350,4 @@ def open_checkpoint(source, kind: str = "model", progress=None,
 
 
 __all__ = ["Checkpoint", "open_checkpoint", "read_json_config", "weights_files",
-           "DEFAULT_HUB_FILES", "SIDE_FILES"]
+           "DEFAULT_HUB_FILES", "SIDE_FILES", "CONFIG_FILE", "TOKENIZER_FILE"]

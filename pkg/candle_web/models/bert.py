@@ -25,8 +25,9 @@ import numpy as np
 
 from ..core import dtype as dt
 from ..core.device import Device
-from ..core.errors import FormatError, ModelNotFound, ShapeMismatch
-from ..io.weights import WeightNames, folder_weights, open_weights
+from ..core.errors import FormatError, ShapeMismatch
+from ..io.checkpoint import open_checkpoint
+from ..io.weights import WeightNames, open_weights
 from ..nn import ops
 from ..nn.layers import Activation, LayerNorm, Linear
 from ..nn.var_builder import VarBuilder
@@ -167,18 +168,13 @@ class BertModel:
 
     @staticmethod
     def from_pretrained(folder, device=None) -> "BertModel":
-        """A folder with config.json and *.safetensors, or a PyTorch pytorch_model.bin (read
-        without unpickling, io/pytorch.py) when it has no safetensors."""
-        folder = Path(folder)
-        if not (folder / "config.json").exists():
-            raise ModelNotFound(f"{folder}: expected config.json and *.safetensors (or "
-                                "pytorch_model.bin) BERT weights")
-        config = _read_config(folder / "config.json")  # named before the weights are opened
-        weights = folder_weights(folder)
-        if weights is None:
-            raise ModelNotFound(f"{folder}: expected config.json and *.safetensors (or "
-                                "pytorch_model.bin) BERT weights")
-        return BertModel.load(weights, config, device)
+        """From what io/checkpoint.py opens (a folder, a registry name, a Hub spec, received
+        bytes, a Checkpoint): config.json with *.safetensors, or a PyTorch pytorch_model.bin
+        (read without unpickling, io/pytorch.py) when there are no safetensors."""
+        checkpoint = open_checkpoint(folder, kind="bert")
+        # The config first: a broken config.json is named before the weights are opened.
+        config = BertConfig.from_hf_config(checkpoint.required_config(), checkpoint.config_label)
+        return BertModel.load(checkpoint.weights, config, device)
 
 
 def _build(config: BertConfig, vb: VarBuilder, device) -> BertModel:

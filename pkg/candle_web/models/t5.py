@@ -35,10 +35,11 @@ import numpy as np
 
 from ..core import dtype as dt
 from ..core.device import Device
-from ..core.errors import FormatError, ModelNotFound, UnsupportedError
+from ..core.errors import FormatError, UnsupportedError
 from ..core.tensor import Tensor
 from ..generation import GenerationOptions, Seq2SeqLM, sample_steps
-from ..io.weights import FirstOf, GgufWeights, WeightNames, folder_weights, open_weights
+from ..io.checkpoint import open_checkpoint
+from ..io.weights import FirstOf, GgufWeights, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
 from ..nn.layers import Activation, RmsNorm
@@ -417,33 +418,17 @@ class T5ForConditionalGeneration:
 
     @staticmethod
     def from_pretrained(path, device=None, mode: str = "auto") -> "T5ForConditionalGeneration":
-        """A folder with config.json + *.safetensors (or pytorch_model.bin, or one .gguf), or a
-        .gguf file (with a config.json beside it when it uses HF names)."""
-        path = Path(path)
-        if path.is_file():
-            if path.suffix != ".gguf":
-                raise UnsupportedError(f"{path}: expected a .gguf file or a T5 model folder")
-            config = path.with_name("config.json")
-            return T5ForConditionalGeneration.load(path, config if config.exists() else None,
-                                                   device, mode)
-        if not path.is_dir():
-            raise ModelNotFound(f"no such T5 model file or folder: {path}")
-        shards = sorted(path.glob("*.safetensors"))
-        config = path / "config.json"
-        if shards:
-            if not config.exists():
-                raise ModelNotFound(f"{path}: T5 safetensors weights but no config.json")
-            return T5ForConditionalGeneration.load([str(s) for s in shards], config, device)
-        if config.exists() and not list(path.glob("*.gguf")):
-            weights = folder_weights(path)  # pytorch_model.bin, read without unpickling
-            if weights is not None:
-                return T5ForConditionalGeneration.load(weights, config, device)
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return T5ForConditionalGeneration.load(ggufs[0], config if config.exists() else None,
-                                                   device, mode)
-        raise ModelNotFound(f"{path}: expected config.json + *.safetensors (or "
-                            "pytorch_model.bin) or one .gguf file")
+        """From what io/checkpoint.py opens: a folder with config.json + *.safetensors (or
+        pytorch_model.bin), or one .gguf (with config.json beside it when it uses HF names; a
+        GGUF of llama.cpp's t5 arch carries its config); a .gguf file; a registry name; a Hub
+        spec; received bytes; a Checkpoint."""
+        checkpoint = open_checkpoint(path, kind="t5")
+        # The config first: a broken config.json is named before the weights are opened.
+        config = (checkpoint.config if checkpoint.format == "gguf"
+                  else checkpoint.required_config())
+        if config is not None:
+            config = T5Config.from_hf_config(config, checkpoint.config_label)
+        return T5ForConditionalGeneration.load(checkpoint.weights, config, device, mode)
 
 
 def _build(config: T5Config, vb: VarBuilder, device) -> T5ForConditionalGeneration:

@@ -10,7 +10,7 @@ import numpy as np
 
 from candle_web.core.errors import CandleError
 from candle_web.worker.session import (CONFIG_FILE, TOKENIZER_FILE, Session, checked_text,
-                                       json_file, python_value, tokenizer_file)
+                                       python_value)
 
 WEIGHTS_FILE = "model.safetensors"
 # sentence-transformers runs all-MiniLM-L6-v2 with max_seq_length 256 (its
@@ -28,13 +28,11 @@ class BertSession(Session):
     required_files = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
 
     def build(self, files: dict):
-        from candle_web.io.weights import SafetensorsWeights
-        from candle_web.models.bert import BertModel
+        from candle_web.pipelines import load_bert
         from candle_web.pipelines.embed import SentenceEmbedder
 
-        weights = SafetensorsWeights(memoryview(files[WEIGHTS_FILE]))
-        model = BertModel.load(weights, json_file(files))
-        return SentenceEmbedder(model, tokenizer_file(files), max_tokens=MAX_SEQ_LENGTH)
+        loaded = load_bert(files)  # opened as a folder is (io/checkpoint.py)
+        return SentenceEmbedder(loaded.model, loaded.tokenizer, max_tokens=MAX_SEQ_LENGTH)
 
     def describe(self, embedder) -> dict:
         config = embedder.model.config

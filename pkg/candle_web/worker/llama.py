@@ -42,16 +42,15 @@ class LlamaSession(Session):
         return manifest
 
     def build(self, files: dict) -> tuple:
-        """(Llama, Tokenizer) from the one .gguf file among `files`."""
-        from candle_web.io.gguf import GgufFile
-        from candle_web.models.llama import Llama
-        from candle_web.tokenizers import Tokenizer
+        """(Llama, Tokenizer) from the one .gguf file among `files` (its tokenizer and chat
+        template from its metadata), opened as pipelines.load_llama opens a file."""
+        from candle_web.pipelines import load_llama
 
         ggufs = [name for name in files if name.endswith(".gguf")]
         if len(ggufs) != 1:
             raise FormatError(f"load: expected one .gguf file, received {sorted(files)}")
-        gguf = GgufFile(memoryview(files[ggufs[0]]))
-        return Llama.load(gguf), Tokenizer.from_gguf_metadata(gguf.metadata)
+        loaded = load_llama(files)
+        return loaded.model, loaded.tokenizer
 
     def describe(self, model) -> dict:
         from candle_web.generation.chat_templates import chat_template_for

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from candle_web.core.errors import CandleError, FormatError, ModelNotFound, check_text
+from candle_web.core.errors import CandleError, FormatError, ModelNotFound
 
 HF_ENDPOINT = "https://huggingface.co"
 # One wasm32 array must stay under 2 GiB; a file announced larger is refused before allocating.
@@ -239,23 +239,6 @@ def files_from_folder(folder, names) -> dict:
             for name in names}
 
 
-def json_file(files: dict, name: str = CONFIG_FILE) -> dict:
-    """A staged file holding one JSON object (a model's config.json)."""
-    try:
-        value = json.loads(bytes(memoryview(files[name])).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise FormatError(f"load: {name} is not JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise FormatError(f"load: {name} must hold a JSON object")
-    return value
-
-
-def tokenizer_file(files: dict, name: str = TOKENIZER_FILE):
-    from candle_web.tokenizers import Tokenizer
-
-    return Tokenizer.from_bytes(memoryview(files[name]))
-
-
 def python_value(value):
     """A value from the worker as plain Python: JS objects and arrays converted."""
     if value is not None and hasattr(value, "to_py"):
@@ -282,15 +265,12 @@ def split_reply(result: dict) -> tuple:
 
 
 def checked_text(text, name: str, limit: int, empty_note: str = "") -> str:
-    """`text` when it is a string with something in it, at most `limit` characters and valid
-    Unicode (no lone surrogates)."""
+    """`text` when it is a string with something in it and at most `limit` characters."""
     if not isinstance(text, str) or not text.strip():
         raise CandleError(f"{name} is empty{empty_note}")
     if len(text) > limit:
         raise CandleError(f"{name} has {len(text)} characters; at most {limit}")
-    # A JS string may hold a lone UTF-16 half (Pyodide keeps it as a lone surrogate): refused
-    # with the field's name, the same InvalidText the native tokenizer and CLI give.
-    return check_text(text, name)
+    return text
 
 
 def numeric_options(options, option_fields: dict, integer_options, what: str) -> dict:

@@ -11,7 +11,7 @@ import time
 import warnings
 
 from candle_web.worker.session import (CONFIG_FILE, TOKENIZER_FILE, Session, checked_text,
-                                       generation_options, json_file, tokenizer_file)
+                                       generation_options)
 
 WEIGHTS_FILE = "model.safetensors"
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -36,13 +36,11 @@ class T5Session(Session):
     hint = HOW_TO_GET_A_T5
 
     def build(self, files: dict):
-        from candle_web.io.weights import SafetensorsWeights
-        from candle_web.models.t5 import T5ForConditionalGeneration
+        from candle_web.pipelines import load_t5
         from candle_web.pipelines.text2text import T5TextGenerator
 
-        weights = SafetensorsWeights(memoryview(files[WEIGHTS_FILE]))
-        model = T5ForConditionalGeneration.load(weights, json_file(files))
-        return T5TextGenerator(model, tokenizer_file(files))
+        loaded = load_t5(files)  # opened as a folder is (io/checkpoint.py)
+        return T5TextGenerator(loaded.model, loaded.tokenizer)
 
     def describe(self, generator) -> dict:
         cfg = generator.model.config

@@ -19,9 +19,8 @@ import time
 
 import numpy as np
 
-from candle_web.core.errors import FormatError, UnsupportedError, check_text
-from candle_web.worker.session import (CONFIG_FILE, TOKENIZER_FILE, Session, json_file,
-                                       python_value, tokenizer_file)
+from candle_web.core.errors import FormatError, UnsupportedError
+from candle_web.worker.session import CONFIG_FILE, TOKENIZER_FILE, Session, python_value
 
 MODEL_FILE = "model.bin"
 SAMPLE_RATE = 16_000
@@ -46,11 +45,12 @@ class WhisperSession(Session):
     _live = None  # the live recording: {recording, transcriber, timed, passMs} (live_step)
 
     def build(self, files: dict) -> tuple:
-        from candle_web.io.weights import Ct2Weights
-        from candle_web.models.whisper import Whisper
+        """(Whisper, Tokenizer) from the received files, opened as pipelines.load_whisper
+        opens a folder (io/checkpoint.py)."""
+        from candle_web.pipelines import load_whisper
 
-        model = Whisper.load(Ct2Weights(memoryview(files[MODEL_FILE])), json_file(files))
-        return model, tokenizer_file(files)
+        loaded = load_whisper(files)
+        return loaded.model, loaded.tokenizer
 
     def describe(self, model) -> dict:
         cfg = model[0].config
@@ -175,9 +175,6 @@ def transcribe_options(options):
                                f"{', '.join(TRANSCRIBE_OPTION_NAMES)}")
     if "temperatures" in options:
         options["temperatures"] = tuple(float(t) for t in options["temperatures"])
-    for name in ("initial_prompt", "language", "task"):
-        if isinstance(options.get(name), str):  # a JS string may carry lone UTF-16 halves
-            check_text(options[name], f"transcribe: option {name}")
     return TranscribeOptions(**{k: v for k, v in options.items() if v is not None})
 
 
