@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .core import option_limits as limits
-from .core.errors import CandleError
+from .core.errors import CandleError, check_text
 
 
 class ProgressBar:
@@ -288,6 +288,20 @@ def _sampling_arguments(parser, max_tokens: int) -> None:
                         help="sampling seed, >= 0")
 
 
+def text_argument(name: str):
+    """argparse `type=` for a text argument: Python decodes argv bytes that are not UTF-8 to
+    lone surrogates (surrogateescape), which the tokenizers refuse; refused here instead, as a
+    usage error naming the argument (exit status 2), before any model loads. File paths are not
+    checked: a file name that is not UTF-8 is still a file."""
+    def check(value: str) -> str:
+        try:
+            return check_text(value, name)
+        except CandleError as error:  # argparse names the argument itself
+            raise argparse.ArgumentTypeError(str(error).removeprefix(f"{name}: ")) from None
+
+    return check
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="candle-web", description="Run published models with candle-web.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -295,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("transcribe", help="speech to text with Whisper")
     t.add_argument("files", nargs="+", help="audio files (WAV natively; mp3/flac/ogg via soundfile or ffmpeg)")
     t.add_argument("--model", default="whisper-tiny.en", help="registry name or a model folder")
-    t.add_argument("--language", default=None, help="language code for multilingual models (default: detect)")
+    t.add_argument("--language", default=None, type=text_argument("--language"), help="language code for multilingual models (default: detect)")
     t.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
     t.add_argument("--beam-size", type=limits.BEAM_SIZE.argparse_type(), default=None,
                    help=f"beam search width, 1..{limits.MAX_BEAM_SIZE} (default: greedy); each beam "
@@ -303,13 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "whisper-base), and a width that does not fit in half the memory is refused")
     t.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))
     t.add_argument("--output-dir", default=None, help="write FILE.<format> here instead of stdout")
-    t.add_argument("--initial-prompt", default=None)
+    t.add_argument("--initial-prompt", default=None, type=text_argument("--initial-prompt"))
     t.add_argument("--without-timestamps", action="store_true")
     t.add_argument("--no-fallback", action="store_true", help="decode at temperature 0 only")
     t.set_defaults(func=cmd_transcribe)
 
     g = sub.add_parser("generate", help="text generation with a LLaMA-family model")
-    g.add_argument("prompt", help="the prompt text (with --chat: the user message)")
+    g.add_argument("prompt", type=text_argument("prompt"), help="the prompt text (with --chat: the user message)")
     g.add_argument("--model", default="smollm2-135m-instruct",
                    help="registry name, a .gguf file or an HF model folder")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -321,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     x = sub.add_parser("text2text", help="text-to-text with T5 (translate, summarize, flan instructions)")
-    x.add_argument("prompt", help='the input with its task prefix, e.g. "translate English to German: Hello"')
+    x.add_argument("prompt", type=text_argument("prompt"), help='the input with its task prefix, e.g. "translate English to German: Hello"')
     x.add_argument("--model", default=None,
                    help="a folder (config.json, model.safetensors or .gguf, tokenizer.json), a registry "
                         "name (t5-small, flan-t5-small: Hub commits, online), or a Hub repo org/name@revision "
@@ -330,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_text2text)
 
     e = sub.add_parser("embed", help="sentence embeddings with BERT (all-MiniLM-L6-v2)")
-    e.add_argument("texts", nargs="+", help="one or more sentences")
+    e.add_argument("texts", nargs="+", type=text_argument("texts"), help="one or more sentences")
     e.add_argument("--model", default="all-minilm-l6-v2", help="registry name or a model folder")
     e.add_argument("--format", default="json", choices=("json", "matrix"),
                    help="json: the vectors; matrix: pairwise cosine similarities")

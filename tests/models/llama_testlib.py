@@ -1,9 +1,12 @@
 """Helpers for the LLaMA tests: tiny random checkpoints in both layouts.
 
 A tiny config (GQA, even head_dim) gets random weights in HF naming; `to_gguf` writes the
-same weights as a GGUF file the way llama.cpp's converter lays them out (names mapped through
-the model's own table, which test_llama_tiny checks against the `gguf` package; Q/K rows
-permuted so rotated pairs are adjacent), optionally quantized.
+same weights as a GGUF file the way llama.cpp's converter (convert_hf_to_gguf.py) lays them out
+for the architecture (names mapped through the model's own table, which test_llama_tiny and
+test_llm_families check against the `gguf` package; Q/K rows permuted so rotated pairs are
+adjacent for the llama architecture only; Gemma's norm weights stored as 1 + w), optionally
+quantized. The other families' weights come from transformers' own random init
+(test_llm_families); `transformers_logits` runs any family's *ForCausalLM on a state.
 """
 
 from __future__ import annotations
@@ -70,6 +73,17 @@ def random_state(config: dict, seed: int = 0) -> dict:
     return state
 
 
+# What llama.cpp's converter does per GGUF architecture: LlamaModel (llama; HF Mistral converts
+# to it too) permutes the Q/K rows; Qwen2Model, Qwen3Model, Phi3MiniModel and the Gemma models
+# keep HF's half-split rows (llama.cpp's NEOX rope). Gemma2Model/Gemma3Model add 1 to every
+# tensor whose name ends in "norm.weight" (HF's Gemma RMSNorm multiplies by 1 + w).
+PERMUTED_QK_ARCHITECTURES = ("llama",)
+NORM_PLUS_ONE_ARCHITECTURES = ("gemma2", "gemma3")
+# HF model_type -> the GGUF architecture llama.cpp's converter writes.
+GGUF_ARCHITECTURE = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                     "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+
+
 def permute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's converter order: within each head, rows (half, pair) become (pair, half)."""
     head_dim = weight.shape[0] // n_heads
@@ -77,14 +91,25 @@ def permute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return np.ascontiguousarray(grouped.swapaxes(1, 2).reshape(weight.shape))
 
 
-def gguf_name(hf_name: str) -> str:
-    from candle_web.models.llama import LLAMA_WEIGHT_NAMES
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
+    from candle_web.models.llama import FAMILY_WEIGHT_NAMES, weight_names
 
-    return LLAMA_WEIGHT_NAMES.translate(hf_name, "hf", "gguf")
+    # An architecture the model does not know (a test of that error) gets llama's names.
+    return weight_names(arch if arch in FAMILY_WEIGHT_NAMES else "llama").translate(
+        hf_name, "hf", "gguf")
 
 
 def gguf_metadata(config: dict, arch: str = "llama") -> dict:
-    return {
+    """The `<arch>.*` keys llama.cpp's converter writes for `config` (HF config.json fields);
+    the family keys only where the config has them."""
+    optional = {
+        "sliding_window": "attention.sliding_window",
+        "attn_logit_softcapping": "attn_logit_softcapping",
+        "final_logit_softcapping": "final_logit_softcapping",
+    }
+    extra = {f"{arch}.{key}": config[field] for field, key in optional.items()
+             if config.get(field) is not None}
+    return extra | {
         "general.architecture": arch,
         f"{arch}.block_count": config["num_hidden_layers"],
         f"{arch}.context_length": config["max_position_embeddings"],
@@ -102,19 +127,22 @@ def gguf_metadata(config: dict, arch: str = "llama") -> dict:
 
 def to_gguf(state: dict, config: dict, path: Path, quantize_to=None, extra_metadata=None,
             extra_tensors=None, arch: str = "llama") -> Path:
-    """Write `state` as a llama.cpp-style GGUF; 2-D weights optionally quantized (a GgmlDType)."""
+    """Write `state` as a llama.cpp-style GGUF of architecture `arch`; 2-D weights optionally
+    quantized (a GgmlDType)."""
     from candle_web.io.gguf import write_gguf
     from candle_web.quantized import QTensor
 
     tensors = {}
     for name, values in state.items():
-        if name.endswith("q_proj.weight"):
+        if arch in PERMUTED_QK_ARCHITECTURES and name.endswith("q_proj.weight"):
             values = permute_rows(values, config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
+        elif arch in PERMUTED_QK_ARCHITECTURES and name.endswith("k_proj.weight"):
             values = permute_rows(values, config["num_key_value_heads"])
+        if arch in NORM_PLUS_ONE_ARCHITECTURES and name.endswith("norm.weight"):
+            values = (values.astype(np.float64) + 1.0).astype(values.dtype)
         if quantize_to is not None and values.ndim == 2:
             values = QTensor.from_float(values, quantize_to)
-        tensors[gguf_name(name)] = values
+        tensors[gguf_name(name, arch)] = values
     tensors.update(extra_tensors or {})
     metadata = gguf_metadata(config, arch)
     metadata.update(extra_metadata or {})
@@ -158,16 +186,24 @@ def to_hf_folder(state: dict, config: dict, folder: Path) -> Path:
     return folder
 
 
-def transformers_logits(config: dict, state: dict, ids, dtype=np.float32) -> np.ndarray:
-    """All-position logits [t, vocab] of transformers' LlamaForCausalLM on the same weights,
-    computed in `dtype` (float64: the truth f32 paths are measured against)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def transformers_model(config: dict):
+    """transformers' *ForCausalLM for config["model_type"] (eager attention), randomly
+    initialised by transformers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
-    cfg = LlamaConfig(**fields)
+    cfg = AutoConfig.for_model(config.get("model_type", "llama"), **fields)
     cfg._attn_implementation = "eager"
-    model = LlamaForCausalLM(cfg).eval()
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+
+
+def transformers_logits(config: dict, state: dict, ids, dtype=np.float32) -> np.ndarray:
+    """All-position logits [t, vocab] of transformers' *ForCausalLM for config["model_type"]
+    (LlamaForCausalLM by default) on the same weights, computed in `dtype` (float64: the truth
+    f32 paths are measured against)."""
+    import torch
+
+    model = transformers_model(config)
     if np.dtype(dtype) == np.float64:
         model = model.double()
     weights = {k: torch.from_numpy(v.astype(dtype)) for k, v in state.items()}

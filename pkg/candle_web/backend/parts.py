@@ -110,6 +110,9 @@ class WhisperDecoderWeights:
 
 @dataclass(frozen=True)
 class LlamaLayerWeights:
+    """One block of the LLaMA-family decoder (models/llama.py). The fields after `down` are the
+    other families' differences; their defaults mean plain LLaMA. Norm weights are the ones to
+    multiply by (Gemma's 1 + w already added)."""
     attn_norm: object  # Tensor [d] (RMS norm)
     mlp_norm: object  # Tensor [d]
     eps: float
@@ -117,6 +120,15 @@ class LlamaLayerWeights:
     out: object  # QMatMul [d, h * head_dim]
     gate_up: object  # QMatMul [2 * ffn, d]
     down: object  # QMatMul [d, ffn]
+    qkv_bias: object = None  # Tensor [(h + 2 kv) * head_dim] (qwen2)
+    q_norm: object = None  # Tensor [head_dim]: RMS norm of each query head before RoPE (qwen3,
+    k_norm: object = None  # gemma3), and of each key head
+    attn_post_norm: object = None  # Tensor [d]: RMS norm of the attention output before the
+    mlp_post_norm: object = None  # residual add (gemma2/3), and of the MLP output
+    window: int = None  # sliding window: a query sees the last `window` positions (itself
+    #                     included); None: every position
+    rope: object = None  # the layer's own rotary tables (an object with `.tables(start, n)`
+    #                      -> (cos, sin) and `.cos`/`.sin`), None: the ones the step is given
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,26 @@ class LlamaDecoderWeights:
     norm: object  # Tensor [d]
     norm_eps: float
     lm_head: object  # QMatMul [vocab, d]
+    activation: str = "silu"  # the gate's activation: "silu", or "gelu_tanh" (gemma)
+    embedding_scale: float = 1.0  # x = embed(ids) * scale before the first block (gemma)
+    attn_scale: float = None  # q.k multiplier; None: 1 / sqrt(head_dim)
+    attn_softcap: float = None  # scores = cap * tanh(scores / cap) before the mask (gemma2)
+    final_softcap: float = None  # the same on the logits (gemma2)
+
+    def family_fields(self) -> set:
+        """The names of the fields (decoder- and layer-level) that differ from plain LLaMA: an
+        implementation returns None from its factory when one of them is not in the set it
+        implements, so such a model takes the reference path."""
+        used = {name for name, plain in _PLAIN_DECODER.items() if getattr(self, name) != plain}
+        for layer in self.layers:
+            used |= {name for name in _PLAIN_LAYER if getattr(layer, name) is not None}
+        return used
+
+
+_PLAIN_DECODER = {"activation": "silu", "embedding_scale": 1.0, "attn_scale": None,
+                  "attn_softcap": None, "final_softcap": None}
+_PLAIN_LAYER = ("qkv_bias", "q_norm", "k_norm", "attn_post_norm", "mlp_post_norm", "window",
+                "rope")
 
 
 # -- declarations -------------------------------------------------------------------------------

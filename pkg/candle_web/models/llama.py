@@ -54,8 +54,11 @@ from ..core.tensor import Tensor
 from .config_fields import ConfigFields, read_json_config
 from .inputs import token_ids
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
-SUPPORTED_HF_MODEL_TYPES = ("llama",)
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_HF_MODEL_TYPES = ("llama", "qwen2")
+# llama.cpp's converter permutes the Q/K rows (interleaved RoPE) for these architectures only;
+# the others keep HF's half-split layout (llama.cpp's NEOX rope type).
+GGUF_PERMUTED_QK_ARCHITECTURES = ("llama",)
 SUPPORTED_ROPE_SCALING = ("linear", "llama3")
 DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_RMS_NORM_EPS = 1e-5
@@ -148,6 +151,8 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int = None
     eos_token_ids: tuple = ()
+    family: str = "llama"  # the architecture the file names (chooses the weight-name table)
+    qkv_bias: bool = False  # qwen2: biases on the Q, K and V projections
 
     def __post_init__(self):
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
@@ -171,6 +176,8 @@ class LlamaConfig:
         for flag in ("attention_bias", "mlp_bias"):
             if fields.boolean(flag, False):
                 raise UnsupportedError(f"{source}: {flag}=true is not supported")
+        if model_type == "qwen2" and fields.boolean("use_sliding_window", False):
+            raise UnsupportedError(f"{source}: use_sliding_window=true is not supported")
         rope_fields = fields.section("rope_parameters")
         scaling = fields.section("rope_scaling") or rope_fields
         theta = fields.number("rope_theta", None, positive=True)
@@ -194,7 +201,8 @@ class LlamaConfig:
             rope_interleaved=False, rope_scaling=RopeScaling.from_hf(scaling),
             tie_word_embeddings=fields.boolean("tie_word_embeddings", False),
             bos_token_id=fields.token_id("bos_token_id", vocab, None),
-            eos_token_ids=fields.token_ids("eos_token_id", vocab))
+            eos_token_ids=fields.token_ids("eos_token_id", vocab),
+            family=model_type, qkv_bias=model_type == "qwen2")
 
     @staticmethod
     def from_gguf(gguf) -> "LlamaConfig":
@@ -232,10 +240,12 @@ class LlamaConfig:
                                       positive=True),
             rope_theta=field.number("rope.freq_base", DEFAULT_ROPE_THETA, positive=True),
             max_position_embeddings=field.positive_int("context_length", 4096),
-            rope_interleaved=True, rope_scaling=_gguf_rope_scaling(gguf, arch, field),
+            rope_interleaved=arch in GGUF_PERMUTED_QK_ARCHITECTURES,
+            rope_scaling=_gguf_rope_scaling(gguf, arch, field),
             tie_word_embeddings="output.weight" not in gguf.tensors,
             bos_token_id=tokens.token_id("bos_token_id", vocab, None),
-            eos_token_ids=tuple(dict.fromkeys(i for i in end_ids if i is not None)))
+            eos_token_ids=tuple(dict.fromkeys(i for i in end_ids if i is not None)),
+            family=arch, qkv_bias="blk.0.attn_q.bias" in gguf.tensors)
 
 
 def _gguf_rope_scaling(gguf, arch: str, field: ConfigFields):
@@ -305,17 +315,20 @@ class RotaryEmbedding:
 
 
 class Attention:
-    def __init__(self, cfg: LlamaConfig, qkv: QMatMul, out: QMatMul):
+    def __init__(self, cfg: LlamaConfig, qkv: QMatMul, out: QMatMul, qkv_bias: Tensor = None):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.n_rep = cfg.n_rep
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        self.qkv, self.out = qkv, out
+        self.qkv, self.out, self.qkv_bias = qkv, out, qkv_bias  # bias [(h + 2kv) * hd] or None
 
     def __call__(self, x: Tensor, rotary: RotaryEmbedding, cos, sin, cache: KvCache,
                  mask) -> Tensor:
         b, t, _ = x.dims()
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
-        heads = self.qkv(x).reshape(b, t, h + 2 * kv, hd).transpose(1, 2)  # [b, h+2kv, t, hd]
+        qkv = self.qkv(x)  # [b, t, (h + 2kv) * hd]
+        if self.qkv_bias is not None:
+            qkv = qkv.broadcast_add(self.qkv_bias)
+        heads = qkv.reshape(b, t, h + 2 * kv, hd).transpose(1, 2)  # [b, h+2kv, t, hd]
         qk = rotary.apply(heads.narrow(1, 0, h + kv), cos, sin)  # q and k heads in one call
         q = qk.narrow(1, 0, h)  # [b, h, t, hd]
         k = qk.narrow(1, h, kv)  # [b, kv, t, hd]
@@ -402,7 +415,8 @@ class Llama:
         layers = tuple(parts.LlamaLayerWeights(
             attn_norm=block.attn_norm.weight, mlp_norm=block.mlp_norm.weight,
             eps=block.attn_norm.eps, qkv=block.attn.qkv, out=block.attn.out,
-            gate_up=block.mlp.gate_up, down=block.mlp.down) for block in self.blocks)
+            gate_up=block.mlp.gate_up, down=block.mlp.down, qkv_bias=block.attn.qkv_bias)
+            for block in self.blocks)
         return parts.LlamaDecoderWeights(
             num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             rope_interleaved=cfg.rope_interleaved, layers=layers, norm=self.norm.weight,
@@ -441,12 +455,13 @@ class Llama:
             config = LlamaConfig.from_gguf(gguf)
         if chat_template is None and gguf is not None:
             chat_template = gguf.metadata.get("tokenizer.chat_template")
-        naming = LLAMA_WEIGHT_NAMES.naming_of(weights)
+        names = weight_names(config.family)
+        naming = names.naming_of(weights)
         if naming is None:
             raise FormatError(f"{weights.label}: no token embedding (model.embed_tokens.weight "
                               f"or token_embd.weight); not a LLaMA-family model")
         device = Device.parse(device)
-        vb = VarBuilder(LLAMA_WEIGHT_NAMES.view(weights, naming), dt.f32, device, mode=mode)
+        vb = VarBuilder(names.view(weights, naming), dt.f32, device, mode=mode)
         return _build(config, vb, device, chat_template)
 
     @staticmethod
@@ -479,10 +494,14 @@ def _build(cfg: LlamaConfig, vb: VarBuilder, device, chat_template) -> Llama:
     blocks = []
     for i in range(cfg.num_layers):
         v = vb.pp(f"blocks.{i}")
+        qkv_bias = None
+        if cfg.qkv_bias:
+            qkv_bias = Tensor.cat([v.get((q_rows,), "attn.q.bias"), v.get((kv_rows,), "attn.k.bias"),
+                                   v.get((kv_rows,), "attn.v.bias")], 0)
         attn = Attention(cfg, v.fused_matrix([((q_rows, d), "attn.q.weight"),
                                               ((kv_rows, d), "attn.k.weight"),
                                               ((kv_rows, d), "attn.v.weight")]),
-                         v.matrix((d, q_rows), "attn.out.weight"))
+                         v.matrix((d, q_rows), "attn.out.weight"), qkv_bias)
         mlp = Mlp(v.fused_matrix([((ffn, d), "mlp.gate.weight"), ((ffn, d), "mlp.up.weight")]),
                   v.matrix((d, ffn), "mlp.down.weight"))
         blocks.append(Block(norm(v, "attn_norm.weight"), attn, norm(v, "mlp_norm.weight"), mlp))
@@ -524,6 +543,9 @@ LLAMA_WEIGHT_NAMES = WeightNames(("hf", "gguf"), {
                                  "blk.{i}.attn_k.weight"),
     "blocks.{i}.attn.v.weight": ("model.layers.{i}.self_attn.v_proj.weight",
                                  "blk.{i}.attn_v.weight"),
+    "blocks.{i}.attn.q.bias": ("model.layers.{i}.self_attn.q_proj.bias", "blk.{i}.attn_q.bias"),
+    "blocks.{i}.attn.k.bias": ("model.layers.{i}.self_attn.k_proj.bias", "blk.{i}.attn_k.bias"),
+    "blocks.{i}.attn.v.bias": ("model.layers.{i}.self_attn.v_proj.bias", "blk.{i}.attn_v.bias"),
     "blocks.{i}.attn.out.weight": ("model.layers.{i}.self_attn.o_proj.weight",
                                    "blk.{i}.attn_output.weight"),
     "blocks.{i}.mlp_norm.weight": ("model.layers.{i}.post_attention_layernorm.weight",
@@ -536,3 +558,15 @@ LLAMA_WEIGHT_NAMES = WeightNames(("hf", "gguf"), {
     "norm.weight": ("model.norm.weight", "output_norm.weight"),
     "lm_head.weight": ("lm_head.weight", "output.weight"),
 }, marker="embed.table")
+
+
+# Each family's table (by HF model_type or GGUF architecture).
+FAMILY_WEIGHT_NAMES = {"llama": LLAMA_WEIGHT_NAMES, "qwen2": LLAMA_WEIGHT_NAMES}
+
+
+def weight_names(family: str) -> WeightNames:
+    """The weight-name table of a family (an HF model_type or a GGUF architecture)."""
+    if family not in FAMILY_WEIGHT_NAMES:
+        raise UnsupportedError(f"llama: no weight names for family {family!r}; supported: "
+                               f"{tuple(FAMILY_WEIGHT_NAMES)}")
+    return FAMILY_WEIGHT_NAMES[family]

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from candle_web.core.errors import CandleError, FormatError, ModelNotFound
+from candle_web.core.errors import CandleError, FormatError, ModelNotFound, check_text
 
 HF_ENDPOINT = "https://huggingface.co"
 # One wasm32 array must stay under 2 GiB; a file announced larger is refused before allocating.
@@ -265,12 +265,15 @@ def split_reply(result: dict) -> tuple:
 
 
 def checked_text(text, name: str, limit: int, empty_note: str = "") -> str:
-    """`text` when it is a string with something in it and at most `limit` characters."""
+    """`text` when it is a string with something in it, at most `limit` characters and valid
+    Unicode (no lone surrogates)."""
     if not isinstance(text, str) or not text.strip():
         raise CandleError(f"{name} is empty{empty_note}")
     if len(text) > limit:
         raise CandleError(f"{name} has {len(text)} characters; at most {limit}")
-    return text
+    # A JS string may hold a lone UTF-16 half (Pyodide keeps it as a lone surrogate): refused
+    # with the field's name, the same InvalidText the native tokenizer and CLI give.
+    return check_text(text, name)
 
 
 def numeric_options(options, option_fields: dict, integer_options, what: str) -> dict:

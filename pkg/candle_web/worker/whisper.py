@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from candle_web.core.errors import FormatError, UnsupportedError
+from candle_web.core.errors import FormatError, UnsupportedError, check_text
 from candle_web.worker.session import CONFIG_FILE, TOKENIZER_FILE, Session, python_value
 
 MODEL_FILE = "model.bin"
@@ -175,6 +175,9 @@ def transcribe_options(options):
                                f"{', '.join(TRANSCRIBE_OPTION_NAMES)}")
     if "temperatures" in options:
         options["temperatures"] = tuple(float(t) for t in options["temperatures"])
+    for name in ("initial_prompt", "language", "task"):
+        if isinstance(options.get(name), str):  # a JS string may carry lone UTF-16 halves
+            check_text(options[name], f"transcribe: option {name}")
     return TranscribeOptions(**{k: v for k, v in options.items() if v is not None})
 
 

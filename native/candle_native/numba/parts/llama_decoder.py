@@ -59,7 +59,10 @@ class FusedLlamaDecoder:
     @staticmethod
     def build(weights):
         """From the model's exported LlamaDecoderWeights (candle_web.backend.parts); None when
-        a layer's weights do not fit the kernels."""
+        a layer's weights do not fit the kernels or use a family field (qkv bias, q/k norm,
+        post norms, sliding window, soft-capping...) these kernels do not implement."""
+        if weights.family_fields():
+            return None
         layers = []
         for layer in weights.layers:
             matrices = [_kernel_tuple(m) for m in (layer.qkv, layer.out, layer.gate_up, layer.down)]

@@ -367,6 +367,9 @@ class LlamaDecoderStep:
     """`llama.decoder_step` on the wasm kernels: one token of batch 1, one call per block."""
 
     def __init__(self, backend, weights: parts.LlamaDecoderWeights):
+        extras = weights.family_fields()
+        if extras:
+            raise UnfitWeights(f"llama.decoder_step: the kernels do not implement {sorted(extras)}")
         self.call = backend.host.call
         types = frozenset(abi.LINEAR_Q_TYPES)
         self.w = weights
