@@ -4,9 +4,15 @@ relaxed SIMD) and web/vendor/kernels-threads.wasm (relaxed SIMD on a shared memo
 two-thread decode steps, team.h), with `zig cc` from the pinned PyPI package `ziglang`
 (dev extra).
 
-Cached: a module is rebuilt only when the sha256 of the sources, the flags and the zig version
-differs from the one recorded beside it (web/vendor/kernels.stamp.json). Every module, built
-or cached, is then checked (scripts/wasm_check.py): memory imported as env.memory and nothing
+First it writes what the ABI table (pkg/candle_web/backend/wasm/abi.py) gives C and JS
+(scripts/abi_codegen.py): web/vendor/kernels_abi.h, which the sources include (constants,
+the exports' prototypes, the threads build's layouts), and web/vendor/abi.js, which the page's
+worker imports.
+
+Cached: a module is rebuilt only when the sha256 of the sources, the generated header, the
+flags (the exports are among them) and the zig version differs from the one recorded beside it
+(web/vendor/kernels.stamp.json): a change of the table that reaches the C side rebuilds.
+Every module, built or cached, is then checked (scripts/wasm_check.py): memory imported as env.memory and nothing
 else imported, exports exactly the ABI (pkg/candle_web/backend/wasm/abi.py) with its
 signatures, no data segment, and no code touching __stack_pointer; the threads build's memory
 import must be shared, the others' must not. A failed check exits 1.
@@ -26,7 +32,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import wasm_check  # noqa: E402  (the sibling module)
+import abi_codegen  # noqa: E402  (the sibling modules)
+import wasm_check  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIR = REPO_ROOT / "web" / "kernels"
@@ -44,7 +51,7 @@ COMMON_FLAGS = [
 # name -> (flags, the ABI table of its exports, whether its memory is shared)
 THREADS_FLAGS = ["-matomics", "-mbulk-memory", "-DKERNELS_THREADS", "-Wl,--shared-memory",
                  # the most a shared memory may grow to (the engine reserves it up front)
-                 "-Wl,--max-memory=2147483648"]
+                 f"-Wl,--max-memory={wasm_check.load_abi().TEAM_MAX_BYTES}"]
 BUILDS = {
     "kernels.wasm": (["-mrelaxed-simd", "-DKERNELS_RELAXED"], "EXPORTS", False),
     "kernels-simd128.wasm": ([], "EXPORTS", False),
@@ -86,10 +93,12 @@ def digest(files, flags, version) -> str:
     return h.hexdigest()
 
 
-def compile_module(name: str, flags, files, out: Path) -> str | None:
-    """Compile to `out`; the compiler's message on failure."""
+def compile_module(name: str, flags, files, out: Path, generated_dir: Path) -> str | None:
+    """Compile to `out` (the generated header from `generated_dir`); the compiler's message
+    on failure."""
     c_files = [str(f) for f in files if f.suffix == ".c"]
-    cmd = zig_command() + ["cc"] + flags + ["-I", str(SOURCE_DIR), "-o", str(out)] + c_files
+    cmd = zig_command() + ["cc"] + flags + ["-I", str(SOURCE_DIR), "-I", str(generated_dir),
+                                            "-o", str(out)] + c_files
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         return done.stderr or done.stdout or f"zig cc exited with {done.returncode}"
@@ -103,9 +112,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     abi = wasm_check.load_abi()
-    files = sources()
-    version = zig_version()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    header, _ = abi_codegen.write(abi, args.out_dir)  # before zig: the page needs abi.js anyway
+    files = sources() + [header]
+    version = zig_version()
     stamp_path = args.out_dir / STAMP
     try:
         stamps = json.loads(stamp_path.read_text())
@@ -124,7 +134,7 @@ def main(argv=None) -> int:
         else:
             start = time.perf_counter()
             tmp = out.with_suffix(".tmp.wasm")
-            error = compile_module(name, flags, files, tmp)
+            error = compile_module(name, flags, files, tmp, args.out_dir)
             problems = [] if error else wasm_check.check_kernel_module(
                 tmp.read_bytes(), signatures, shared_memory=shared)
             if error or problems:

@@ -8,6 +8,9 @@
   web/vendor/kernels.wasm, kernels-simd128.wasm, kernels-threads.wasm
                         the wasm SIMD kernels (scripts/build_kernels.py: cached, and checked;
                         when zig is missing or a check fails the page runs numpy and says why)
+  web/vendor/abi.js, kernels_abi.h
+                        the kernels' ABI constants for the worker and the C sources, generated
+                        from pkg/candle_web/backend/wasm/abi.py by the same script
   web/vendor/pyodide-snapshot.bin
                         a memory snapshot of a started Pyodide, made with Node from the files
                         above (scripts/pyodide_snapshot.mjs; cached by their hashes): the worker

@@ -84,7 +84,13 @@ def test_the_arena_reuses_and_merges_freed_blocks():
 
 # -- the layouts the C side, the worker and Python share -----------------------------------------
 def test_the_argument_layouts_and_offsets_agree_with_the_c_and_the_worker():
-    header = (REPO_ROOT / "web" / "kernels" / "team.h").read_text()
+    """C and the worker read them from what scripts/abi_codegen.py generates from the table (the
+    kernels' build writes it; tests/kernels/test_abi_codegen.py checks that no source keeps a
+    copy): the generated header and JS module say what the hosts here use."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import abi_codegen
+
+    header = abi_codegen.c_header(wasm_abi)
 
     def define(name):
         return int(re.search(rf"#define {name} (\d+)", header).group(1))
@@ -100,11 +106,13 @@ def test_the_argument_layouts_and_offsets_agree_with_the_c_and_the_worker():
     assert tuple(re.findall(r"int32_t (\w+);", fields)) == wasm_abi.TEAM_CTRL_FIELDS
     for job, code in wasm_abi.TEAM_JOBS.items():
         assert define(f"TEAM_JOB_{job.upper()}") == code
-    worker = (REPO_ROOT / "web" / "worker" / "team.js").read_text()
-    assert "const TEAM_CTRL_OFFSET = 1 << 20;" in worker and wasm_team.CTRL_OFFSET == 1 << 20
-    assert "const TEAM_HELPER_SCRATCH_OFFSET = TEAM_CTRL_OFFSET + 64;" in worker
+    worker = abi_codegen.js_module(wasm_abi)
+    assert f"const TEAM_CTRL_OFFSET = {1 << 20};" in worker and wasm_team.CTRL_OFFSET == 1 << 20
+    assert f"const TEAM_HELPER_SCRATCH_OFFSET = {(1 << 20) + 64};" in worker
     assert wasm_team.HELPER_SCRATCH_OFFSET == wasm_team.CTRL_OFFSET + 64
-    assert f"const TEAM_ALIVE_SLOT = {wasm_abi.TEAM_CTRL_FIELDS.index('alive')};" in worker
+    assert f"alive: {wasm_abi.TEAM_CTRL_FIELDS.index('alive')}," in worker
+    team_js = (REPO_ROOT / "web" / "worker" / "team.js").read_text()
+    assert re.search(r"TEAM_CTRL_OFFSET,.*\} from \"\.\./vendor/abi\.js\";", team_js, re.S)
 
 
 # -- LLaMA --------------------------------------------------------------------------------------

@@ -1,5 +1,10 @@
 /* Shared definitions of candle-web's WebAssembly SIMD kernels (see README.md for the ABI).
  *
+ * The ABI's constants and every export's prototype come from kernels_abi.h, which
+ * scripts/build_kernels.py generates from pkg/candle_web/backend/wasm/abi.py before compiling
+ * (into web/vendor/, never committed); what one file calls in another and is not exported is
+ * declared at the end of this header (team.h for the threads build's step functions).
+ *
  * Rules every kernel keeps, checked at build time by scripts/wasm_check.py:
  * - no stack: no local arrays, no address-taken locals, no struct returns that survive
  *   inlining (the module runs on Pyodide's own memory, where wasm-ld's __stack_pointer points
@@ -18,6 +23,8 @@
 #include <stdint.h>
 #include <wasm_simd128.h>
 
+#include "kernels_abi.h"
+
 typedef v128_t f32x4;
 
 #define INLINE static inline __attribute__((always_inline))
@@ -35,8 +42,6 @@ typedef v128_t f32x4;
 #define LOAD(p) wasm_v128_load((const void *)(p))
 #define STORE(p, v) wasm_v128_store((void *)(p), (v))
 #define SPLAT_LOAD(p) wasm_v128_load32_splat((const void *)(p))
-
-#define ABI_VERSION 1
 
 /* ---- the scratch buffer (one caller-provided block, 16-byte aligned) ----------------------
  * GEMM packing panels and the edge tile; the GEMV copies of strided rows; the dequantized
@@ -296,7 +301,12 @@ INLINE float slog(float xf) {
     return (float)(2.0 * u * s + (double)e * 0.69314718055994530942);
 }
 
-/* ---- shared by gemm.c and linear.c -------------------------------------------------------- */
+/* ---- not exported, called across files ----------------------------------------------------- */
+/* linear.c, for steps.c: bytes of one row of K weights of a fused step's matrix (MATRIX_F32,
+ * MATRIX_F16 or a GGML type id; K a whole number of its blocks); 0 for an unknown type. */
+int matrix_row_bytes(int type, int K);
+
+/* gemm.c, for gemm.c and linear.c: */
 /* C[m, n] (row stride c_rs) = A[m*a_rs + k*a_cs] @ B[k*b_rs + n*b_cs] (+ C if beta != 0);
  * one matrix, any strides, blocked and packed in scratch (uses [0, SCRATCH_DEQ)). */
 void gemm_one(int M, int N, int K, const float *A, int a_rs, int a_cs, const float *B,

@@ -491,7 +491,7 @@ KERNEL void linear_q(int type, int M, int N, int K, const float *X, int x_rs, co
  * offsets of this size. Not exported. The block sizes come from two immediates, one byte per
  * type: a switch here would be compiled to a lookup table, i.e. a data segment. */
 int matrix_row_bytes(int type, int K) {
-    if (type == 0) return 4 * K;
+    if (type == MATRIX_F32) return 4 * K;
     if (type == T_F16) return 2 * K;
     if (type < T_Q4_0 || type > T_Q6_K) return 0;
     /* types 2..9: Q4_0 18, Q4_1 20, -, -, Q5_0 22, Q5_1 24, Q8_0 34, -; 10..14: the k-quants */

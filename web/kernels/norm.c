@@ -151,9 +151,6 @@ KERNEL void rms_norm_rows(int rows, int n, const float *X, const float *W, float
 
 /* ---- activations ----------------------------------------------------------------------------- */
 
-enum { OP_GELU = 0, OP_GELU_ERF = 1, OP_SILU = 2, OP_EXP = 3, OP_TANH = 4, OP_SIGMOID = 5,
-       OP_ERF = 6 };
-
 #define SQRT_2_OVER_PI 0.7978845608028654f
 #define GELU_TANH_CUBIC 0.044715f
 #define INV_SQRT_2 0.7071067811865476f
@@ -168,21 +165,21 @@ INLINE f32x4 vsigmoid(f32x4 x) {
 
 INLINE f32x4 unary_op(const int op, f32x4 x) {
     switch (op) {
-    case OP_GELU: {
+    case UNARY_GELU: {
         /* 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x * x * x))), left to right */
         f32x4 cube = wasm_f32x4_mul(wasm_f32x4_mul(wasm_f32x4_mul(F4(GELU_TANH_CUBIC), x), x), x);
         f32x4 t = vtanh(wasm_f32x4_mul(F4(SQRT_2_OVER_PI), wasm_f32x4_add(x, cube)));
         return wasm_f32x4_mul(wasm_f32x4_mul(F4(0.5f), x), wasm_f32x4_add(F4(1.0f), t));
     }
-    case OP_GELU_ERF: {
+    case UNARY_GELU_ERF: {
         f32x4 e = verf(wasm_f32x4_mul(x, F4(INV_SQRT_2)));
         return wasm_f32x4_mul(wasm_f32x4_mul(F4(0.5f), x), wasm_f32x4_add(F4(1.0f), e));
     }
-    case OP_SILU: return wasm_f32x4_mul(x, vsigmoid(x));
-    case OP_EXP: return vexp(x);
-    case OP_TANH: return vtanh(x);
-    case OP_SIGMOID: return vsigmoid(x);
-    case OP_ERF: return verf(x);
+    case UNARY_SILU: return wasm_f32x4_mul(x, vsigmoid(x));
+    case UNARY_EXP: return vexp(x);
+    case UNARY_TANH: return vtanh(x);
+    case UNARY_SIGMOID: return vsigmoid(x);
+    case UNARY_ERF: return verf(x);
     default: return F4(__builtin_nanf(""));
     }
 }
@@ -197,13 +194,13 @@ INLINE void unary_loop(const int op, int n, const float *x, float *y) {
  * fills Y with NaN. Y may equal X. */
 KERNEL void unary_f32(int op, int n, const float *X, float *Y) {
     switch (op) {
-    case OP_GELU: unary_loop(OP_GELU, n, X, Y); break;
-    case OP_GELU_ERF: unary_loop(OP_GELU_ERF, n, X, Y); break;
-    case OP_SILU: unary_loop(OP_SILU, n, X, Y); break;
-    case OP_EXP: unary_loop(OP_EXP, n, X, Y); break;
-    case OP_TANH: unary_loop(OP_TANH, n, X, Y); break;
-    case OP_SIGMOID: unary_loop(OP_SIGMOID, n, X, Y); break;
-    case OP_ERF: unary_loop(OP_ERF, n, X, Y); break;
+    case UNARY_GELU: unary_loop(UNARY_GELU, n, X, Y); break;
+    case UNARY_GELU_ERF: unary_loop(UNARY_GELU_ERF, n, X, Y); break;
+    case UNARY_SILU: unary_loop(UNARY_SILU, n, X, Y); break;
+    case UNARY_EXP: unary_loop(UNARY_EXP, n, X, Y); break;
+    case UNARY_TANH: unary_loop(UNARY_TANH, n, X, Y); break;
+    case UNARY_SIGMOID: unary_loop(UNARY_SIGMOID, n, X, Y); break;
+    case UNARY_ERF: unary_loop(UNARY_ERF, n, X, Y); break;
     default: unary_loop(-1, n, X, Y); break;
     }
 }

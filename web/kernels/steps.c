@@ -10,7 +10,7 @@
  * A matrix argument is (type, rows, pointer) with type 0 = f32 rows [rows, K], 1 = f16 bits,
  * else a GGML type id (linear_q). A projection made of several stored tensors (LLaMA's q, k
  * and v; gate and up) is passed piece by piece, rows 0 for an absent piece; the pieces' outputs
- * are concatenated. Arithmetic and order are the kernel-by-kernel path's (backend/wasm_parts.py):
+ * are concatenated. Arithmetic and order are the kernel-by-kernel path's (backend/wasm/parts.py):
  * the same kernels on the same operands, so both give the same numbers.
  *
  * The same block code runs on a team of threads (team.h; the threads build): `tid` of `nt`,
@@ -21,30 +21,6 @@
  */
 #include "kernels.h"
 #include "team.h"
-
-void gemm_f32(int batch, int M, int N, int K, const float *A, int a_bs, int a_rs, int a_cs,
-              const float *B, int b_bs, int b_rs, int b_cs, float *C, int c_bs, int c_rs,
-              float beta, uint8_t *scratch);
-void linear_f16(int M, int N, int K, const float *X, int x_rs, const uint16_t *W, float *Y,
-                int y_rs, uint8_t *scratch);
-void linear_q(int type, int M, int N, int K, const float *X, int x_rs, const uint8_t *W,
-              float *Y, int y_rs, uint8_t *scratch);
-void rms_norm_rows(int rows, int n, const float *X, const float *W, float eps, float *Y);
-void layer_norm_rows(int rows, int n, const float *X, const float *W, const float *B, float eps,
-                     float *Y);
-void rope_f32(int interleaved, int bh, int t, int d, const float *X, const float *COS,
-              const float *SIN, float *Y);
-void attention_f32(int bh, int tq, int tk, int d, const float *Q, int q_bs, const float *K,
-                   int k_bs, const float *V, int v_bs, const float *MASK, int mask_bs,
-                   float scale, float *O, int o_bs, uint8_t *scratch);
-void silu_mul(int n, const float *G, const float *U, float *Y);
-void unary_f32(int op, int n, const float *X, float *Y);
-
-int matrix_row_bytes(int type, int K);
-
-#define MATRIX_F32 0
-#define MATRIX_F16 1
-#define UNARY_GELU_ERF 1
 
 /* Y [R, y_rs] columns [lo, hi) = X [R, K] W[lo:hi]^T for one stored matrix of K columns. */
 static void matmul_cols(int R, int type, int lo, int hi, int K, const void *W, const float *X,
@@ -328,63 +304,82 @@ KERNEL void ln_logits_step(int R, int d, int rows, const float *x, const float *
 }
 
 /* ---- the team's jobs: every block of a step from one argument block -------------------------
- * i32 words (f32 scalars as their bits, pointers as offsets); layouts in backend/wasm_abi.py
- * (TEAM_LLAMA_HEADER, ...), which the host fills. */
+ * i32 words (f32 scalars as their bits, pointers as offsets) that the host fills; each word
+ * is read by its field's index in kernels_abi.h, generated from backend/wasm/abi.py's tables:
+ * LL(Q_TYPE) is TEAM_LLAMA_LAYER_Q_TYPE, the word of field "q_type" of a LLaMA layer record. */
 #define ARG_I(a, k) ((int)(a)[k])
 #define ARG_F(a, k) bits_to_f32((uint32_t)(a)[k])
 #define ARG_P(a, k) ((void *)(uintptr_t)(uint32_t)(a)[k])
+#define LH(field) TEAM_LLAMA_HEADER_##field
+#define LL(field) TEAM_LLAMA_LAYER_##field
+#define WH(field) TEAM_WHISPER_HEADER_##field
+#define WB(field) TEAM_WHISPER_BLOCK_##field
+#define EH(field) TEAM_ENCODER_HEADER_##field
+#define EB(field) TEAM_ENCODER_BLOCK_##field
 
 void llama_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a, uint8_t *scratch) {
-    int d = ARG_I(a, 0), n_heads = ARG_I(a, 1), n_kv = ARG_I(a, 2), head_dim = ARG_I(a, 3);
-    int ffn = ARG_I(a, 4), interleaved = ARG_I(a, 5), pos = ARG_I(a, 6);
-    float scale = ARG_F(a, 7);
-    int n_layers = ARG_I(a, 8), layer_words = ARG_I(a, 9);
-    float *x = ARG_P(a, 10), *work = ARG_P(a, 11), *kv_out = ARG_P(a, 14);
-    const float *cos_row = ARG_P(a, 12), *sin_row = ARG_P(a, 13);
+    int d = ARG_I(a, LH(D)), n_heads = ARG_I(a, LH(N_HEADS)), n_kv = ARG_I(a, LH(N_KV));
+    int head_dim = ARG_I(a, LH(HEAD_DIM)), ffn = ARG_I(a, LH(FFN));
+    int interleaved = ARG_I(a, LH(INTERLEAVED)), pos = ARG_I(a, LH(POS));
+    float scale = ARG_F(a, LH(SCALE));
+    int n_layers = ARG_I(a, LH(N_LAYERS)), layer_words = ARG_I(a, LH(LAYER_WORDS));
+    float *x = ARG_P(a, LH(X)), *work = ARG_P(a, LH(WORK)), *kv_out = ARG_P(a, LH(KV_OUT));
+    const float *cos_row = ARG_P(a, LH(COS_ROW)), *sin_row = ARG_P(a, LH(SIN_ROW));
     int kv_size = n_kv * head_dim;
     for (int l = 0; l < n_layers; l++) {
         const int32_t *L = a + TEAM_LLAMA_HEADER + l * layer_words;
         llama_block(tid, nt, team, d, n_heads, n_kv, head_dim, ffn, interleaved, pos,
-                    ARG_I(L, 0), scale, x, work, ARG_P(L, 1), ARG_P(L, 2), ARG_F(L, 3),
-                    ARG_I(L, 4), ARG_I(L, 5), ARG_P(L, 6), ARG_I(L, 7), ARG_I(L, 8),
-                    ARG_P(L, 9), ARG_I(L, 10), ARG_I(L, 11), ARG_P(L, 12), ARG_I(L, 13),
-                    ARG_P(L, 14), ARG_I(L, 15), ARG_I(L, 16), ARG_P(L, 17), ARG_I(L, 18),
-                    ARG_I(L, 19), ARG_P(L, 20), ARG_I(L, 21), ARG_P(L, 22), ARG_P(L, 23),
-                    ARG_P(L, 24), cos_row, sin_row, kv_out ? kv_out + l * 2 * kv_size : 0,
-                    scratch);
+                    ARG_I(L, LL(CAPACITY)), scale, x, work, ARG_P(L, LL(ATTN_NORM)),
+                    ARG_P(L, LL(MLP_NORM)), ARG_F(L, LL(EPS)),
+                    ARG_I(L, LL(Q_TYPE)), ARG_I(L, LL(Q_ROWS)), ARG_P(L, LL(Q_W)),
+                    ARG_I(L, LL(K_TYPE)), ARG_I(L, LL(K_ROWS)), ARG_P(L, LL(K_W)),
+                    ARG_I(L, LL(V_TYPE)), ARG_I(L, LL(V_ROWS)), ARG_P(L, LL(V_W)),
+                    ARG_I(L, LL(O_TYPE)), ARG_P(L, LL(O_W)),
+                    ARG_I(L, LL(G_TYPE)), ARG_I(L, LL(G_ROWS)), ARG_P(L, LL(G_W)),
+                    ARG_I(L, LL(U_TYPE)), ARG_I(L, LL(U_ROWS)), ARG_P(L, LL(U_W)),
+                    ARG_I(L, LL(DOWN_TYPE)), ARG_P(L, LL(DOWN_W)),
+                    ARG_P(L, LL(KEYS)), ARG_P(L, LL(VALUES)), cos_row, sin_row,
+                    kv_out ? kv_out + l * 2 * kv_size : 0, scratch);
     }
-    float *logits = ARG_P(a, 19);
+    float *logits = ARG_P(a, LH(LOGITS));
     if (logits)
-        rms_logits(tid, nt, team, d, ARG_I(a, 18), x, ARG_P(a, 15), ARG_F(a, 16), ARG_I(a, 17),
-                   ARG_P(a, 20), work, logits, scratch);
+        rms_logits(tid, nt, team, d, ARG_I(a, LH(VOCAB)), x, ARG_P(a, LH(NORM)),
+                   ARG_F(a, LH(NORM_EPS)), ARG_I(a, LH(HEAD_TYPE)), ARG_P(a, LH(HEAD_W)), work,
+                   logits, scratch);
 }
 
 void whisper_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a, uint8_t *scratch) {
-    int R = ARG_I(a, 0), d = ARG_I(a, 1), n_head = ARG_I(a, 2), ffn = ARG_I(a, 3);
-    int pos = ARG_I(a, 4), n_audio = ARG_I(a, 5);
-    float eps = ARG_F(a, 6), scale = ARG_F(a, 7);
-    int n_blocks = ARG_I(a, 8), block_words = ARG_I(a, 9);
-    float *x = ARG_P(a, 10), *work = ARG_P(a, 11), *kv_out = ARG_P(a, 13);
-    int cross_bs = ARG_I(a, 12);
+    int R = ARG_I(a, WH(R)), d = ARG_I(a, WH(D)), n_head = ARG_I(a, WH(N_HEAD));
+    int ffn = ARG_I(a, WH(FFN)), pos = ARG_I(a, WH(POS)), n_audio = ARG_I(a, WH(N_AUDIO));
+    float eps = ARG_F(a, WH(EPS)), scale = ARG_F(a, WH(SCALE));
+    int n_blocks = ARG_I(a, WH(N_BLOCKS)), block_words = ARG_I(a, WH(BLOCK_WORDS));
+    float *x = ARG_P(a, WH(X)), *work = ARG_P(a, WH(WORK)), *kv_out = ARG_P(a, WH(KV_OUT));
+    int cross_bs = ARG_I(a, WH(CROSS_BS));
     for (int l = 0; l < n_blocks; l++) {
         const int32_t *B = a + TEAM_WHISPER_HEADER + l * block_words;
-        whisper_block(tid, nt, team, R, d, n_head, ffn, pos, ARG_I(B, 0), n_audio, eps, scale,
-                      x, work, ARG_P(B, 1), ARG_P(B, 2), ARG_I(B, 3), ARG_P(B, 4), ARG_P(B, 5),
-                      ARG_I(B, 6), ARG_P(B, 7), ARG_P(B, 8), ARG_P(B, 9), ARG_P(B, 10),
-                      ARG_I(B, 11), ARG_P(B, 12), ARG_P(B, 13), ARG_P(B, 14), ARG_P(B, 15),
-                      cross_bs, ARG_I(B, 16), ARG_P(B, 17), ARG_P(B, 18), ARG_P(B, 19),
-                      ARG_P(B, 20), ARG_I(B, 21), ARG_P(B, 22), ARG_P(B, 23), ARG_I(B, 24),
-                      ARG_P(B, 25), ARG_P(B, 26), ARG_P(B, 27), ARG_P(B, 28),
+        whisper_block(tid, nt, team, R, d, n_head, ffn, pos, ARG_I(B, WB(CAPACITY)), n_audio,
+                      eps, scale, x, work, ARG_P(B, WB(LN1_W)), ARG_P(B, WB(LN1_B)),
+                      ARG_I(B, WB(QKV_TYPE)), ARG_P(B, WB(QKV_W)), ARG_P(B, WB(QKV_B)),
+                      ARG_I(B, WB(OUT_TYPE)), ARG_P(B, WB(OUT_W)), ARG_P(B, WB(OUT_B)),
+                      ARG_P(B, WB(LN2_W)), ARG_P(B, WB(LN2_B)),
+                      ARG_I(B, WB(CQ_TYPE)), ARG_P(B, WB(CQ_W)), ARG_P(B, WB(CQ_B)),
+                      ARG_P(B, WB(CROSS_K)), ARG_P(B, WB(CROSS_V)), cross_bs,
+                      ARG_I(B, WB(CO_TYPE)), ARG_P(B, WB(CO_W)), ARG_P(B, WB(CO_B)),
+                      ARG_P(B, WB(LN3_W)), ARG_P(B, WB(LN3_B)),
+                      ARG_I(B, WB(FC1_TYPE)), ARG_P(B, WB(FC1_W)), ARG_P(B, WB(FC1_B)),
+                      ARG_I(B, WB(FC2_TYPE)), ARG_P(B, WB(FC2_W)), ARG_P(B, WB(FC2_B)),
+                      ARG_P(B, WB(KEYS)), ARG_P(B, WB(VALUES)),
                       kv_out ? kv_out + l * R * 2 * d : 0, scratch);
     }
-    float *logits = ARG_P(a, 19);
+    float *logits = ARG_P(a, WH(LOGITS));
     if (logits)
-        ln_logits(tid, nt, team, R, d, ARG_I(a, 18), x, ARG_P(a, 14), ARG_P(a, 15), ARG_F(a, 20),
-                  ARG_I(a, 16), ARG_P(a, 17), work, logits, scratch);
+        ln_logits(tid, nt, team, R, d, ARG_I(a, WH(VOCAB)), x, ARG_P(a, WH(LN_W)),
+                  ARG_P(a, WH(LN_B)), ARG_F(a, WH(LN_EPS)), ARG_I(a, WH(HEAD_TYPE)),
+                  ARG_P(a, WH(HEAD_W)), work, logits, scratch);
 }
 
 /* ---- Whisper's encoder on the team: one audio window, every layer in one job ---------------
- * The one-thread encoder is backend/wasm_parts.py's WhisperEncoder (kernel calls from Python);
+ * The one-thread encoder is backend/wasm/parts.py's WhisperEncoder (kernel calls from Python);
  * this is the same sequence of kernel calls on the same operands, split between the threads:
  * products by output columns (each thread fills its columns with the bias, then accumulates
  * its product into them, as `_Linear` does), row-wise norms and elementwise work by rows, and
@@ -411,14 +406,17 @@ static void gemm_cols(int tid, int nt, int M, int N, int K, const float *A, int 
 
 void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a,
                                uint8_t *scratch) {
-    int frames_in = ARG_I(a, 0), n_mels = ARG_I(a, 1), d = ARG_I(a, 2), n_head = ARG_I(a, 3);
-    int ffn = ARG_I(a, 4), n_blocks = ARG_I(a, 5), block_words = ARG_I(a, 6);
-    const float *mel = ARG_P(a, 7); /* [frames_in + 2, n_mels], zero rows first and last */
-    const float *conv1_w = ARG_P(a, 8), *conv1_b = ARG_P(a, 9); /* taps [3, d, n_mels] */
-    const float *conv2_w = ARG_P(a, 10), *conv2_b = ARG_P(a, 11); /* taps [3, d, d] */
-    const float *positions = ARG_P(a, 12), *ln_w = ARG_P(a, 13), *ln_b = ARG_P(a, 14);
-    float ln_eps = ARG_F(a, 15), scale = ARG_F(a, 16);
-    float *out = ARG_P(a, 17), *work = ARG_P(a, 18);
+    int frames_in = ARG_I(a, EH(FRAMES_IN)), n_mels = ARG_I(a, EH(N_MELS)), d = ARG_I(a, EH(D));
+    int n_head = ARG_I(a, EH(N_HEAD)), ffn = ARG_I(a, EH(FFN)), n_blocks = ARG_I(a, EH(N_BLOCKS));
+    int block_words = ARG_I(a, EH(BLOCK_WORDS));
+    const float *mel = ARG_P(a, EH(MEL)); /* [frames_in + 2, n_mels], zero rows first and last */
+    /* convolution taps [3, d, n_mels] and [3, d, d] */
+    const float *conv1_w = ARG_P(a, EH(CONV1_W)), *conv1_b = ARG_P(a, EH(CONV1_B));
+    const float *conv2_w = ARG_P(a, EH(CONV2_W)), *conv2_b = ARG_P(a, EH(CONV2_B));
+    const float *positions = ARG_P(a, EH(POSITIONS));
+    const float *ln_w = ARG_P(a, EH(LN_W)), *ln_b = ARG_P(a, EH(LN_B));
+    float ln_eps = ARG_F(a, EH(LN_EPS)), scale = ARG_F(a, EH(SCALE));
+    float *out = ARG_P(a, EH(OUT)), *work = ARG_P(a, EH(WORK));
     int F = (frames_in - 1) / 2 + 1, dh = d / n_head;
     float *padded = work;                         /* [frames_in + 2, d]: conv1's output */
     float *x = padded + (frames_in + 2) * d;      /* [F, d] */
@@ -456,13 +454,14 @@ void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a
 
     for (int l = 0; l < n_blocks; l++) {
         const int32_t *B = a + TEAM_ENCODER_HEADER + l * block_words;
-        const float *qkv_w = ARG_P(B, 2), *qkv_b = ARG_P(B, 3), *out_w = ARG_P(B, 4);
-        const float *out_b = ARG_P(B, 5), *fc1_w = ARG_P(B, 8), *fc1_b = ARG_P(B, 9);
-        const float *fc2_w = ARG_P(B, 10), *fc2_b = ARG_P(B, 11);
+        const float *qkv_w = ARG_P(B, EB(QKV_W)), *qkv_b = ARG_P(B, EB(QKV_B));
+        const float *out_w = ARG_P(B, EB(OUT_W)), *out_b = ARG_P(B, EB(OUT_B));
+        const float *fc1_w = ARG_P(B, EB(FC1_W)), *fc1_b = ARG_P(B, EB(FC1_B));
+        const float *fc2_w = ARG_P(B, EB(FC2_W)), *fc2_b = ARG_P(B, EB(FC2_B));
         team_barrier(team, nt);
         if (r1 > r0)
-            layer_norm_rows(r1 - r0, d, x + r0 * d, ARG_P(B, 0), ARG_P(B, 1), ARG_F(B, 12),
-                            h + r0 * d);
+            layer_norm_rows(r1 - r0, d, x + r0 * d, ARG_P(B, EB(LN1_W)), ARG_P(B, EB(LN1_B)),
+                            ARG_F(B, EB(LN1_EPS)), h + r0 * d);
         team_barrier(team, nt);
         gemm_cols(tid, nt, F, 3 * d, d, h, d, qkv_w, qkv, 3 * d, qkv_b, 0, scratch);
         team_barrier(team, nt);
@@ -491,8 +490,8 @@ void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a
         gemm_cols(tid, nt, F, d, d, merged, d, out_w, x, d, out_b, 1, scratch);
         team_barrier(team, nt);
         if (r1 > r0)
-            layer_norm_rows(r1 - r0, d, x + r0 * d, ARG_P(B, 6), ARG_P(B, 7), ARG_F(B, 13),
-                            h + r0 * d);
+            layer_norm_rows(r1 - r0, d, x + r0 * d, ARG_P(B, EB(LN2_W)), ARG_P(B, EB(LN2_B)),
+                            ARG_F(B, EB(LN2_EPS)), h + r0 * d);
         team_barrier(team, nt);
         gemm_cols(tid, nt, F, ffn, d, h, d, fc1_w, hidden, ffn, fc1_b, 0, scratch);
         int f0 = SHARE_LO(ffn, tid, nt), f1 = SHARE_HI(ffn, tid, nt);

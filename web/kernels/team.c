@@ -7,11 +7,6 @@
 #include "kernels.h"
 #include "team.h"
 
-void llama_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args, uint8_t *scratch);
-void whisper_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args, uint8_t *scratch);
-void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args,
-                               uint8_t *scratch);
-
 static void run_job(int job, int tid, int nt, TeamCtrl *c, const int32_t *args,
                     uint8_t *scratch) {
     if (job == TEAM_JOB_LLAMA_STEP) llama_team_step(tid, nt, c, args, scratch);

@@ -9,39 +9,24 @@
  * wrote. The other builds compile the same step code for one thread: the barrier is then
  * nothing and every share is the whole.
  *
- * The control block lives in the shared memory (the host allocates it, 16-byte aligned); it
- * is only ever touched through the atomics below.
+ * The control block (TeamCtrl), the job codes and the argument blocks' layouts are the ABI
+ * table's (kernels_abi.h, generated from backend/wasm/abi.py). The control block lives in the
+ * shared memory at a fixed place; it is only ever touched through the atomics below.
  */
 #ifndef CANDLE_KERNELS_TEAM_H
 #define CANDLE_KERNELS_TEAM_H
 
 #include <stdint.h>
 
-typedef struct {
-    int32_t generation; /* bumped by team_run for every job; the helper waits on it */
-    int32_t job;        /* TEAM_JOB_* */
-    int32_t args;       /* the job's argument block (i32 words; f32 as bits) */
-    int32_t nthreads;   /* of this job: 2, or 1 when the helper is not there */
-    int32_t alive;      /* 1 while a helper is inside team_worker */
-    int32_t count;      /* barrier arrivals */
-    int32_t sense;      /* barrier phase, flipped by the last arrival */
-    int32_t jobs_done;  /* jobs the helper took part in (for tests and the page's footer) */
-} TeamCtrl;
+#include "kernels_abi.h"
 
-#define TEAM_CTRL_BYTES 32
-#define TEAM_JOB_STOP 0
-#define TEAM_JOB_LLAMA_STEP 1
-#define TEAM_JOB_WHISPER_STEP 2
-#define TEAM_JOB_WHISPER_ENCODER 3
-
-/* Argument blocks of the jobs: a header, then one record per block (words; the layouts are
- * backend/wasm_abi.py's TEAM_LLAMA_* and TEAM_WHISPER_* tables, which the host fills). */
-#define TEAM_LLAMA_HEADER 21
-#define TEAM_LLAMA_LAYER 25
-#define TEAM_WHISPER_HEADER 21
-#define TEAM_WHISPER_BLOCK 29
-#define TEAM_ENCODER_HEADER 19
-#define TEAM_ENCODER_BLOCK 14
+/* The jobs (steps.c), run by team.c's team_run and team_worker with a thread id `tid` of `nt`
+ * on the argument block `args` (a header, then one record per block: TEAM_LLAMA_HEADER and
+ * TEAM_LLAMA_LAYER words, ...), each thread with its own scratch. */
+void llama_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args, uint8_t *scratch);
+void whisper_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args, uint8_t *scratch);
+void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args,
+                               uint8_t *scratch);
 
 /* Row shares start at multiples of this: the matrix-vector kernels work on 4 rows at a time
  * and the dequantized tiles on 8, so an aligned cut gives each row the same code path (and

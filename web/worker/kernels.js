@@ -3,6 +3,7 @@
 // starts, then instantiated on Pyodide's own memory (captured while it loads) and registered
 // for Python as `candle_kernels`.
 
+import { ABI_VERSION, KERNELS_JS_MODULE } from "../vendor/abi.js"; // generated from the ABI table
 import { WHEEL_MANIFEST_URL, fetchKernelBuild } from "./common.js";
 
 // The smallest module with one function () -> v128 whose body is `body`: WebAssembly has no
@@ -26,8 +27,6 @@ const KERNEL_VARIANTS = [
   { name: "relaxed-simd", label: "relaxed SIMD", probe: RELAXED_SIMD_PROBE },
   { name: "simd128", label: "SIMD128", probe: SIMD128_PROBE },
 ];
-export const KERNEL_ABI_VERSION = 1;
-const KERNEL_JS_MODULE = "candle_kernels"; // `import candle_kernels` in Python
 
 // Why the kernels are not used: the start goes on with the numpy backend and says this.
 export class KernelsUnavailable extends Error {
@@ -111,8 +110,8 @@ export async function instantiateKernels(pyodide, kernels, memory) {
     throw new KernelsUnavailable(`${kernels.file} does not link with Pyodide's memory: ${error.message}`);
   }
   const abi = typeof instance.exports.abi_version === "function" ? instance.exports.abi_version() : null;
-  if (abi !== KERNEL_ABI_VERSION) {
-    throw new KernelsUnavailable(`${kernels.file} has ABI version ${abi}, this worker speaks ${KERNEL_ABI_VERSION} (stale build: run \`make web\`)`);
+  if (abi !== ABI_VERSION) {
+    throw new KernelsUnavailable(`${kernels.file} has ABI version ${abi}, this worker speaks ${ABI_VERSION} (stale build: run \`make web\`)`);
   }
-  pyodide.registerJsModule(KERNEL_JS_MODULE, { exports: instance.exports, variant: kernels.variant });
+  pyodide.registerJsModule(KERNELS_JS_MODULE, { exports: instance.exports, variant: kernels.variant });
 }

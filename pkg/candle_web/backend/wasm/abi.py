@@ -1,9 +1,14 @@
-"""The ABI of `web/vendor/kernels.wasm`, as data.
+"""The ABI of `web/vendor/kernels*.wasm`, as data: the one table of it.
 
-One table, `EXPORTS`, names every function the kernel module exports and the kind of each
-argument, in order. The C side (web/kernels/) implements exactly these signatures; the build
-script checks the module's exports against this table; the hosts (`hosts.py`) read it to
-know which arguments are arrays and which way to copy them; the wasm backend calls them.
+`EXPORTS` names every function the kernel module exports and the kind of each argument, in
+order; the constants below (op codes, matrix types, the threads build's control block, jobs,
+argument blocks and memory layout, the JS module names) are the rest of what C, Python and JS
+share. Nothing copies them by hand: scripts/build_kernels.py generates from this file, before
+compiling, the C header the kernels include (`kernels_abi.h`: the constants, the exports'
+prototypes, the control block's struct and the argument blocks' word indices) and the JS
+module the page's worker imports (`web/vendor/abi.js`), and checks the built modules' exports
+against `EXPORTS` (scripts/wasm_check.py); the hosts (`hosts.py`) read it to know which
+arguments are arrays and which way to copy them; the wasm backend calls them.
 
 Conventions (fixed; both sides follow them):
 - The module imports its memory as `env.memory` and nothing else; it exports only `EXPORTS`.
@@ -40,6 +45,14 @@ IMPORTS = (("env", "memory", "memory"),)
 
 # Unary op codes of `unary_f32`.
 UNARY_OPS = {"gelu": 0, "gelu_erf": 1, "silu": 2, "exp": 3, "tanh": 4, "sigmoid": 5, "erf": 6}
+
+# A matrix argument of the fused steps is (type, ...): these two, else a GGML type id.
+MATRIX_TYPES = {"f32": 0, "f16": 1}
+
+# The names the worker registers the instantiated modules under for Python
+# (`pyodide.registerJsModule`): the kernels, and the threads build's team.
+KERNELS_JS_MODULE = "candle_kernels"
+TEAM_JS_MODULE = "candle_team"
 
 # GGML type ids (candle_web.quantized.ggml_dtype.GgmlDType values) that `linear_q` implements.
 LINEAR_Q_TYPES = (2, 3, 6, 7, 8, 10, 11, 12, 13, 14)  # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K
@@ -193,9 +206,27 @@ EXPORT_NAMES = tuple(e.name for e in EXPORTS)
 # helper worker sits in team_worker, and the caller's team_run returns when the step is done.
 # Every argument is an i32 offset into the shared memory (the argument block: i32 words, f32
 # scalars as their bits) or an i32 number.
-TEAM_CTRL_BYTES = 32  # the control block (team.h's TeamCtrl), 16-byte aligned, zeroed
+TEAM_CTRL_BYTES = 32  # the control block (TeamCtrl), 16-byte aligned, zeroed
 TEAM_CTRL_FIELDS = ("generation", "job", "args", "nthreads", "alive", "count", "sense",
-                    "jobs_done")
+                    "jobs_done")  # int32 each, in this order
+TEAM_CTRL_NOTES = {
+    "generation": "bumped by team_run for every job; the helper waits on it",
+    "job": "TEAM_JOB_*",
+    "args": "the job's argument block (i32 words; f32 as bits)",
+    "nthreads": "of this job: 2, or 1 when the helper is not there",
+    "alive": "1 while a helper is inside team_worker",
+    "count": "barrier arrivals",
+    "sense": "barrier phase, flipped by the last arrival",
+    "jobs_done": "jobs the helper took part in (for tests and the page's footer)",
+}
+# Fixed places in the shared memory (the worker makes it and tells Python them in `layout`):
+# nothing below 1 MiB (the null pointer, wasm-ld's unused stack region), the control block,
+# the helper thread's scratch, then the hosts' arena. The memory's maximum is the threads
+# build's declared one (the linker's --max-memory).
+TEAM_CTRL_OFFSET = 1 << 20
+TEAM_HELPER_SCRATCH_OFFSET = TEAM_CTRL_OFFSET + 64
+TEAM_MAX_BYTES = 1 << 31
+WASM_PAGE_BYTES = 1 << 16
 TEAM_JOBS = {"stop": 0, "llama_step": 1, "whisper_step": 2, "whisper_encoder": 3}
 
 TEAM_EXPORTS = (
@@ -211,7 +242,8 @@ TEAM_EXPORT_NAMES = tuple(e.name for e in TEAM_EXPORTS)
 
 # The argument blocks: a header, then one record per block. Each entry is (name, kind) with
 # kind "i" (i32), "f" (f32 bits) or "p" (pointer into the shared memory, 0: absent). The C
-# side (steps.c: llama_team_step, whisper_team_step) reads the words in this order.
+# side (steps.c: llama_team_step, whisper_team_step, whisper_encoder_team_step) reads each word
+# by the index the generated header names after it (TEAM_LLAMA_LAYER_Q_TYPE, ...).
 TEAM_LLAMA_HEADER = (
     ("d", "i"), ("n_heads", "i"), ("n_kv", "i"), ("head_dim", "i"), ("ffn", "i"),
     ("interleaved", "i"), ("pos", "i"), ("scale", "f"), ("n_layers", "i"),
@@ -254,3 +286,12 @@ def team_encoder_work_floats(frames_in: int, d: int, ffn: int) -> int:
     """Floats of the encoder job's activations (steps.c: whisper_encoder_team_step)."""
     frames = (frames_in - 1) // 2 + 1
     return (frames_in + 2) * d + frames * d * 10 + frames * ffn
+
+
+# The argument blocks by the name the generated header gives their sizes (in words) and the
+# prefix of their fields' indices.
+TEAM_ARG_BLOCKS = {
+    "TEAM_LLAMA_HEADER": TEAM_LLAMA_HEADER, "TEAM_LLAMA_LAYER": TEAM_LLAMA_LAYER,
+    "TEAM_WHISPER_HEADER": TEAM_WHISPER_HEADER, "TEAM_WHISPER_BLOCK": TEAM_WHISPER_BLOCK,
+    "TEAM_ENCODER_HEADER": TEAM_ENCODER_HEADER, "TEAM_ENCODER_BLOCK": TEAM_ENCODER_BLOCK,
+}

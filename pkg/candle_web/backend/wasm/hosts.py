@@ -47,7 +47,7 @@ import numpy as np
 from ...core.errors import BackendUnavailable, CandleError
 from . import abi
 
-JS_MODULE_NAME = "candle_kernels"
+JS_MODULE_NAME = abi.KERNELS_JS_MODULE
 
 # PyodideHost remembers the pointers of arrays at least this large: those are weights and KV
 # caches that come back call after call; a small activation is looked up afresh (remembering it

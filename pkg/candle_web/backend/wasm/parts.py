@@ -35,6 +35,7 @@ from . import abi
 
 _F32 = np.dtype(np.float32)
 _UNARY_GELU_ERF = abi.UNARY_OPS["gelu_erf"]
+_MATRIX_F32, _MATRIX_F16 = abi.MATRIX_TYPES["f32"], abi.MATRIX_TYPES["f16"]
 
 
 class UnfitWeights(UnsupportedError):
@@ -73,7 +74,7 @@ class _Linear:
     @property
     def matrix(self) -> tuple:
         """(type, array) as the fused steps take a matrix: 1 f16 bits, 0 f32 rows."""
-        return (1, self.half) if self.weight is None else (0, self.weight)
+        return (_MATRIX_F16, self.half) if self.weight is None else (_MATRIX_F32, self.weight)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x [m, k] C-ordered -> x W^T + b [m, n]."""
@@ -334,7 +335,7 @@ class _QLinear:
                 kind = int(qtensor.dtype)
                 n, k = qtensor.shape
                 data = np.asarray(qtensor.data)
-                if kind == _GGML_F16:
+                if kind == _MATRIX_F16:  # GGML's F16 id is the matrix type's
                     data = data.view(np.uint16)
                 elif kind not in types:
                     raise UnfitWeights(f"GGML type {kind} is not one the kernels multiply "
@@ -342,7 +343,7 @@ class _QLinear:
                 self.pieces.append((kind, n, data))
         else:
             weight = _f32(qmatmul.weight)
-            self.pieces.append((0, weight.shape[0], weight))
+            self.pieces.append((_MATRIX_F32, weight.shape[0], weight))
         if len(self.pieces) > max_pieces:
             raise UnfitWeights(f"a projection stored as {len(self.pieces)} tensors (the fused "
                                f"step takes at most {max_pieces})")
@@ -360,7 +361,6 @@ class _QLinear:
         return kind, array
 
 
-_GGML_F16 = 1
 
 
 class LlamaDecoderStep:

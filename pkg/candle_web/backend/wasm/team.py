@@ -33,15 +33,14 @@ from ...core.errors import BackendUnavailable, CandleError
 from . import abi
 from .hosts import close_at_exit, closed
 
-JS_MODULE_NAME = "candle_team"
+JS_MODULE_NAME = abi.TEAM_JS_MODULE
 ALIGN = 16
-PAGE = 1 << 16
-# The fixed places below the arena (the page's worker uses the same numbers and tells Python
-# them in `layout`): nothing at 0 (the null pointer) nor in the first MiB (wasm-ld's unused
-# stack region), then the control block, then the helper's scratch.
-CTRL_OFFSET = 1 << 20
-HELPER_SCRATCH_OFFSET = CTRL_OFFSET + 64
-MAX_BYTES = 32768 * PAGE  # the threads build's declared maximum memory (2 GiB)
+PAGE = abi.WASM_PAGE_BYTES
+# The fixed places below the arena (abi.py's; the page's worker imports the same numbers from
+# the generated web/vendor/abi.js and tells Python them in `layout`).
+CTRL_OFFSET = abi.TEAM_CTRL_OFFSET
+HELPER_SCRATCH_OFFSET = abi.TEAM_HELPER_SCRATCH_OFFSET
+MAX_BYTES = abi.TEAM_MAX_BYTES  # the threads build's declared maximum memory (2 GiB)
 
 
 class TeamMemoryFull(CandleError):
