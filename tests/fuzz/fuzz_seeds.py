@@ -792,7 +792,112 @@ def wav_seeds() -> list:
     return seeds
 
 
+# -- PyTorch checkpoints ---------------------------------------------------------------------
+PYTORCH_ALBERT = ("rxnmapper-albert", "pytorch_model.bin")
+PYTORCH_PICKLE_ONLY = ("rxnmapper-albert", "training_args.bin")  # an argparse.Namespace
+PYTORCH_BERT = ("rxnfp-bert-pretrained", "pytorch_model.bin")
+PYTORCH_TENSORS_KEPT = 8
+MAX_PICKLE_FIELDS = 400
+# Pickle opcodes whose argument is (or starts with) an integer of this many bytes: values,
+# memo keys and string lengths.
+_PICKLE_INT_WIDTHS = {"BININT1": 1, "BININT2": 2, "BININT": 4, "BINPUT": 1, "BINGET": 1,
+                      "LONG_BINPUT": 4, "LONG_BINGET": 4, "BINUNICODE": 4, "SHORT_BINUNICODE": 1,
+                      "SHORT_BINSTRING": 1, "BINSTRING": 4, "SHORT_BINBYTES": 1, "BINBYTES": 4,
+                      "LONG1": 1, "FRAME": 8, "BINUNICODE8": 8, "BINBYTES8": 8}
+
+
+def _pickle_fields(data: bytes, start: int) -> tuple:
+    """(integer fields, end offset) of the pickle at `start` (walked with pickletools, which
+    only reads opcodes)."""
+    import pickletools
+
+    fields = []
+    stream = io.BytesIO(data)
+    stream.seek(start)
+    try:
+        for opcode, _, position in pickletools.genops(stream):
+            width = _PICKLE_INT_WIDTHS.get(opcode.name)
+            if width and len(fields) < MAX_PICKLE_FIELDS:
+                fields.append(IntField(position + 1, width))
+    except ValueError:
+        pass  # a seed cut short (the prefix seed) ends inside a pickle
+    return tuple(fields), stream.tell()
+
+
+def _legacy_fields(data: bytes) -> tuple:
+    """The integer fields of a legacy checkpoint's five pickles and its storage counts."""
+    from candle_web.io.pytorch import TorchCheckpoint
+
+    fields, end = (), 0
+    for _ in range(5):
+        found, end = _pickle_fields(data, end)
+        fields += found
+    try:
+        storages = TorchCheckpoint(data)._storages.values()
+    except CandleError:
+        return fields  # the cut-short seed: its storages are not all there
+    return fields + tuple(IntField(storage.start - 8, 8) for storage in storages)
+
+
+def _torch_zip_fields(data: bytes) -> tuple:
+    fields = _zip_fields(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    return fields + _pickle_fields(data, start)[0]
+
+
+def _small_torch_checkpoints(path) -> dict:
+    """The first real ALBERT tensors sliced small, plus a view, bf16, i64 and bool tensors,
+    written by torch.save in both layouts (torch: the dev extra's reference)."""
+    try:
+        import torch
+    except ImportError:
+        missing.add("torch (to write the small PyTorch seeds)")
+        return {}
+    from candle_web.io.pytorch import TorchCheckpoint
+
+    real = TorchCheckpoint(path)
+    state = {}
+    for name in real.keys()[:PYTORCH_TENSORS_KEPT]:
+        array = _slice_small(np.array(real.get_numpy(name)))
+        state[name] = torch.from_numpy(np.ascontiguousarray(array))
+    first = state[next(iter(state))]
+    state["view"] = first.reshape(-1)[1::3]
+    state["bf16"] = first.bfloat16()
+    state["i64"] = torch.arange(5)
+    state["bool"] = torch.tensor([True, False])
+    out = {}
+    for layout, zipped in (("zip", True), ("legacy", False)):
+        buffer = io.BytesIO()
+        torch.save(state, buffer, _use_new_zipfile_serialization=zipped)
+        out[layout] = buffer.getvalue()
+    return out
+
+
+def pytorch_seeds() -> list:
+    seeds = []
+    albert = cached(*PYTORCH_ALBERT)
+    if albert is not None:
+        for layout, data in _small_torch_checkpoints(albert).items():
+            fields = _torch_zip_fields(data) if layout == "zip" else _legacy_fields(data)
+            seeds.append(Seed(f"torch.save ({layout}) of real rxnmapper ALBERT tensors", data,
+                              fields=fields))
+    pickle_only = cached(*PYTORCH_PICKLE_ONLY)
+    if pickle_only is not None:
+        data = pickle_only.read_bytes()
+        seeds.append(Seed("rxnmapper training_args.bin (legacy, an argparse.Namespace)", data,
+                          fields=_legacy_fields(data), weight=0.5))
+    bert = cached(*PYTORCH_BERT)
+    if bert is not None:
+        seed = _prefix_seed("rxnfp pytorch_model.bin (legacy), cut short", bert)
+        seed.fields = _legacy_fields(seed.data)[:2 * MAX_PICKLE_FIELDS]
+        seed.weight = 0.5
+        seeds.append(seed)
+    return seeds
+
+
 SEED_BUILDERS = {"tokenizer": tokenizer_seeds, "config": config_seeds, "gguf": gguf_seeds,
                  "ct2": ct2_seeds, "safetensors": safetensors_seeds, "npy": npy_seeds,
-                 "npz": npz_seeds, "wav": wav_seeds}
+                 "npz": npz_seeds, "wav": wav_seeds, "pytorch": pytorch_seeds}
 

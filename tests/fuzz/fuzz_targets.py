@@ -136,6 +136,22 @@ def npz(data: bytes) -> None:
         archive.get(name)
 
 
+# -- PyTorch checkpoints -----------------------------------------------------------------------
+def pytorch(data: bytes) -> None:
+    """Parse (zip or legacy: the restricted pickle, the storages' sizes), then read small
+    tensors as stored and as Tensors, and open the bytes as a weights source."""
+    from candle_web.io.pytorch import TorchCheckpoint
+    from candle_web.io.weights import open_weights
+
+    file = TorchCheckpoint(data)
+    for name in file.keys()[:MAX_TENSORS_READ]:
+        info = file.info(name)
+        if info.numel * info.storage.type.itemsize <= MAX_MATERIALISED_BYTES:
+            file.get_numpy(name)
+            file.get(name)
+    open_weights(data).names()
+
+
 # -- WAV ---------------------------------------------------------------------------------------
 def wav(data: bytes) -> None:
     """The header alone (as the browser's streaming reader does), read_wav, then load_audio
@@ -251,6 +267,7 @@ TARGETS = {t.name: t for t in (
     Target("safetensors", safetensors, "safetensors", "SafeTensors + get_numpy/get"),
     Target("npy", npy, "npy", "read_npy + load_npy"),
     Target("npz", npz, "npz", "NpzFile + get_numpy/get"),
+    Target("pytorch", pytorch, "pytorch", "TorchCheckpoint (zip + legacy) + get_numpy/get"),
     Target("wav", wav, "wav", "parse_wav_header + read_wav + load_audio"),
     Target("config.bert", config_bert, "config", "bert config.json", kind="bert"),
     Target("config.t5", config_t5, "config", "t5 config.json", kind="t5"),
