@@ -14,9 +14,10 @@
     checkpoint.chat_template      GGUF metadata, chat_template.jinja or tokenizer_config.json
     checkpoint.generation_config  generation_config.json as a dict, or None
 
-Which file holds the weights, in order: *.safetensors (all shards), the one .gguf, a
-CTranslate2 model.bin, a PyTorch checkpoint (pytorch_model*.bin, one .pt or .pth). A file given
-alone brings the side files beside it (config.json, tokenizer.json...), nothing else.
+Which file holds the weights (io/weights.py's weights_files), in order: *.safetensors (all
+shards), the one .gguf, a CTranslate2 model.bin, a PyTorch checkpoint (pytorch_model*.bin, one
+.pt or .pth). A file given alone brings the side files beside it (config.json,
+tokenizer.json...), nothing else.
 
 Everything is read when first asked for, in the order the caller asks: a model reads its
 config before its weights, so a broken config.json is named before gigabytes are mapped, and a
@@ -38,6 +39,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..core.errors import FormatError, ModelNotFound
+from .weights import weights_files
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -52,7 +54,6 @@ SIDE_FILES = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, GENERATION_CON
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # What an "org/name@revision" that the registry does not list fetches by default.
 DEFAULT_HUB_FILES = (CONFIG_FILE, TOKENIZER_FILE, "model.safetensors")
-CT2_FILE = "model.bin"
 NAMING_OF_FORMAT = {"safetensors": "hf", "pytorch": "hf", "ct2": "ct2", "gguf": "gguf"}
 
 
@@ -81,34 +82,6 @@ def read_json_config(source, what: str) -> dict:
     if not isinstance(parsed, dict):
         raise FormatError(f"{label}: expected a JSON object, got {type(parsed).__name__}")
     return parsed
-
-
-def _is_pytorch(name: str) -> bool:
-    lower = name.lower()
-    return ((lower.startswith("pytorch_model") and lower.endswith(".bin"))
-            or lower.endswith((".pt", ".pth")))
-
-
-def weights_files(names, label: str) -> tuple:
-    """(format, [file names]) of the weights among `names`, by the order in the module doc."""
-    names = sorted(names)
-    shards = [name for name in names if name.endswith(".safetensors")]
-    if shards:
-        return "safetensors", shards
-    ggufs = [name for name in names if name.endswith(".gguf")]
-    if len(ggufs) > 1:
-        raise ModelNotFound(f"{label}: expected exactly one .gguf file, found {len(ggufs)}: "
-                            f"{', '.join(ggufs)}")
-    if ggufs:
-        return "gguf", ggufs
-    if CT2_FILE in names:
-        return "ct2", [CT2_FILE]
-    pytorch = [name for name in names if _is_pytorch(name)]
-    if pytorch and (len(pytorch) == 1 or all(name.startswith("pytorch_model") for name in pytorch)):
-        return "pytorch", pytorch
-    found = ", ".join(names[:20]) or "no files"
-    raise ModelNotFound(f"{label}: no weights: expected *.safetensors, one .gguf, a CTranslate2 "
-                        f"{CT2_FILE} or a PyTorch checkpoint (found {found})")
 
 
 class Checkpoint:
@@ -144,7 +117,7 @@ class Checkpoint:
             return os.fspath(value)
         return f"{name} in {self.label}"
 
-    def _data(self, name: str):
+    def _file(self, name: str):
         """A path, or a memoryview of the bytes (no copy)."""
         value = self.files[name]
         return value if isinstance(value, (str, os.PathLike)) else memoryview(value)
@@ -154,7 +127,7 @@ class Checkpoint:
         (default: the file name) and the file."""
         if name not in self.files:
             return None
-        data = self._data(name)
+        data = self._file(name)
         what = what or name
         if isinstance(data, memoryview):
             what = f"{what} ({self.label})"
@@ -164,7 +137,7 @@ class Checkpoint:
         """File `name` as UTF-8 text, or None when absent."""
         if name not in self.files:
             return None
-        data = self._data(name)
+        data = self._file(name)
         try:
             raw = Path(data).read_bytes() if not isinstance(data, memoryview) else bytes(data)
             return raw.decode("utf-8")
@@ -192,7 +165,7 @@ class Checkpoint:
         from .weights import Ct2Weights, open_weights
 
         kind, names = self._weights_choice
-        data = [self._data(name) for name in names]
+        data = [self._file(name) for name in names]
         if kind == "ct2":
             return Ct2Weights(data[0])
         if kind == "safetensors" and len(data) > 1:
@@ -277,7 +250,7 @@ class Checkpoint:
         if self._gguf_vocabulary:
             return Tokenizer.from_gguf_metadata(self.metadata)
         if TOKENIZER_FILE in self.files:
-            data = self._data(TOKENIZER_FILE)
+            data = self._file(TOKENIZER_FILE)
             if isinstance(data, memoryview):
                 return Tokenizer.from_bytes(data)
             return Tokenizer.from_file(data)

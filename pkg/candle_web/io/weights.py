@@ -310,12 +310,44 @@ def _is_pytorch_file(path) -> bool:
         return False  # the reader that is picked names the missing file
 
 
-def folder_weights(folder):
-    """The weights of an HF model folder, as `open_weights` takes them, chosen as
-    io/checkpoint.py chooses: its *.safetensors (preferred when both exist), else its PyTorch
-    checkpoint(s) (pytorch_model*.bin, or one .pt/.pth); None when it has neither."""
-    from .checkpoint import weights_files
+CT2_FILE = "model.bin"
 
+
+def _is_pytorch(name: str) -> bool:
+    lower = name.lower()
+    return ((lower.startswith("pytorch_model") and lower.endswith(".bin"))
+            or lower.endswith((".pt", ".pth")))
+
+
+def weights_files(names, label: str) -> tuple:
+    """(format, [file names]): which of a model's files (`names`) hold its weights, in order of
+    preference: *.safetensors (all shards), the one .gguf, a CTranslate2 model.bin, PyTorch
+    checkpoints (pytorch_model*.bin, or one .pt/.pth). ModelNotFound, naming `label`, when
+    none (or several .gguf) are there. io/checkpoint.py opens what this picks."""
+    names = sorted(names)
+    shards = [name for name in names if name.endswith(".safetensors")]
+    if shards:
+        return "safetensors", shards
+    ggufs = [name for name in names if name.endswith(".gguf")]
+    if len(ggufs) > 1:
+        raise ModelNotFound(f"{label}: expected exactly one .gguf file, found {len(ggufs)}: "
+                            f"{', '.join(ggufs)}")
+    if ggufs:
+        return "gguf", ggufs
+    if CT2_FILE in names:
+        return "ct2", [CT2_FILE]
+    pytorch = [name for name in names if _is_pytorch(name)]
+    if pytorch and (len(pytorch) == 1 or all(name.startswith("pytorch_model") for name in pytorch)):
+        return "pytorch", pytorch
+    found = ", ".join(names[:20]) or "no files"
+    raise ModelNotFound(f"{label}: no weights: expected *.safetensors, one .gguf, a CTranslate2 "
+                        f"{CT2_FILE} or a PyTorch checkpoint (found {found})")
+
+
+def folder_weights(folder):
+    """The weights of an HF model folder, as `open_weights` takes them, chosen by
+    weights_files: its *.safetensors (preferred when both exist), else its PyTorch
+    checkpoint(s) (pytorch_model*.bin, or one .pt/.pth); None when it has neither."""
     folder = Path(folder)
     names = [path.name for path in folder.iterdir() if path.is_file()] if folder.is_dir() else []
     try:
@@ -569,5 +601,5 @@ class NamedWeights(Weights):
 
 
 __all__ = ["Weights", "SafetensorsWeights", "GgufWeights", "Ct2Weights", "NpzWeights",
-           "DictWeights", "PytorchWeights", "folder_weights", "NamedWeights", "WeightNames",
-           "FirstOf", "RowSlice", "open_weights"]
+           "DictWeights", "PytorchWeights", "folder_weights", "weights_files", "NamedWeights",
+           "WeightNames", "FirstOf", "RowSlice", "open_weights"]
