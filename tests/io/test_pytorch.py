@@ -100,12 +100,28 @@ def test_every_dtype_and_view_equals_torch_load(layout, tmp_path):
             assert got.shape == tuple(expected.shape), name
             assert got.dtype == want.dtype, name
             np.testing.assert_array_equal(got, want, err_msg=name)
-            assert got.flags.c_contiguous
+            assert got.flags.c_contiguous and got.flags.aligned
     checkpoint = TorchCheckpoint(path)
     assert checkpoint.info("strided").stride == (8, 3)
     assert checkpoint.info("strided").storage_offset == 9
     assert checkpoint.info("expanded").stride == (0, 1)
     assert checkpoint.info("tied_a").storage is checkpoint.info("tied_b").storage
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("protocol", [1, 2, 3, 4, 5])
+def test_every_pickle_protocol_torch_writes_is_read(layout, protocol):
+    """torch.save(pickle_protocol=...): text opcodes (1), FRAME, MEMOIZE, STACK_GLOBAL (4, 5).
+    Compared with the saved tensors: torch.load(weights_only=True) itself refuses protocol 1.
+    Protocol 0 cannot hold torch's persistent ids (it writes them as text) and is refused."""
+    objects = every_dtype_and_view()
+    out = io.BytesIO()
+    torch.save(objects, out, pickle_protocol=protocol,
+               _use_new_zipfile_serialization=LAYOUTS[layout])
+    checkpoint = TorchCheckpoint(out.getvalue())
+    for name, expected in flat(objects).items():
+        np.testing.assert_array_equal(checkpoint.get_numpy(name), torch_numpy(expected),
+                                      err_msg=name)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -338,3 +354,56 @@ def test_silero_torchscript_archive_is_refused_as_torchscript(model_file):
         TorchCheckpoint(path)
     with pytest.raises(UnsupportedError, match="TorchScript"):
         PytorchWeights(path)
+
+
+# -- other models' folders ------------------------------------------------------------------
+def _module(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _as_pytorch_folder(safetensors_folder, target):
+    """The same folder with its model.safetensors replaced by torch.save of the same tensors
+    (legacy layout, as the older Hub repositories ship them)."""
+    from candle_web.io.safetensors import SafeTensors
+
+    target.mkdir()
+    for path in safetensors_folder.iterdir():
+        if path.suffix != ".safetensors":
+            (target / path.name).write_bytes(path.read_bytes())
+    file = SafeTensors(safetensors_folder / "model.safetensors")
+    state = collections.OrderedDict(
+        (name, torch.from_numpy(np.array(file.get_numpy(name)))) for name in file.keys())
+    torch.save(state, target / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    return target
+
+
+def test_t5_and_llama_folders_with_pytorch_model_bin_equal_their_safetensors_twins(tmp_path):
+    """The same weights through either file give bit-identical outputs."""
+    from pathlib import Path
+
+    from candle_web import Tensor
+    from candle_web.models.llama import Llama
+    from candle_web.models.t5 import T5ForConditionalGeneration
+
+    tests = Path(__file__).resolve().parent.parent
+    record_t5 = _module(tests / "reference" / "record_t5.py")
+    t5_st = record_t5.write_model("v1_1", tmp_path / "t5")
+    t5_pt = _as_pytorch_folder(t5_st, tmp_path / "t5-pt")
+    ids = Tensor(np.array([[3, 7, 11, 2]], dtype=np.int64))
+    outputs = [T5ForConditionalGeneration.from_pretrained(folder).encode(ids).to_numpy()
+               for folder in (t5_st, t5_pt)]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+    llama_lib = _module(tests / "models" / "llama_testlib.py")
+    state = llama_lib.random_state(llama_lib.TINY_CONFIG)
+    llama_st = llama_lib.to_hf_folder(state, llama_lib.TINY_CONFIG, tmp_path / "llama")
+    llama_pt = _as_pytorch_folder(llama_st, tmp_path / "llama-pt")
+    tokens = np.array([[1, 5, 9, 17]], dtype=np.int64)
+    logits = [Llama.from_pretrained(folder).forward(tokens, all_logits=True).to_numpy()
+              for folder in (llama_st, llama_pt)]
+    np.testing.assert_array_equal(logits[0], logits[1])

@@ -42,8 +42,9 @@ its tensors is asked for; zip members' CRC-32 is checked then, once per storage.
 comes back as stored (`get_numpy`: bf16 as uint16 bits, the project's bf16 convention in
 core/dtype.py) or as a candle Tensor (`get`: int8/16/32 widened to i64, bool to u8, as the
 safetensors reader does); a view with an offset and strides is materialised as a C-ordered
-copy, a contiguous one stays a view of the mapping; a big-endian file is converted. Tensors
-saved on a GPU (`location` "cuda:0") are read on the CPU like any other.
+copy, a contiguous one stays a view of the mapping when it is aligned (torch aligns zip
+members to 64 bytes; legacy storages start anywhere and are copied); a big-endian file is
+converted. Tensors saved on a GPU (`location` "cuda:0") are read on the CPU like any other.
 
     checkpoint = TorchCheckpoint("pytorch_model.bin")
     checkpoint.keys()                    -> the tensors' names ("a.b" for nested dicts)
@@ -462,7 +463,8 @@ class TorchCheckpoint:
 
     def get_numpy(self, name: str) -> np.ndarray:
         """The tensor's values as stored (bf16: uint16 bits), native byte order; a view of the
-        file when the tensor is contiguous, else a C-ordered copy."""
+        file when the tensor is contiguous and aligned (zip storages are), else a C-ordered
+        copy."""
         tensor = self.info(name)
         stored = self._storage_array(tensor.storage)
         native = stored.dtype.newbyteorder("=")
@@ -472,8 +474,10 @@ class TorchCheckpoint:
         array = np.lib.stride_tricks.as_strided(
             stored[tensor.storage_offset:], shape=tensor.shape,
             strides=tuple(step * item for step in tensor.stride), writeable=False)
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
+        if not array.flags.c_contiguous or not array.flags.aligned:
+            # A legacy file's storages start wherever the pickles end: an unaligned view would
+            # take numpy's (and the kernels') slow and differently-rounding paths.
+            array = np.array(array, order="C")
         return array.astype(native, copy=False)
 
     def get(self, name: str, device=None):
