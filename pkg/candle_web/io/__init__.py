@@ -1,5 +1,6 @@
 """File formats: safetensors, npy/npz, GGUF, CTranslate2 model.bin and WAV; audio decoding (any
-container, to Whisper's 16 kHz mono) and its resampler.
+container, to Whisper's 16 kHz mono) and its resampler; weights by name over any of them
+(weights.py) and one opener for a model's files (checkpoint.py).
 
 Submodules are imported on demand (`from candle_web.io import safetensors`, or
 `candle_web.io.safetensors` after `import candle_web`), so importing the package costs nothing."""
@@ -7,4 +8,5 @@ Submodules are imported on demand (`from candle_web.io import safetensors`, or
 from ..core._lazy import lazy_submodules
 
 __getattr__, __dir__ = lazy_submodules(__name__, ("safetensors", "npz", "gguf", "ct2", "wav",
-                                                  "audio", "resample"), globals())
+                                                  "audio", "resample", "weights", "checkpoint"),
+                                       globals())
