@@ -407,3 +407,31 @@ def test_t5_and_llama_folders_with_pytorch_model_bin_equal_their_safetensors_twi
     logits = [Llama.from_pretrained(folder).forward(tokens, all_logits=True).to_numpy()
               for folder in (llama_st, llama_pt)]
     np.testing.assert_array_equal(logits[0], logits[1])
+
+
+def test_an_hf_whisper_folder_with_pytorch_model_bin_equals_its_safetensors_twin(
+        model_file, tmp_path):
+    """whisper-tiny.en's real weights in HF naming (as test_whisper_hf.py builds them), once
+    as model.safetensors and once as pytorch_model.bin: the same encoder output."""
+    from pathlib import Path
+
+    from candle_web import Tensor
+    from candle_web.io import audio
+    from candle_web.io.ct2 import read_ct2
+    from candle_web.io.safetensors import save
+    from candle_web.models.whisper import Whisper
+
+    whisper_hf = _module(Path(__file__).resolve().parent.parent / "models" / "test_whisper_hf.py")
+    tensors, config = whisper_hf.ct2_to_hf(read_ct2(str(model_file("whisper-tiny.en",
+                                                                   "model.bin"))))
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save(tensors, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config))
+    twin = _as_pytorch_folder(folder, tmp_path / "hf-pt")
+    assert not list(twin.glob("*.safetensors"))
+    tone = np.sin(np.arange(16000, dtype=np.float32) * 0.05)
+    mel = audio.pad_or_trim(audio.log_mel_spectrogram(tone), audio.N_FRAMES)[None]
+    outputs = [Whisper.from_pretrained(path).encode(Tensor.from_numpy(mel)).to_numpy()
+               for path in (folder, twin)]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
