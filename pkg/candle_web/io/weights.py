@@ -118,23 +118,28 @@ class Weights:
 
 
 # -- sources --------------------------------------------------------------------------------
-class SafetensorsWeights(Weights):
-    """One or several safetensors files (paths, bytes or SafeTensors) as one namespace; each
-    tensor is read on request (a view of the file's mapping until converted)."""
+class _FilesWeights(Weights):
+    """Several files of one format (shards) as one namespace; each tensor is read on request.
+    A subclass names the format (`kind`) and how a file opens (`_open`: a path or bytes ->
+    an object with keys(), source_name and get(name))."""
+
+    kind = "?"
 
     def __init__(self, sources):
-        from .safetensors import SafeTensors
-
         if not isinstance(sources, (list, tuple)):
             sources = [sources]
-        self.files = [s if isinstance(s, SafeTensors) else SafeTensors(s) for s in sources]
+        self.files = [self._open(source) for source in sources]
         self.index = {}
         for file in self.files:
             for key in file.keys():
                 self.index[key] = file
         names = [file.source_name for file in self.files]
-        self.label = (f"safetensors {names[0]}" if len(names) == 1
-                      else f"{len(names)} safetensors files")
+        self.label = (f"{self.kind} {names[0]}" if len(names) == 1
+                      else f"{len(names)} {self.kind} files")
+
+    @staticmethod
+    def _open(source):
+        raise NotImplementedError
 
     def names(self) -> list:
         return list(self.index)
@@ -147,6 +152,19 @@ class SafetensorsWeights(Weights):
 
     def _read(self, name: str) -> Tensor:
         return self.index[name].get(name)
+
+
+class SafetensorsWeights(_FilesWeights):
+    """One or several safetensors files (paths, bytes or SafeTensors) as one namespace; each
+    tensor is read on request (a view of the file's mapping until converted)."""
+
+    kind = "safetensors"
+
+    @staticmethod
+    def _open(source):
+        from .safetensors import SafeTensors
+
+        return source if isinstance(source, SafeTensors) else SafeTensors(source)
 
 
 class NpzWeights(Weights):
@@ -264,37 +282,18 @@ class Ct2Weights(Weights):
                              f"model's config implies {list(expected)}")
 
 
-class PytorchWeights(Weights):
+class PytorchWeights(_FilesWeights):
     """One or several PyTorch checkpoints (`pytorch_model.bin`, `.pt`, `.pth`: paths, bytes or
     TorchCheckpoint) as one namespace, read without running their pickles (io/pytorch.py);
     each tensor is read on request."""
 
-    def __init__(self, sources):
+    kind = "PyTorch checkpoint"
+
+    @staticmethod
+    def _open(source):
         from .pytorch import TorchCheckpoint
 
-        if not isinstance(sources, (list, tuple)):
-            sources = [sources]
-        self.files = [s if isinstance(s, TorchCheckpoint) else TorchCheckpoint(s)
-                      for s in sources]
-        self.index = {}
-        for file in self.files:
-            for key in file.keys():
-                self.index[key] = file
-        names = [file.source_name for file in self.files]
-        self.label = (f"PyTorch checkpoint {names[0]}" if len(names) == 1
-                      else f"{len(names)} PyTorch checkpoints")
-
-    def names(self) -> list:
-        return list(self.index)
-
-    def has(self, name: str) -> bool:
-        return name in self.index
-
-    def shape(self, name: str) -> tuple:
-        return tuple(self.index[name].info(name).shape)
-
-    def _read(self, name: str) -> Tensor:
-        return self.index[name].get(name)
+        return source if isinstance(source, TorchCheckpoint) else TorchCheckpoint(source)
 
 
 PYTORCH_SUFFIXES = (".bin", ".pt", ".pth")
