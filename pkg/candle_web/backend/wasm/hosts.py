@@ -17,18 +17,20 @@ of its first element. The same backend code therefore runs on either host.
   gets a memory of its own; each call copies its input arrays in and its output arrays out (the
   ABI kinds say which way) in per-call regions, so results are the module's own numbers.
 
-Entry points for the page's worker (web/worker.js):
+Entry points for the page's worker (web/worker/kernels.js, candle_web.worker.boot):
 
 1. Instantiate the chosen build (relaxed SIMD or plain SIMD) on Pyodide's memory, importing it
    as `env.memory`, and register the instance:
-   `pyodide.registerJsModule("candle_kernels", {exports: instance.exports})`.
+   `pyodide.registerJsModule("candle_kernels", {exports: instance.exports})` (the name is
+   abi.KERNELS_JS_MODULE, which the worker imports from the generated web/vendor/abi.js).
    (Pyodide 0.27.7 does not expose its Memory: wrap `WebAssembly.instantiate` before
    `loadPyodide` and keep `imports.env.memory`; `memory.buffer === pyodide._module.HEAPU8.buffer`
    confirms it. Checked under Node 20 with Pyodide 0.27.7 and the real kernels.)
 2. Before the first tensor op, in Python:
    `from candle_web.backend.wasm import install; install()`.
-   `install()` builds a `PyodideHost` on `candle_kernels`, makes it the "wasm" backend's host
-   and (unless `make_default=False`) sets `CANDLE_WEB_BACKEND=wasm`, so `Device.cpu()` uses it.
+   `install()` builds a `PyodideHost` on `candle_kernels`, makes it the "wasm" backend the
+   registry hands out and (unless `make_default=False`) overrides the settings' cpu_backend
+   with "wasm" (`settings.override_settings`), so `Device.cpu()` uses it.
    It returns the backend; it raises `BackendUnavailable` naming what is missing (no registered
    module, an export absent, a different ABI version). Setting `CANDLE_WEB_BACKEND=wasm` alone
    also works: the backend's factory finds `candle_kernels` by itself inside Pyodide.
@@ -430,7 +432,7 @@ def pyodide_js_module():
     if sys.platform != "emscripten":
         return None
     try:
-        import candle_kernels  # registered by web/worker.js through pyodide.registerJsModule
+        import candle_kernels  # web/worker/kernels.js registers it (registerJsModule)
     except ImportError:
         return None
     return candle_kernels

@@ -12,8 +12,8 @@ Both hosts have one interface: `alloc(nbytes)` / `release(offset)` (the arena), 
 array)`, `read(offset, out)`, `put(array)` (alloc + write), `run(job, args_offset)` (the number
 of threads that ran it) and `threads` (2 when the helper is in its loop).
 
-* `PyodideTeamHost(js_module)`, in the page: web/worker.js instantiates the module on the shared
-  memory, starts the helper worker (web/team_helper.js) and registers `candle_team`:
+* `PyodideTeamHost(js_module)`, in the page: web/worker/team.js instantiates the module on the
+  shared memory, starts the helper worker (web/team_helper.js) and registers `candle_team`:
   {exports, layout: {ctrl, helperScratch, heapStart}, copyIn(srcPointer, dstOffset, n),
   copyOut(srcOffset, dstPointer, n), ensure(end)}; copies go between Pyodide's heap
   (numpy's buffers, by pointer) and the shared memory.
@@ -150,7 +150,7 @@ class _TeamHost:
 
 
 class PyodideTeamHost(_TeamHost):
-    """The threads build in the page, on the shared memory web/worker.js made."""
+    """The threads build in the page, on the shared memory web/worker/team.js made."""
 
     kind = "pyodide"
 
@@ -159,7 +159,7 @@ class PyodideTeamHost(_TeamHost):
         layout = getattr(js_module, "layout", None)
         if exports is None or layout is None:
             raise BackendUnavailable(f"the JS module {JS_MODULE_NAME!r} lacks `exports` or "
-                                     "`layout` (web/worker.js registers both)")
+                                     "`layout` (web/worker/team.js registers both)")
         missing = [name for name in abi.TEAM_EXPORT_NAMES if not hasattr(exports, name)]
         if missing:
             raise BackendUnavailable(f"the threads kernels lack exports {missing}: rebuild them "
@@ -303,7 +303,7 @@ def pyodide_team_module():
     if sys.platform != "emscripten":
         return None
     try:
-        import candle_team  # registered by web/worker.js through pyodide.registerJsModule
+        import candle_team  # registered by web/worker/team.js through pyodide.registerJsModule
     except ImportError:
         return None
     return candle_team
