@@ -10,7 +10,8 @@ measured 2-5e-7 of the largest logit, worst error/bound ratio 0.33). Scales off 
 numba kernels fail it. Greedy ids must be identical. Covered:
 32-element groups with and without offsets (Q4_0, Q4_1, Q5_1, Q8_0), 16-element groups
 (Q6_K) and 32 with per-group offsets from K-quants (Q4_K), threaded and single-thread steps, a
-KV cache that must grow during decoding, f32 weights, and the numpy backend (no fused step).
+KV cache that must grow during decoding, f32 weights, qwen2's QKV bias with fused projections
+of mixed types (Q5_0/Q6_K q|k|v, Q4_K/Q5_0 gate|up), and the numpy backend (no fused step).
 """
 
 from __future__ import annotations
@@ -98,6 +99,50 @@ def test_fused_step_with_k_quants(numba_device, tmp_path, qtype):
     model = Llama.load(path, device=numba_device)
     assert llama_part(model) is not None
     assert_same_decode(model, [2, 7, 100], WIDE_CONFIG, dequantized_state(state, kind), path)
+
+
+# qwen2 with a projection of mixed GGML types in each fused layer, as in the Qwen2.5 Q4_K_M
+# file (Q5_0 q/k with a Q8_0 or Q6_K v; Q4_K or Q6_K down): the part joins the parts into one
+# kernel weight (16-element groups where one part has them, zero offsets where one has none).
+QWEN2_CONFIG = dict(WIDE_CONFIG, model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+                    rope_theta=1e6)
+QWEN2_TYPES = {"q_proj": "Q5_0", "k_proj": "Q5_0", "v_proj": "Q6_K", "o_proj": "Q8_0",
+               "gate_proj": "Q4_K", "up_proj": "Q5_0", "down_proj": "Q6_K", "lm_head": "Q8_0"}
+
+
+def qwen2_state(seed):
+    """random_state plus the Q/K/V biases (away from 0, so a bias left out shows)."""
+    rng = np.random.default_rng(seed + 100)
+    state = random_state(QWEN2_CONFIG, seed=seed)
+    hd = QWEN2_CONFIG["head_dim"]
+    rows = {"q": QWEN2_CONFIG["num_attention_heads"] * hd,
+            "k": QWEN2_CONFIG["num_key_value_heads"] * hd,
+            "v": QWEN2_CONFIG["num_key_value_heads"] * hd}
+    for i in range(QWEN2_CONFIG["num_hidden_layers"]):
+        for name, n in rows.items():
+            state[f"model.layers.{i}.self_attn.{name}_proj.bias"] = (
+                0.5 * rng.standard_normal(n)).astype(np.float32)
+    return state
+
+
+def test_fused_step_with_qkv_bias_and_mixed_types(numba_device, tmp_path):
+    from candle_web.quantized import QTensor
+    from llama_testlib import gguf_name
+
+    state = qwen2_state(seed=7)
+    quantized, decoded = {}, dict(state)
+    for name, values in state.items():
+        kind = next((GgmlDType.parse(k) for part, k in QWEN2_TYPES.items() if part in name), None)
+        if values.ndim == 2 and kind is not None:
+            q = QTensor.from_float(values, kind)
+            quantized[gguf_name(name, "qwen2")], decoded[name] = q, q.dequantize()
+    path = to_gguf(state, QWEN2_CONFIG, tmp_path / "qwen2-mixed.gguf", extra_tensors=quantized,
+                   arch="qwen2")
+    model = Llama.load(path, device=numba_device)
+    qkv = model.part_weights().layers[0].qkv
+    assert [q.dtype.name for q in qkv.qweights] == ["Q5_0", "Q5_0", "Q6_K"]
+    assert llama_part(model) is not None
+    assert_same_decode(model, [2, 7, 100, 31], QWEN2_CONFIG, decoded, path)
 
 
 def test_fused_step_matches_a_full_pass(numba_device, tmp_path):

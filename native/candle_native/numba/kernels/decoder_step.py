@@ -5,7 +5,7 @@ matmul, reshape/transpose/narrow, rope, cache append, attention, add...), each a
 microseconds of dispatch and temporaries; on SmolLM2-135M (30 layers) that overhead was larger
 than the arithmetic. Here the whole block runs in machine code:
 
-    h = rms_norm(x) ; q|k|v = W_qkv h ; rope(q, k) at `pos` ; cache[pos] = k, v
+    h = rms_norm(x) ; q|k|v = W_qkv h (+ b_qkv) ; rope(q, k) at `pos` ; cache[pos] = k, v
     x += W_o attention(q, cache[0..pos])            (grouped-query, no mask: one token)
     h = rms_norm(x) ; g|u = W_gu h ; x += W_down (silu(g) * u)
 
@@ -340,12 +340,13 @@ def _silu_mul_halves(gate_up, hidden, out):
 
 
 @kernel
-def llama_block_step(x, attn_norm, mlp_norm, eps, qkv_w, out_w, gate_up_w, down_w,
+def llama_block_step(x, attn_norm, mlp_norm, eps, qkv_w, qkv_bias, out_w, gate_up_w, down_w,
                      keys, values, pos, cos, sin, n_heads, n_kv, head_dim, interleaved, scale,
                      parallel):
     """Run one block for one token in place on x (f32[d], the residual stream). keys/values:
     f32[n_kv, capacity, head_dim] with capacity > pos; position `pos` is written here.
-    `parallel`: split the matrix products and heads over numba's threads."""
+    qkv_bias: f32[(n_heads + 2 n_kv) * head_dim] added to the projection before RoPE (qwen2),
+    or empty (no bias). `parallel`: split the matrix products and heads over numba's threads."""
     d = x.size
     h = np.empty(d, np.float32)
     rms_norm_vector(x, attn_norm, eps, h)
@@ -353,6 +354,9 @@ def llama_block_step(x, attn_norm, mlp_norm, eps, qkv_w, out_w, gate_up_w, down_
     kv_size = n_kv * head_dim
     qkv = np.empty(q_size + 2 * kv_size, np.float32)
     project(h, qkv_w, qkv, parallel)
+    if qkv_bias.size:
+        for j in range(qkv.size):
+            qkv[j] += qkv_bias[j]
     for head in range(n_heads + n_kv):  # q heads then k heads are contiguous in qkv
         _rope_head(qkv, head * head_dim, head_dim, cos, sin, pos, interleaved)
     for kh in range(n_kv):

@@ -2,10 +2,15 @@
 numba_kernels.decoder_step: one machine-code call per block plus one for the head, instead of
 a dozen tensor ops per block.
 
-It implements the part ``llama.decoder_step`` (candle_web.backend.parts): `FusedLlamaDecoder.build(weights)` takes the exported weights, each kept as a single unpackable quantized tensor
+It implements the part ``llama.decoder_step`` (candle_web.backend.parts): `FusedLlamaDecoder.build(weights)` takes the exported weights, each kept as unpackable quantized tensors
 (GGUF on the numba backend) or as f32 matrices (float checkpoints, or GGUF dequantized at
-load); it returns None when a layer is neither (e.g. mixed-type fused parts), and the model then
-keeps its generic path. Float weights take the fused step too: on the generic path each token
+load); it returns None when a layer is neither, or when the model uses a family field these
+kernels do not implement (IMPLEMENTED_FAMILY_FIELDS), and the model then keeps its generic path.
+A fused projection whose parts have different GGML types (Qwen2.5's Q4_K_M file: Q5_0 q/k
+with a Q8_0 v in half of its blocks) is joined into one kernel weight here: the parts' levels
+and scales stacked row-wise, 32-element groups split into two 16-element ones with the same
+scale where another part has 16-element groups (Q6_K), zero offsets for the parts without;
+every element's value stays scale * level + offset, so only the summation order changes. Float weights take the fused step too: on the generic path each token
 is ~180 tensor ops that hand work back and forth between numba's OpenMP pool (rope, attention)
 and OpenBLAS's threads (every matvec); SmolLM2-135M F32 decoded at 3.5 tok/s that way, and
 1.1 tok/s against 6.1 fused in one process at load 6.5 on the 2 cores here.
@@ -21,6 +26,10 @@ from ..decode_threads import decode_in_parallel
 from ..kernels import decoder_step as nk
 from ...quant_unpack import UNPACKABLE, kernel_weight
 
+# The LlamaDecoderWeights family fields (backend/parts.py) the block step implements.
+IMPLEMENTED_FAMILY_FIELDS = frozenset({"qkv_bias"})
+NO_BIAS = np.zeros(0, np.float32)
+
 
 def _kernel_tuple(qmatmul):
     """The weight in the form the kernels take: the quantized tuple, or the f32 matrix itself
@@ -30,13 +39,32 @@ def _kernel_tuple(qmatmul):
         if matrix.dtype != np.float32 or matrix.ndim != 2:
             return None
         return np.ascontiguousarray(matrix)
-    if len(qmatmul.qweights) != 1:
+    if any(q.dtype not in UNPACKABLE for q in qmatmul.qweights):
         return None
-    qtensor = qmatmul.qweights[0]
-    if qtensor.dtype not in UNPACKABLE:
-        return None
-    w = kernel_weight(qtensor)
-    return (w.levels, w.scales, w.offsets, bool(w.use_offsets), int(w.group))
+    unpacked = [kernel_weight(q) for q in qmatmul.qweights]
+    if len(unpacked) == 1:
+        w = unpacked[0]
+        return (w.levels, w.scales, w.offsets, bool(w.use_offsets), int(w.group))
+    return _joined(unpacked)
+
+
+def _joined(parts):
+    """Kernel weights of a fused projection's parts (types may differ) as one tuple: rows
+    stacked, groups of the smallest size (a wider group's scale and offset repeated), zero
+    offsets for parts without. Copies the parts (a projection's q/k/v: ~1 MB per Qwen2.5-0.5B
+    block)."""
+    group = min(w.group for w in parts)
+    use_offsets = any(w.use_offsets for w in parts)
+    scales, offsets = [], []
+    for w in parts:
+        repeat = w.group // group
+        scales.append(np.repeat(w.scales, repeat, axis=1))
+        if use_offsets:
+            offsets.append(np.repeat(w.offsets, repeat, axis=1) if w.use_offsets
+                           else np.zeros_like(scales[-1]))
+    return (np.concatenate([w.levels for w in parts]), np.concatenate(scales),
+            np.concatenate(offsets) if use_offsets else np.zeros((1, 1), np.float32),
+            use_offsets, group)
 
 
 def _f32(tensor) -> np.ndarray:
@@ -50,7 +78,8 @@ class FusedLlamaDecoder:
     def __init__(self, cfg, layers, final_norm, head):
         self.cfg = cfg
         self.parallel = decode_in_parallel()
-        self.layers = layers  # per block: (attn_norm, mlp_norm, eps, qkv, out, gate_up, down)
+        self.layers = layers  # per block: (attn_norm, mlp_norm, eps, qkv, qkv_bias, out,
+        #                                   gate_up, down)
         self.final_norm = final_norm  # (weight, eps)
         self.head = head
         self.vocab_rows = head.shape[0] if isinstance(head, np.ndarray) else head[0].shape[0]
@@ -59,17 +88,19 @@ class FusedLlamaDecoder:
     @staticmethod
     def build(weights):
         """From the model's exported LlamaDecoderWeights (candle_web.backend.parts); None when
-        a layer's weights do not fit the kernels or use a family field (qkv bias, q/k norm,
-        post norms, sliding window, soft-capping...) these kernels do not implement."""
-        if weights.family_fields():
+        a layer's weights do not fit the kernels or use a family field (q/k norm, post norms,
+        sliding window, soft-capping...) these kernels do not implement (the QKV bias they do)."""
+        if weights.family_fields() - IMPLEMENTED_FAMILY_FIELDS:
             return None
         layers = []
         for layer in weights.layers:
-            matrices = [_kernel_tuple(m) for m in (layer.qkv, layer.out, layer.gate_up, layer.down)]
-            if any(w is None for w in matrices):
+            qkv, out, gate_up, down = (_kernel_tuple(m) for m in (layer.qkv, layer.out,
+                                                                  layer.gate_up, layer.down))
+            if any(w is None for w in (qkv, out, gate_up, down)):
                 return None
+            bias = NO_BIAS if layer.qkv_bias is None else _f32(layer.qkv_bias)
             layers.append((_f32(layer.attn_norm), _f32(layer.mlp_norm), np.float32(layer.eps),
-                           *matrices))
+                           qkv, bias, out, gate_up, down))
         head = _kernel_tuple(weights.lm_head)
         if head is None:
             return None
@@ -79,9 +110,9 @@ class FusedLlamaDecoder:
     def __call__(self, x: np.ndarray, pos: int, caches, cos: np.ndarray, sin: np.ndarray):
         cfg = self.cfg
         x = np.array(x, dtype=np.float32).reshape(-1)  # updated in place by the blocks
-        for (attn_norm, mlp_norm, eps, qkv, out, gate_up, down), (keys, values) in zip(
+        for (attn_norm, mlp_norm, eps, qkv, bias, out, gate_up, down), (keys, values) in zip(
                 self.layers, caches):
-            nk.llama_block_step(x, attn_norm, mlp_norm, eps, qkv, out, gate_up, down,
+            nk.llama_block_step(x, attn_norm, mlp_norm, eps, qkv, bias, out, gate_up, down,
                                 keys, values, pos, cos, sin, cfg.num_heads, cfg.num_kv_heads,
                                 cfg.head_dim, cfg.rope_interleaved, self.scale, self.parallel)
         logits = np.empty(self.vocab_rows, np.float32)
