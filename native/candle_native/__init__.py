@@ -81,19 +81,19 @@ def _cupy_factory():
 
 
 # -- accelerated parts (candle_web.backend.parts): whole model steps on the numba backend ----
-def _whisper_encoder_part(weights):
+def _whisper_encoder_part(weights, backend):
     from .numba.parts.whisper_encoder import FusedWhisperEncoder
 
     return FusedWhisperEncoder.build(weights)
 
 
-def _whisper_decoder_step_part(weights):
+def _whisper_decoder_step_part(weights, backend):
     from .numba.parts.whisper_decoder import FusedWhisperDecoder
 
     return FusedWhisperDecoder.build(weights)
 
 
-def _llama_decoder_step_part(weights):
+def _llama_decoder_step_part(weights, backend):
     from .numba.parts.llama_decoder import FusedLlamaDecoder
 
     return FusedLlamaDecoder.build(weights)

@@ -177,12 +177,14 @@ PARTS = {spec.name: spec for spec in (
     PartSpec(LLAMA_DECODER_STEP, LlamaDecoderWeights, lambda s: s.fused_llama_decoder),
 )}
 
-# (part name, backend name) -> factory(weights) -> implementation or None
+# (part name, backend name) -> factory(weights, backend) -> implementation or None
 _IMPLEMENTATIONS: dict[tuple[str, str], Callable] = {}
 
 
 def register_part(name: str, backend_name: str, factory: Callable) -> None:
-    """Offer an implementation of a declared part on one backend."""
+    """Offer an implementation of a declared part on one backend: `factory(weights, backend)`
+    gets the model's exported weights and the backend instance they live on, and returns the
+    implementation or None (weights it cannot run)."""
     if name not in PARTS:
         raise KeyError(f"register_part: {name!r} is not a declared part ({sorted(PARTS)})")
     _IMPLEMENTATIONS[(name, backend_name)] = factory
@@ -200,7 +202,7 @@ def find_part(name: str, device, weights: Callable):
     if not isinstance(exported, spec.weights):
         raise TypeError(f"find_part({name!r}): expected {spec.weights.__name__}, got "
                         f"{type(exported).__name__}")
-    return factory(exported)
+    return factory(exported, device.backend)
 
 
 # -- the fast path: one object that decides ---------------------------------------------------

@@ -22,7 +22,6 @@ same error.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import weakref
 
@@ -413,33 +412,22 @@ class LlamaDecoderStep:
         return logits
 
 
-def _home(weights):
-    """The wasm backend the weights live on: find_part chose this part by that backend's name,
-    and the part runs where its tensors are (their device's backend)."""
-    for field in dataclasses.fields(weights):
-        device = getattr(getattr(weights, field.name), "device", None)
-        if device is not None:
-            return device.backend
-    raise TypeError(f"{type(weights).__name__} holds no tensor to find its backend by")
-
-
-def _build(cls, weights):
+def _build(cls, weights, backend):
     """The part on the weights' wasm backend: its two-thread version when the backend has a
     team (team_parts.py, ?threads=2 in the page) and the weights fit it, else this module's."""
-    backend = _home(weights)
     team_part = backend.team_part(cls, weights)
     return team_part if team_part is not None else cls.build(backend, weights)
 
 
 # The factories the package's __init__ registers (backend/parts.py calls them with the model's
 # exported weights).
-def whisper_encoder(weights: parts.WhisperEncoderWeights):
-    return _build(WhisperEncoder, weights)
+def whisper_encoder(weights: parts.WhisperEncoderWeights, backend):
+    return _build(WhisperEncoder, weights, backend)
 
 
-def whisper_decoder_step(weights: parts.WhisperDecoderWeights):
-    return _build(WhisperDecoderStep, weights)
+def whisper_decoder_step(weights: parts.WhisperDecoderWeights, backend):
+    return _build(WhisperDecoderStep, weights, backend)
 
 
-def llama_decoder_step(weights: parts.LlamaDecoderWeights):
-    return _build(LlamaDecoderStep, weights)
+def llama_decoder_step(weights: parts.LlamaDecoderWeights, backend):
+    return _build(LlamaDecoderStep, weights, backend)
