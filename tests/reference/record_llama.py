@@ -149,9 +149,11 @@ def write_hf_checkpoint(metadata: dict, tensors: dict, out_dir: Path) -> dict:
     return config
 
 
-def torch_greedy(model, prompt_ids: list, max_new_tokens: int, eos_id: int):
+def torch_greedy(model, prompt_ids: list, max_new_tokens: int, eos_id: int,
+                 margins: list | None = None):
     """Greedy decoding with the KV cache, stopping at EOS (not included). Returns the new ids
-    and the logits of the last prompt position."""
+    and the logits of the last prompt position; `margins` (a list) receives each chosen
+    token's logit lead over the runner-up (how close a greedy tie-break came)."""
     import warnings
 
     import torch
@@ -164,13 +166,23 @@ def torch_greedy(model, prompt_ids: list, max_new_tokens: int, eos_id: int):
         first_logits = out.logits[0, -1].float().numpy().copy()
         past = out.past_key_values
         next_id = int(first_logits.argmax())
+        if margins is not None:
+            margins.append(_lead(first_logits))
         generated = []
         while next_id != eos_id and len(generated) < max_new_tokens:
             generated.append(next_id)
             out = model(torch.tensor([[next_id]]), past_key_values=past, use_cache=True)
             past = out.past_key_values
             next_id = int(out.logits[0, -1].argmax())
+            if margins is not None:
+                margins.append(_lead(out.logits[0, -1].float().numpy()))
     return generated, first_logits
+
+
+def _lead(logits: np.ndarray) -> float:
+    """The top logit's lead over the second."""
+    top2 = np.partition(logits, -2)[-2:]
+    return float(top2[1] - top2[0])
 
 
 def load_transformers_model(folder: Path):
