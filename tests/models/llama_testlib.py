@@ -106,9 +106,11 @@ def gguf_metadata(config: dict, arch: str = "llama") -> dict:
         "sliding_window": "attention.sliding_window",
         "attn_logit_softcapping": "attn_logit_softcapping",
         "final_logit_softcapping": "final_logit_softcapping",
+        "sliding_window_pattern": "attention.sliding_window_pattern",
     }
     extra = {f"{arch}.{key}": config[field] for field, key in optional.items()
              if config.get(field) is not None}
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return extra | {
         "general.architecture": arch,
         f"{arch}.block_count": config["num_hidden_layers"],
@@ -119,7 +121,9 @@ def gguf_metadata(config: dict, arch: str = "llama") -> dict:
         f"{arch}.attention.head_count_kv": config["num_key_value_heads"],
         f"{arch}.rope.freq_base": float(config["rope_theta"]),
         f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
-        f"{arch}.rope.dimension_count": config["head_dim"],
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.rope.dimension_count": head_dim,
         "tokenizer.ggml.bos_token_id": config["bos_token_id"],
         "tokenizer.ggml.eos_token_id": config["eos_token_id"],
     }

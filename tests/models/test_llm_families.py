@@ -37,11 +37,23 @@ BASE = {
     "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
     "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
 }
 
+# A window of 4 makes the sliding layers differ from full attention within the 10-token prompt
+# and the 8 steps after it; soft-caps small enough to bend the scores and logits.
 FAMILIES = {
     "qwen2": dict(BASE, model_type="qwen2", tie_word_embeddings=True, rope_theta=1e6),
+    "mistral": dict(BASE, model_type="mistral", sliding_window=4),
+    "qwen3": dict(BASE, model_type="qwen3", head_dim=32),  # head_dim != d / heads
+    "phi3": dict({k: v for k, v in BASE.items() if k != "head_dim"}, model_type="phi3",
+                 sliding_window=5),
+    "gemma2": dict(BASE, model_type="gemma2", tie_word_embeddings=True, sliding_window=4,
+                   query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
+                   final_logit_softcapping=5.0, hidden_activation="gelu_pytorch_tanh"),
+    "gemma3": dict(BASE, model_type="gemma3_text", tie_word_embeddings=True, sliding_window=4,
+                   sliding_window_pattern=2, query_pre_attn_scalar=16, rope_theta=1e6,
+                   rope_local_base_freq=10000.0, hidden_activation="gelu_pytorch_tanh"),
 }
 
 
@@ -127,3 +139,87 @@ def test_weight_names_agree_with_the_gguf_package(name):
     for hf_name in state:
         expected = mapping.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert weight_names(arch).translate(hf_name, "hf", "gguf") == expected, hf_name
+
+
+# -- a real file ------------------------------------------------------------------------------
+GEMMA3_PROMPT = [2, 818, 5279, 529, 7001, 563, 496, 3207, 236764, 532]  # bos + 9 arbitrary ids
+
+
+def gemma3_transformers_from_gguf(path):
+    """transformers' Gemma3ForCausalLM (float64) on the GGUF's weights as decoded by the `gguf`
+    package (not this project's dequantizer): names mapped by gguf's own table, the converter's
+    1 + w norms turned back into w; the config from the file's metadata plus what llama.cpp
+    fixes for gemma3 (5 sliding layers of 6, local RoPE base 10000, scores / sqrt(head_dim))."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    reader = gguf.GGUFReader(str(path))
+    meta = {name: field.contents() for name, field in reader.fields.items()
+            if not name.startswith("tokenizer.")}
+    layers = int(meta["gemma3.block_count"])
+    tensors = {t.name: t for t in reader.tensors}
+    embd = tensors["token_embd.weight"]
+    head_dim = int(meta["gemma3.attention.key_length"])
+    config = Gemma3TextConfig(
+        vocab_size=int(embd.shape[1]), hidden_size=int(meta["gemma3.embedding_length"]),
+        intermediate_size=int(meta["gemma3.feed_forward_length"]), num_hidden_layers=layers,
+        num_attention_heads=int(meta["gemma3.attention.head_count"]),
+        num_key_value_heads=int(meta["gemma3.attention.head_count_kv"]), head_dim=head_dim,
+        rms_norm_eps=float(meta["gemma3.attention.layer_norm_rms_epsilon"]),
+        sliding_window=int(meta["gemma3.attention.sliding_window"]),
+        query_pre_attn_scalar=head_dim, rope_theta=float(meta["gemma3.rope.freq_base"]),
+        rope_local_base_freq=10000.0, max_position_embeddings=int(meta["gemma3.context_length"]),
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    config._attn_implementation = "eager"
+    model = Gemma3ForCausalLM(config).eval().double()
+    mapping = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, layers)
+    state = {}
+    for hf_name in model.state_dict():
+        if hf_name == "lm_head.weight":
+            continue  # tied
+        tensor = tensors[mapping.get_name(hf_name, try_suffixes=(".weight",))]
+        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float64)
+        if hf_name.endswith("norm.weight"):
+            values = values - 1.0
+        state[hf_name] = torch.from_numpy(values.reshape(model.state_dict()[hf_name].shape))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model
+
+
+def test_real_gemma3_270m_gguf_matches_transformers(model_file):
+    """Gemma-3-270M Q4_K_M (Q8_0 embedding, Q4_K/Q5_0/Q6_K/Q8_0 blocks) loads and generates:
+    logits at every prompt position against transformers in float64 on the same decoded
+    weights (assert_near_truth, transformers' f32 run as the reference error), and 8 greedy
+    ids through the KV cache equal the float64 ones."""
+    path = model_file("gemma3-270m-q4km", "gemma-3-270m-Q4_K_M.gguf")
+    model = Llama.from_pretrained(path)
+    cfg = model.config
+    assert (cfg.family, cfg.qk_norm, cfg.post_norms, cfg.sliding_window) == ("gemma3", True, True,
+                                                                              512)
+    assert cfg.sliding_layers == tuple((i + 1) % 6 != 0 for i in range(18))
+    got = model.forward([GEMMA3_PROMPT], all_logits=True).to_numpy()[0]
+    ours = greedy(model, GEMMA3_PROMPT, NEW_TOKENS)
+
+    hf = gemma3_transformers_from_gguf(path)
+    ids = list(GEMMA3_PROMPT)
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), use_cache=True)
+        truth = out.logits[0].numpy()
+        steps = [out.logits[0, -1].numpy()]
+        cache = out.past_key_values
+        for _ in range(NEW_TOKENS - 1):
+            ids.append(int(np.argmax(steps[-1])))
+            out = hf(torch.tensor([[ids[-1]]]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits[0, -1].numpy())
+        ids.append(int(np.argmax(steps[-1])))
+        reference = hf.float()(torch.tensor([GEMMA3_PROMPT])).logits[0].numpy()
+    assert_near_truth(got, reference, truth, "gemma3-270m logits")
+    bound = measured_bound(reference, truth)
+    for logits in steps:
+        top = np.sort(logits)[-2:]
+        assert top[1] - top[0] > 2 * bound, "a near tie: the greedy ids would prove nothing"
+    assert ours == ids[len(GEMMA3_PROMPT):]

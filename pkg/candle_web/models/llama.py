@@ -1,27 +1,53 @@
-"""LLaMA-family decoder-only transformer (Touvron et al. 2023), read top to bottom.
+"""The decoder-only transformer of the LLM families, read top to bottom: LLaMA (Touvron et al.
+2023), Mistral, Qwen2/2.5, Qwen3, Phi-3, Gemma 2 and Gemma 3 are one model whose differences
+are fields of `LlamaConfig` (this is the family file; the names Llama/LlamaConfig stay).
 
-    ids [b, t] -> embed -> x [b, t, d]
+    ids [b, t] -> embed -> x [b, t, d]  (times embedding_scale: sqrt(d) for Gemma)
       -> n_layers x Block:
-           x = x + attn(rms_norm(x))   fused QKV, RoPE on q/k, KV cache, grouped-query attention
-           x = x + mlp(rms_norm(x))    fused gate|up, silu(gate) * up, down
+           a = attn(rms_norm(x))     fused QKV (+ qkv_bias), per-head q/k RMS norm (qk_norm),
+                                     RoPE on q/k (the layer's own base for Gemma 3's local
+                                     layers), KV cache, grouped-query attention, scores scaled
+                                     by 1/sqrt(query_pre_attn_scalar or head_dim), soft-capped
+                                     (attn_logit_softcap), a sliding window on some layers
+           x = x + post_norm(a)      (post_norms: Gemma's norm of the attention output)
+           m = mlp(rms_norm(x))      fused gate|up, act(gate) * up (silu; Gemma: GELU-tanh), down
+           x = x + post_norm(m)
       -> rms_norm -> logits = x @ W_out^T   [b, vocab] (last position) or [b, t, vocab]
+         (soft-capped: final_logit_softcap)
     W_out is the embedding table when the checkpoint has no separate output weight (tied).
 
-Weights load from HF safetensors (float) and GGUF (quantized) onto the same modules, through
-the table LLAMA_WEIGHT_NAMES at the end of this file; Q/K/V are stacked into one matrix and so
-are gate/up (one matmul each per step). The head is the embedding table when the checkpoint has
-no separate output weight (tied). llama3 rope scaling: `rope_scaling` in config.json, or a
-`rope_freqs.weight` tensor in GGUF (read with the config).
+Which family does what (each a config field, read from config.json or the GGUF's `<arch>.*`
+metadata and tensor list):
+    qwen2    qkv_bias
+    mistral  sliding_window on every layer (GGUF: the llama architecture)
+    qwen3    qk_norm, head_dim not d / heads
+    phi3     Q/K/V and gate/up stored fused (names only; longrope scaling is refused)
+    gemma2   embedding_scale, norm_weight_offset 1 (HF stores w, the norm multiplies by 1 + w;
+             llama.cpp's converter stores 1 + w), post_norms, GELU-tanh, query_pre_attn_scalar,
+             attention and final soft-capping, sliding window on every other layer
+    gemma3   as gemma2 without soft-capping, plus qk_norm; 5 of every 6 layers slide, with
+             their own RoPE base (rope_local_theta)
 
-RoPE layouts: llama.cpp's converter permutes the rows of Q and K inside each head so that the
-rotated pairs are adjacent (the original Meta layout), so GGUF weights use interleaved RoPE
-(`rope_i`); HF checkpoints rotate the two halves of each head (`rope`). Weights are never
-shuffled at load; `LlamaConfig.rope_interleaved` records which layout the checkpoint uses.
+Weights load from HF safetensors (float) and GGUF (quantized) onto the same modules, through
+the name tables at the end of this file (`weight_names(family)`); Q/K/V are stacked into one
+matrix and so are gate/up (one matmul each per step). llama3 rope scaling: `rope_scaling` in
+config.json, or a `rope_freqs.weight` tensor in GGUF (read with the config).
+
+RoPE layouts: llama.cpp's converter permutes the rows of Q and K inside each head for the llama
+architecture only, so that the rotated pairs are adjacent (the original Meta layout); those
+GGUF weights use interleaved RoPE (`rope_i`). HF checkpoints, and the other GGUF architectures,
+rotate the two halves of each head (`rope`). Weights are never shuffled at load;
+`LlamaConfig.rope_interleaved` records which layout the checkpoint uses.
+
+Sliding window: a query at position p sees positions p - window + 1 .. p (transformers' and
+llama.cpp's rule). A prompt pass masks the rest; a single-token step reads only the last
+`window` cached positions.
 
 This file is the reference computation only. Decoding chooses, in backend/parts.py
 (`start_causal_decoding`), whether single-token steps go to a backend's fused part
 `llama.decoder_step` (fed with `part_weights()`, writing the same KV caches as the tensor path;
-the same result up to f32 summation order) or to `forward` below.
+the same result up to f32 summation order) or to `forward` below. An implementation that does
+not implement a family field the weights use returns None, and `forward` runs.
 
 Grouped-query attention without repeating K/V: the h query heads are grouped as
 [n_kv, n_rep], so q [b, h, t, hd] is viewed as [b, n_kv, n_rep * t, hd] and attends to the
@@ -45,23 +71,41 @@ from ..io.checkpoint import open_checkpoint
 from ..io.weights import GgufWeights, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
-from ..nn.layers import RmsNorm
+from ..nn.layers import Activation, RmsNorm
 from ..nn.rotary import rope, rope_frequencies, rope_i
 from ..nn.var_builder import VarBuilder
 from ..quantized.qmatmul import QMatMul
 from ..quantized.qtensor import QTensor
 from ..core.tensor import Tensor
-from .config_fields import ConfigFields, read_json_config
+from .config_fields import REQUIRED, ConfigFields, read_json_config
 from .inputs import token_ids
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
-SUPPORTED_HF_MODEL_TYPES = ("llama", "qwen2")
+# GGUF general.architecture values and HF model_type values -> the family (its name table).
+GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                 "gemma2": "gemma2", "gemma3": "gemma3"}
+HF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+               "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+SUPPORTED_GGUF_ARCHITECTURES = tuple(GGUF_FAMILIES)
+SUPPORTED_HF_MODEL_TYPES = tuple(HF_FAMILIES)
+GEMMA_FAMILIES = ("gemma2", "gemma3")
+QK_NORM_FAMILIES = ("qwen3", "gemma3")
 # llama.cpp's converter permutes the Q/K rows (interleaved RoPE) for these architectures only;
 # the others keep HF's half-split layout (llama.cpp's NEOX rope type).
 GGUF_PERMUTED_QK_ARCHITECTURES = ("llama",)
 SUPPORTED_ROPE_SCALING = ("linear", "llama3")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_RMS_NORM_EPS = 1e-5
+# Where a config.json leaves them out, transformers' class defaults: Gemma 2's soft-caps, Gemma's
+# query_pre_attn_scalar, Gemma 3's local RoPE base and sliding pattern, Qwen's first windowed layer.
+GEMMA2_SOFTCAPS = (50.0, 30.0)  # (attention, final)
+GEMMA_QUERY_PRE_ATTN_SCALAR = 256
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+SLIDING_WINDOW_PATTERN = {"gemma2": 2, "gemma3": 6}  # every n-th layer attends to everything
+QWEN_MAX_WINDOW_LAYERS = 28
+# llama.cpp scales Gemma 2/3 27B's scores by 1/sqrt(d / heads) instead of 1/sqrt(head_dim) (no
+# GGUF key says so; it recognises the model by its layer count).
+GGUF_GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}
 # KV cache positions allocated up front when the caller does not say how long the sequence
 # will be; the cache doubles when full.
 DEFAULT_CACHE_CAPACITY = 256
@@ -151,8 +195,20 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int = None
     eos_token_ids: tuple = ()
-    family: str = "llama"  # the architecture the file names (chooses the weight-name table)
-    qkv_bias: bool = False  # qwen2: biases on the Q, K and V projections
+    # The families' differences (defaults: plain LLaMA; see the module doc).
+    family: str = "llama"  # chooses the weight-name table (weight_names)
+    qkv_bias: bool = False  # biases on the Q, K and V projections
+    qk_norm: bool = False  # RMS norm over each query and key head before RoPE
+    post_norms: bool = False  # RMS norms of the attention and MLP outputs before the residual
+    norm_weight_offset: float = 0.0  # every RMS norm multiplies by (offset + w)
+    hidden_act: str = "silu"  # the MLP gate's activation
+    embedding_scale: float = 1.0  # the embedded tokens are multiplied by this (rounded to f32)
+    query_pre_attn_scalar: float = None  # scores scaled by its -1/2 power; None: head_dim's
+    attn_logit_softcap: float = None  # scores -> cap * tanh(scores / cap)
+    final_logit_softcap: float = None  # logits -> cap * tanh(logits / cap)
+    sliding_window: int = None  # a windowed layer's query sees this many positions (itself too)
+    sliding_layers: tuple = None  # per layer, whether it is windowed; None: all (if a window)
+    rope_local_theta: float = None  # the windowed layers' RoPE base, unscaled; None: rope_theta
 
     def __post_init__(self):
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
@@ -160,63 +216,109 @@ class LlamaConfig:
                               f"grouped over {self.num_kv_heads} key/value heads")
         if self.head_dim % 2:
             raise FormatError(f"llama config: head_dim {self.head_dim} must be even for RoPE")
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            raise UnsupportedError(f"llama config: activation {self.hidden_act!r} is not "
+                                   f"supported; supported: {SUPPORTED_ACTIVATIONS}")
+        if self.sliding_layers is not None and len(self.sliding_layers) != self.num_layers:
+            raise FormatError(f"llama config: {len(self.sliding_layers)} layer types for "
+                              f"{self.num_layers} layers")
 
     @property
     def n_rep(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def attention_scale(self) -> float:
+        return 1.0 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
+
+    def window(self, layer: int):
+        """The sliding window of layer `layer`, or None (it sees every position)."""
+        if self.sliding_window is None:
+            return None
+        if self.sliding_layers is not None and not self.sliding_layers[layer]:
+            return None
+        return self.sliding_window
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether layer `layer` rotates with the local base (Gemma 3's windowed layers)."""
+        return self.rope_local_theta is not None and self.window(layer) is not None
 
     @staticmethod
     def from_hf_config(cfg: dict, source: str = "llama config.json") -> "LlamaConfig":
         """From an HF config.json object; `source` names the file in errors."""
         fields = ConfigFields(cfg, source)
         model_type = cfg.get("model_type")
-        if model_type not in SUPPORTED_HF_MODEL_TYPES:
+        if model_type not in HF_FAMILIES:
             raise UnsupportedError(f"{source}: model_type {model_type!r} is not supported "
                                    f"by the llama model; supported: {SUPPORTED_HF_MODEL_TYPES}")
+        family = HF_FAMILIES[model_type]
+        gemma = family in GEMMA_FAMILIES
         for flag in ("attention_bias", "mlp_bias"):
             if fields.boolean(flag, False):
                 raise UnsupportedError(f"{source}: {flag}=true is not supported")
-        if model_type == "qwen2" and fields.boolean("use_sliding_window", False):
-            raise UnsupportedError(f"{source}: use_sliding_window=true is not supported")
         rope_fields = fields.section("rope_parameters")
-        scaling = fields.section("rope_scaling") or rope_fields
-        theta = fields.number("rope_theta", None, positive=True)
-        if theta is None:
-            theta = rope_fields.number("rope_theta", DEFAULT_ROPE_THETA, positive=True) \
-                if rope_fields is not None else DEFAULT_ROPE_THETA
+        global_rope = local_rope = rope_fields
+        if rope_fields is not None and rope_fields.has("full_attention"):
+            # transformers 5's Gemma 3: one section per layer type.
+            global_rope = rope_fields.section("full_attention")
+            local_rope = rope_fields.section("sliding_attention")
+        scaling = fields.section("rope_scaling") or global_rope
+        if fields.number("partial_rotary_factor", 1.0) != 1.0 or (
+                global_rope is not None and global_rope.number("partial_rotary_factor", 1.0) != 1.0):
+            raise UnsupportedError(f"{source}: partial_rotary_factor below 1 (partial rotary "
+                                   f"embeddings) is not supported")
+        theta = _rope_theta(fields, "rope_theta", global_rope, DEFAULT_ROPE_THETA)
         vocab, hidden = fields.positive_int("vocab_size"), fields.positive_int("hidden_size")
         heads = fields.positive_int("num_attention_heads")
         kv_heads = fields.positive_int("num_key_value_heads", heads)
+        layers = fields.positive_int("num_hidden_layers")
         fields.check_divides("num_key_value_heads", kv_heads, "num_attention_heads", heads)
         if not fields.has("head_dim"):
             fields.check_divides("num_attention_heads", heads, "hidden_size", hidden)
+        window, sliding_layers = _hf_sliding_window(fields, family, layers)
+        softcaps = GEMMA2_SOFTCAPS if family == "gemma2" else (None, None)
+        act = fields.string("hidden_activation", None) or fields.string(
+            "hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
         return LlamaConfig(
             vocab_size=vocab, hidden_size=hidden,
             intermediate_size=fields.positive_int("intermediate_size"),
-            num_layers=fields.positive_int("num_hidden_layers"), num_heads=heads,
+            num_layers=layers, num_heads=heads,
             num_kv_heads=kv_heads, head_dim=fields.positive_int("head_dim", hidden // heads),
             rms_norm_eps=fields.number("rms_norm_eps", DEFAULT_RMS_NORM_EPS, positive=True),
             rope_theta=theta,
             max_position_embeddings=fields.positive_int("max_position_embeddings", 4096),
             rope_interleaved=False, rope_scaling=RopeScaling.from_hf(scaling),
-            tie_word_embeddings=fields.boolean("tie_word_embeddings", False),
+            tie_word_embeddings=fields.boolean("tie_word_embeddings", gemma),
             bos_token_id=fields.token_id("bos_token_id", vocab, None),
             eos_token_ids=fields.token_ids("eos_token_id", vocab),
-            family=model_type, qkv_bias=model_type == "qwen2")
+            family=family, qkv_bias=family == "qwen2", qk_norm=family in QK_NORM_FAMILIES,
+            post_norms=gemma, norm_weight_offset=1.0 if gemma else 0.0, hidden_act=act,
+            embedding_scale=math.sqrt(hidden) if gemma else 1.0,
+            query_pre_attn_scalar=fields.number("query_pre_attn_scalar",
+                                                GEMMA_QUERY_PRE_ATTN_SCALAR, positive=True)
+            if gemma else None,
+            attn_logit_softcap=fields.number("attn_logit_softcapping", softcaps[0], positive=True),
+            final_logit_softcap=fields.number("final_logit_softcapping", softcaps[1],
+                                              positive=True),
+            sliding_window=window, sliding_layers=sliding_layers,
+            rope_local_theta=_rope_theta(fields, "rope_local_base_freq", local_rope,
+                                         GEMMA3_LOCAL_ROPE_THETA) if family == "gemma3" else None)
 
     @staticmethod
     def from_gguf(gguf) -> "LlamaConfig":
-        """From a GgufFile's metadata (`llama.*` keys) and tensor shapes."""
+        """From a GgufFile's metadata (`<arch>.*` keys) and tensor names and shapes."""
         meta = gguf.metadata
         arch = meta.get("general.architecture")
-        if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        if arch not in GGUF_FAMILIES:
             raise UnsupportedError(f"GGUF {gguf.source}: general.architecture {arch!r} is not "
                                    f"supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}")
         source = f"GGUF {gguf.source}"
         field = ConfigFields(meta, source, kind="metadata key", key_prefix=f"{arch}.")
         tokens = ConfigFields(meta, source, kind="metadata key", key_prefix="tokenizer.ggml.")
+        gemma = arch in GEMMA_FAMILIES
         hidden = field.positive_int("embedding_length")
         heads = field.positive_int("attention.head_count")
+        layers = field.positive_int("block_count")
         if not field.has("attention.key_length"):
             field.check_divides("attention.head_count", heads, "embedding_length", hidden)
         head_dim = field.positive_int("attention.key_length", hidden // heads)
@@ -224,6 +326,11 @@ class LlamaConfig:
         if rotary_dims != head_dim:
             raise UnsupportedError(f"GGUF {gguf.source}: partial rotary embeddings "
                                    f"({rotary_dims} of {head_dim} dims) are not supported")
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            if name in gguf.tensors:
+                raise UnsupportedError(f"GGUF {gguf.source}: {arch} longrope scaling ({name}) is "
+                                       f"not supported; supported: linear (and llama3 via "
+                                       f"rope_freqs.weight)")
         kv_heads = field.positive_int("attention.head_count_kv", heads)
         field.check_divides("attention.head_count_kv", kv_heads, "attention.head_count", heads)
         embed_info = gguf.tensors.get("token_embd.weight")
@@ -231,10 +338,21 @@ class LlamaConfig:
             raise FormatError(f"GGUF {gguf.source}: no token_embd.weight [vocab, d] tensor")
         vocab = int(embed_info.shape[0])
         end_ids = (tokens.token_id(name, vocab, None) for name in ("eos_token_id", "eot_token_id"))
+        # Gemma's converter writes the window and Gemma 2's soft-caps: required there.
+        required = REQUIRED if gemma else None
+        window = field.positive_int("attention.sliding_window", required)
+        pattern = SLIDING_WINDOW_PATTERN.get(arch)
+        if pattern is not None:
+            pattern = field.positive_int("attention.sliding_window_pattern", pattern)
+        softcap = required if arch == "gemma2" else None
+        scalar = None
+        if gemma:
+            big = layers == GGUF_GEMMA_27B_BLOCKS[arch]
+            scalar = float(hidden // heads) if big else float(head_dim)
         return LlamaConfig(
             vocab_size=vocab, hidden_size=hidden,
             intermediate_size=field.positive_int("feed_forward_length"),
-            num_layers=field.positive_int("block_count"), num_heads=heads,
+            num_layers=layers, num_heads=heads,
             num_kv_heads=kv_heads, head_dim=head_dim,
             rms_norm_eps=field.number("attention.layer_norm_rms_epsilon", DEFAULT_RMS_NORM_EPS,
                                       positive=True),
@@ -245,7 +363,55 @@ class LlamaConfig:
             tie_word_embeddings="output.weight" not in gguf.tensors,
             bos_token_id=tokens.token_id("bos_token_id", vocab, None),
             eos_token_ids=tuple(dict.fromkeys(i for i in end_ids if i is not None)),
-            family=arch, qkv_bias="blk.0.attn_q.bias" in gguf.tensors)
+            family=GGUF_FAMILIES[arch], qkv_bias="blk.0.attn_q.bias" in gguf.tensors,
+            qk_norm="blk.0.attn_q_norm.weight" in gguf.tensors,
+            post_norms="blk.0.post_attention_norm.weight" in gguf.tensors,
+            hidden_act="gelu_pytorch_tanh" if gemma else "silu",
+            embedding_scale=math.sqrt(hidden) if gemma else 1.0, query_pre_attn_scalar=scalar,
+            attn_logit_softcap=field.number("attn_logit_softcapping", softcap, positive=True),
+            final_logit_softcap=field.number("final_logit_softcapping", softcap, positive=True),
+            sliding_window=window,
+            sliding_layers=None if pattern is None else _pattern_layers(pattern, layers),
+            rope_local_theta=field.number("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_THETA,
+                                          positive=True) if arch == "gemma3" else None)
+
+
+def _rope_theta(fields: ConfigFields, name: str, section, default: float) -> float:
+    """A RoPE base: the top-level field `name` (older config.json), else the rope section's
+    `rope_theta` (transformers 5's rope_parameters), else `default`."""
+    theta = fields.number(name, None, positive=True)
+    if theta is None and section is not None:
+        theta = section.number("rope_theta", None, positive=True)
+    return default if theta is None else theta
+
+
+def _pattern_layers(pattern: int, layers: int) -> tuple:
+    """Every `pattern`-th layer (counting from 1) attends to everything, the others slide."""
+    return tuple(bool((i + 1) % pattern) for i in range(layers))
+
+
+def _hf_sliding_window(fields: ConfigFields, family: str, layers: int) -> tuple:
+    """(sliding_window, sliding_layers) from config.json: `layer_types` when present (what
+    transformers 5 saves), else each family's rule (transformers' defaults)."""
+    window = fields.positive_int("sliding_window", None)
+    if family in ("qwen2", "qwen3") and not fields.boolean("use_sliding_window", False):
+        window = None
+    if window is None:
+        return None, None
+    types = fields.raw("layer_types", None)
+    if types is not None:
+        kinds = ("sliding_attention", "full_attention")
+        if not isinstance(types, list) or len(types) != layers or any(t not in kinds
+                                                                        for t in types):
+            raise fields.fail("layer_types", f"a list of {layers} of {list(kinds)}", types)
+        return window, tuple(t == "sliding_attention" for t in types)
+    if family in SLIDING_WINDOW_PATTERN:
+        pattern = fields.positive_int("sliding_window_pattern", SLIDING_WINDOW_PATTERN[family])
+        return window, _pattern_layers(pattern, layers)
+    if family in ("qwen2", "qwen3"):
+        first = fields.integer("max_window_layers", QWEN_MAX_WINDOW_LAYERS, minimum=0)
+        return window, tuple(i >= first for i in range(layers))
+    return window, None  # mistral, phi3: every layer
 
 
 def _gguf_rope_scaling(gguf, arch: str, field: ConfigFields):
@@ -294,10 +460,13 @@ class TokenEmbedding:
 
 
 class RotaryEmbedding:
-    """cos/sin tables [positions, head_dim/2], grown by doubling as positions advance."""
+    """cos/sin tables [positions, head_dim/2] for one RoPE base (and scaling), grown by
+    doubling as positions advance."""
 
-    def __init__(self, cfg: LlamaConfig, device):
-        self.cfg, self.device = cfg, device
+    def __init__(self, cfg: LlamaConfig, device, theta: float = None, scaling="config"):
+        self.head_dim, self.device = cfg.head_dim, device
+        self.theta = cfg.rope_theta if theta is None else theta
+        self.scaling = cfg.rope_scaling if scaling == "config" else scaling
         self.apply = rope_i if cfg.rope_interleaved else rope
         self.positions = 0
         self.cos = self.sin = None
@@ -307,73 +476,107 @@ class RotaryEmbedding:
         needed = start + length
         if needed > self.positions:
             size = max(needed, 2 * self.positions, INITIAL_ROPE_POSITIONS)
-            scaling = self.cfg.rope_scaling.apply if self.cfg.rope_scaling else None
-            self.cos, self.sin = rope_frequencies(self.cfg.head_dim, size, self.cfg.rope_theta,
-                                                  scaling, self.device)
+            scaling = self.scaling.apply if self.scaling else None
+            self.cos, self.sin = rope_frequencies(self.head_dim, size, self.theta, scaling,
+                                                  self.device)
             self.positions = size
         return self.cos.narrow(0, start, length), self.sin.narrow(0, start, length)
 
 
+def softcap(x: Tensor, cap: float) -> Tensor:
+    """cap * tanh(x / cap): Gemma 2's soft-capping of scores and logits."""
+    return x.affine(1.0 / cap, 0.0).tanh().affine(cap, 0.0)
+
+
 class Attention:
-    def __init__(self, cfg: LlamaConfig, qkv: QMatMul, out: QMatMul, qkv_bias: Tensor = None):
+    def __init__(self, cfg: LlamaConfig, qkv: QMatMul, out: QMatMul, rotary: RotaryEmbedding,
+                 window: int = None, qkv_bias: Tensor = None, q_norm: RmsNorm = None,
+                 k_norm: RmsNorm = None):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.n_rep = cfg.n_rep
-        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.scale = cfg.attention_scale
+        self.softcap = cfg.attn_logit_softcap
         self.qkv, self.out, self.qkv_bias = qkv, out, qkv_bias  # bias [(h + 2kv) * hd] or None
+        self.q_norm, self.k_norm = q_norm, k_norm  # over each head's hd values, or None
+        self.rotary, self.window = rotary, window
 
-    def __call__(self, x: Tensor, rotary: RotaryEmbedding, cos, sin, cache: KvCache,
-                 mask) -> Tensor:
+    def __call__(self, x: Tensor, cos, sin, cache: KvCache, mask) -> Tensor:
         b, t, _ = x.dims()
         h, kv, hd = self.n_heads, self.n_kv, self.head_dim
         qkv = self.qkv(x)  # [b, t, (h + 2kv) * hd]
         if self.qkv_bias is not None:
             qkv = qkv.broadcast_add(self.qkv_bias)
         heads = qkv.reshape(b, t, h + 2 * kv, hd).transpose(1, 2)  # [b, h+2kv, t, hd]
-        qk = rotary.apply(heads.narrow(1, 0, h + kv), cos, sin)  # q and k heads in one call
+        qk = heads.narrow(1, 0, h + kv)
+        if self.q_norm is not None:
+            qk = Tensor.cat([self.q_norm(qk.narrow(1, 0, h)), self.k_norm(qk.narrow(1, h, kv))], 1)
+        qk = self.rotary.apply(qk, cos, sin)  # q and k heads in one call
         q = qk.narrow(1, 0, h)  # [b, h, t, hd]
         k = qk.narrow(1, h, kv)  # [b, kv, t, hd]
         v = heads.narrow(1, h + kv, kv)
         k, v = cache.append(k, v)  # [b, kv, T, hd], T = positions so far
+        if t == 1 and self.window is not None and k.dims()[2] > self.window:
+            k, v = (c.narrow(2, c.dims()[2] - self.window, self.window) for c in (k, v))
         grouped = q.reshape(b, kv, self.n_rep * t, hd)  # query heads grouped per kv head
-        y = ops.scaled_dot_product_attention(grouped, k, v, mask, self.scale)
+        if self.softcap is None:
+            y = ops.scaled_dot_product_attention(grouped, k, v, mask, self.scale)
+        else:
+            scores = softcap(grouped.matmul(k.t()).affine(self.scale, 0.0), self.softcap)
+            if mask is not None:
+                scores = scores.broadcast_add(mask)  # [b, kv, n_rep * t, T]
+            y = ops.softmax_last_dim(scores).matmul(v)
         y = y.reshape(b, h, t, hd).transpose(1, 2).reshape(b, t, h * hd)
         return self.out(y)  # [b, t, d]
 
 
 class Mlp:
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+    """Gated: down(act(gate(x)) * up(x)), gate and up fused into one matmul (SwiGLU when the
+    activation is silu)."""
 
-    def __init__(self, gate_up: QMatMul, down: QMatMul):
+    def __init__(self, gate_up: QMatMul, down: QMatMul, hidden_act: str = "silu"):
         self.gate_up, self.down = gate_up, down
         self.hidden = gate_up.out_features // 2
+        self.act = None if hidden_act == "silu" else Activation(hidden_act)
 
     def __call__(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up(x)  # [b, t, 2 * ffn]
         gate = gate_up.narrow(2, 0, self.hidden)
         up = gate_up.narrow(2, self.hidden, self.hidden)
-        return self.down(ops.swiglu(gate, up))
+        if self.act is None:
+            return self.down(ops.swiglu(gate, up))
+        return self.down(self.act(gate).mul(up))
 
 
 class Block:
-    def __init__(self, attn_norm: RmsNorm, attn: Attention, mlp_norm: RmsNorm, mlp: Mlp):
+    def __init__(self, attn_norm: RmsNorm, attn: Attention, mlp_norm: RmsNorm, mlp: Mlp,
+                 attn_post_norm: RmsNorm = None, mlp_post_norm: RmsNorm = None):
         self.attn_norm, self.attn = attn_norm, attn
         self.mlp_norm, self.mlp = mlp_norm, mlp
+        self.attn_post_norm, self.mlp_post_norm = attn_post_norm, mlp_post_norm  # or None
 
-    def __call__(self, x, rotary, cos, sin, cache, mask) -> Tensor:
-        x = x.add(self.attn(self.attn_norm(x), rotary, cos, sin, cache, mask))
-        return x.add(self.mlp(self.mlp_norm(x)))
+    def __call__(self, x, cos, sin, cache, mask) -> Tensor:
+        a = self.attn(self.attn_norm(x), cos, sin, cache, mask)
+        if self.attn_post_norm is not None:
+            a = self.attn_post_norm(a)
+        x = x.add(a)
+        m = self.mlp(self.mlp_norm(x))
+        if self.mlp_post_norm is not None:
+            m = self.mlp_post_norm(m)
+        return x.add(m)
 
 
 class Llama:
     """A loaded model with its KV cache. `forward(ids, index_pos)` runs new tokens and
-    returns logits; `clear_kv_cache` starts a new sequence."""
+    returns logits; `clear_kv_cache` starts a new sequence. `rotary` holds the (global) RoPE
+    tables; a layer with its own base (Gemma 3's local layers) holds another in its Attention."""
 
     def __init__(self, cfg: LlamaConfig, embed: TokenEmbedding, blocks: list, norm: RmsNorm,
-                 lm_head: QMatMul, device=None, chat_template: str = None):
+                 lm_head: QMatMul, device=None, chat_template: str = None,
+                 rotary: RotaryEmbedding = None):
         self.config = cfg
         self.embed, self.blocks, self.norm, self.lm_head = embed, blocks, norm, lm_head
         self.device = Device.parse(device)
-        self.rotary = RotaryEmbedding(cfg, self.device)
+        self.rotary = rotary or RotaryEmbedding(cfg, self.device)
         self.chat_template = chat_template
         self.clear_kv_cache()
 
@@ -397,14 +600,23 @@ class Llama:
         if index_pos != self.seq_len:
             raise ShapeMismatch(f"llama forward: index_pos {index_pos} but the KV cache holds "
                                 f"{self.seq_len} positions (call clear_kv_cache to restart)")
+        cfg = self.config
         x = self.embed(ids)  # [b, t, d]
-        cos, sin = self.rotary.tables(index_pos, t)
-        mask = self._mask(t, index_pos)
+        if cfg.embedding_scale != 1.0:
+            x = x.affine(cfg.embedding_scale, 0.0)
+        tables, masks = {}, {}  # per rotary object and per window, computed once
         for block, cache in zip(self.blocks, self.caches):
-            x = block(x, self.rotary, cos, sin, cache, mask)
+            attn = block.attn
+            if id(attn.rotary) not in tables:
+                tables[id(attn.rotary)] = attn.rotary.tables(index_pos, t)
+            if attn.window not in masks:
+                masks[attn.window] = self._mask(t, index_pos, attn.window)
+            x = block(x, *tables[id(attn.rotary)], cache, masks[attn.window])
         if not all_logits:
             x = x.narrow(1, t - 1, 1)  # only the last position's logits are needed
         logits = self.lm_head(self.norm(x))  # [b, t', vocab]
+        if cfg.final_logit_softcap is not None:
+            logits = softcap(logits, cfg.final_logit_softcap)
         return logits if all_logits else logits.squeeze(1)
 
     __call__ = forward
@@ -412,22 +624,40 @@ class Llama:
     def part_weights(self) -> parts.LlamaDecoderWeights:
         """The weights the accelerated part `llama.decoder_step` takes (the same objects)."""
         cfg = self.config
+
+        def weight(norm):
+            return None if norm is None else norm.weight
+
         layers = tuple(parts.LlamaLayerWeights(
             attn_norm=block.attn_norm.weight, mlp_norm=block.mlp_norm.weight,
             eps=block.attn_norm.eps, qkv=block.attn.qkv, out=block.attn.out,
-            gate_up=block.mlp.gate_up, down=block.mlp.down, qkv_bias=block.attn.qkv_bias)
+            gate_up=block.mlp.gate_up, down=block.mlp.down, qkv_bias=block.attn.qkv_bias,
+            q_norm=weight(block.attn.q_norm), k_norm=weight(block.attn.k_norm),
+            attn_post_norm=weight(block.attn_post_norm),
+            mlp_post_norm=weight(block.mlp_post_norm), window=block.attn.window,
+            rope=None if block.attn.rotary is self.rotary else block.attn.rotary)
             for block in self.blocks)
+        scale = cfg.attention_scale
         return parts.LlamaDecoderWeights(
             num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             rope_interleaved=cfg.rope_interleaved, layers=layers, norm=self.norm.weight,
-            norm_eps=self.norm.eps, lm_head=self.lm_head)
+            norm_eps=self.norm.eps, lm_head=self.lm_head,
+            activation="silu" if cfg.hidden_act == "silu" else "gelu_tanh",
+            embedding_scale=cfg.embedding_scale,
+            attn_scale=None if scale == 1.0 / math.sqrt(cfg.head_dim) else scale,
+            attn_softcap=cfg.attn_logit_softcap, final_softcap=cfg.final_logit_softcap)
 
-    def _mask(self, t: int, index_pos: int):
-        """Causal additive mask [n_rep * t, index_pos + t] for the grouped queries; none
-        for a single new token (it may see every cached position)."""
+    def _mask(self, t: int, index_pos: int, window: int = None):
+        """Additive mask [n_rep * t, index_pos + t] for the grouped queries: causal, and
+        within `window` positions when given; none for a single new token (it may see every
+        cached position; a windowed layer reads only the last `window` ones)."""
         if t == 1:
             return None
         mask = ops.causal_mask(t, index_pos).to_numpy()
+        if window is not None:
+            rows = np.arange(t)[:, None] + index_pos
+            cols = np.arange(index_pos + t)[None, :]
+            mask = np.where(cols <= rows - window, np.float32(-np.inf), mask)
         return Tensor.from_numpy(np.tile(mask, (self.config.n_rep, 1)), dt.f32, self.device)
 
     # -- loading ------------------------------------------------------------------------
@@ -484,27 +714,45 @@ class Llama:
 
 
 def _build(cfg: LlamaConfig, vb: VarBuilder, device, chat_template) -> Llama:
-    """The modules from the weights, by the model's names (LLAMA_WEIGHT_NAMES)."""
+    """The modules from the weights, by the model's names (the family's table)."""
     d, hd, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     q_rows, kv_rows = cfg.num_heads * hd, cfg.num_kv_heads * hd
 
-    def norm(v, name):
-        return RmsNorm(v.get((d,), name), cfg.rms_norm_eps)
+    def norm(v, name, size=d):
+        weight = v.get((size,), name)
+        if cfg.norm_weight_offset:
+            weight = weight.affine(1.0, cfg.norm_weight_offset)  # HF Gemma: 1 + w, in f32
+        return RmsNorm(weight, cfg.rms_norm_eps)
 
+    rotary = RotaryEmbedding(cfg, device)
+    local = RotaryEmbedding(cfg, device, cfg.rope_local_theta, scaling=None) \
+        if cfg.rope_local_theta is not None else None
     blocks = []
     for i in range(cfg.num_layers):
         v = vb.pp(f"blocks.{i}")
-        qkv_bias = None
+        if v.contains("attn.qkv.weight"):  # stored fused (phi3)
+            qkv = v.matrix((q_rows + 2 * kv_rows, d), "attn.qkv.weight")
+        else:
+            qkv = v.fused_matrix([((q_rows, d), "attn.q.weight"), ((kv_rows, d), "attn.k.weight"),
+                                  ((kv_rows, d), "attn.v.weight")])
+        qkv_bias = q_norm = k_norm = None
         if cfg.qkv_bias:
             qkv_bias = Tensor.cat([v.get((q_rows,), "attn.q.bias"), v.get((kv_rows,), "attn.k.bias"),
                                    v.get((kv_rows,), "attn.v.bias")], 0)
-        attn = Attention(cfg, v.fused_matrix([((q_rows, d), "attn.q.weight"),
-                                              ((kv_rows, d), "attn.k.weight"),
-                                              ((kv_rows, d), "attn.v.weight")]),
-                         v.matrix((d, q_rows), "attn.out.weight"), qkv_bias)
-        mlp = Mlp(v.fused_matrix([((ffn, d), "mlp.gate.weight"), ((ffn, d), "mlp.up.weight")]),
-                  v.matrix((d, ffn), "mlp.down.weight"))
-        blocks.append(Block(norm(v, "attn_norm.weight"), attn, norm(v, "mlp_norm.weight"), mlp))
+        if cfg.qk_norm:
+            q_norm, k_norm = norm(v, "attn.q_norm.weight", hd), norm(v, "attn.k_norm.weight", hd)
+        attn = Attention(cfg, qkv, v.matrix((d, q_rows), "attn.out.weight"),
+                         local if cfg.local_rope(i) else rotary, cfg.window(i), qkv_bias,
+                         q_norm, k_norm)
+        if v.contains("mlp.gate_up.weight"):  # stored fused (phi3)
+            gate_up = v.matrix((2 * ffn, d), "mlp.gate_up.weight")
+        else:
+            gate_up = v.fused_matrix([((ffn, d), "mlp.gate.weight"), ((ffn, d), "mlp.up.weight")])
+        mlp = Mlp(gate_up, v.matrix((d, ffn), "mlp.down.weight"), cfg.hidden_act)
+        post = (norm(v, "attn_post_norm.weight"), norm(v, "mlp_post_norm.weight")) \
+            if cfg.post_norms else (None, None)
+        blocks.append(Block(norm(v, "attn_norm.weight"), attn, norm(v, "mlp_norm.weight"), mlp,
+                            *post))
     tied = cfg.tie_word_embeddings or not vb.has("lm_head.weight")
     embedding_shape = (cfg.vocab_size, d)
     lm_head = vb.matrix(embedding_shape, "embed.table" if tied else "lm_head.weight")
@@ -515,7 +763,8 @@ def _build(cfg: LlamaConfig, vb: VarBuilder, device, chat_template) -> Llama:
         table = vb.pp("embed").set_mode("quantized").matrix(embedding_shape, "table")
         embed = (TokenEmbedding(qtable=table.qweights[0], device=device) if table.is_quantized
                  else TokenEmbedding(table=table.weight))
-    return Llama(cfg, embed, blocks, norm(vb, "norm.weight"), lm_head, device, chat_template)
+    return Llama(cfg, embed, blocks, norm(vb, "norm.weight"), lm_head, device, chat_template,
+                 rotary)
 
 
 def _with_generation_eos(cfg: LlamaConfig, checkpoint) -> LlamaConfig:
@@ -532,8 +781,10 @@ def _with_generation_eos(cfg: LlamaConfig, checkpoint) -> LlamaConfig:
 
 # -- weight names ---------------------------------------------------------------------------
 # The model's names (its modules' attribute paths; the pieces of the stacked qkv and gate_up
-# matrices by their own names) -> HF `LlamaForCausalLM` and llama.cpp's GGUF names.
-LLAMA_WEIGHT_NAMES = WeightNames(("hf", "gguf"), {
+# matrices by their own names) -> HF `*ForCausalLM` and llama.cpp's GGUF names, per family.
+# None: the naming has no such tensor (the model asks for it only when its config says so, or
+# checks `contains` first, as for the fused attn.qkv / mlp.gate_up).
+_LLAMA_ROWS = {
     "embed.table": ("model.embed_tokens.weight", "token_embd.weight"),
     "blocks.{i}.attn_norm.weight": ("model.layers.{i}.input_layernorm.weight",
                                     "blk.{i}.attn_norm.weight"),
@@ -543,29 +794,62 @@ LLAMA_WEIGHT_NAMES = WeightNames(("hf", "gguf"), {
                                  "blk.{i}.attn_k.weight"),
     "blocks.{i}.attn.v.weight": ("model.layers.{i}.self_attn.v_proj.weight",
                                  "blk.{i}.attn_v.weight"),
+    "blocks.{i}.attn.qkv.weight": (None, None),
     "blocks.{i}.attn.q.bias": ("model.layers.{i}.self_attn.q_proj.bias", "blk.{i}.attn_q.bias"),
     "blocks.{i}.attn.k.bias": ("model.layers.{i}.self_attn.k_proj.bias", "blk.{i}.attn_k.bias"),
     "blocks.{i}.attn.v.bias": ("model.layers.{i}.self_attn.v_proj.bias", "blk.{i}.attn_v.bias"),
+    "blocks.{i}.attn.q_norm.weight": ("model.layers.{i}.self_attn.q_norm.weight",
+                                      "blk.{i}.attn_q_norm.weight"),
+    "blocks.{i}.attn.k_norm.weight": ("model.layers.{i}.self_attn.k_norm.weight",
+                                      "blk.{i}.attn_k_norm.weight"),
     "blocks.{i}.attn.out.weight": ("model.layers.{i}.self_attn.o_proj.weight",
                                    "blk.{i}.attn_output.weight"),
+    "blocks.{i}.attn_post_norm.weight": (None, None),
     "blocks.{i}.mlp_norm.weight": ("model.layers.{i}.post_attention_layernorm.weight",
                                    "blk.{i}.ffn_norm.weight"),
     "blocks.{i}.mlp.gate.weight": ("model.layers.{i}.mlp.gate_proj.weight",
                                    "blk.{i}.ffn_gate.weight"),
     "blocks.{i}.mlp.up.weight": ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight"),
+    "blocks.{i}.mlp.gate_up.weight": (None, None),
     "blocks.{i}.mlp.down.weight": ("model.layers.{i}.mlp.down_proj.weight",
                                    "blk.{i}.ffn_down.weight"),
+    "blocks.{i}.mlp_post_norm.weight": (None, None),
     "norm.weight": ("model.norm.weight", "output_norm.weight"),
     "lm_head.weight": ("lm_head.weight", "output.weight"),
+}
+LLAMA_WEIGHT_NAMES = WeightNames(("hf", "gguf"), _LLAMA_ROWS, marker="embed.table")
+# Phi-3 stores Q/K/V as one qkv_proj and gate/up as one gate_up_proj (GGUF: attn_qkv, and
+# ffn_up holding [gate; up]), in the model's stacking order.
+PHI3_WEIGHT_NAMES = WeightNames(("hf", "gguf"), _LLAMA_ROWS | {
+    "blocks.{i}.attn.q.weight": (None, "blk.{i}.attn_q.weight"),
+    "blocks.{i}.attn.k.weight": (None, "blk.{i}.attn_k.weight"),
+    "blocks.{i}.attn.v.weight": (None, "blk.{i}.attn_v.weight"),
+    "blocks.{i}.attn.qkv.weight": ("model.layers.{i}.self_attn.qkv_proj.weight",
+                                   "blk.{i}.attn_qkv.weight"),
+    "blocks.{i}.mlp.gate.weight": (None, None),
+    "blocks.{i}.mlp.up.weight": (None, None),
+    "blocks.{i}.mlp.gate_up.weight": ("model.layers.{i}.mlp.gate_up_proj.weight",
+                                      "blk.{i}.ffn_up.weight"),
 }, marker="embed.table")
-
-
-# Each family's table (by HF model_type or GGUF architecture).
-FAMILY_WEIGHT_NAMES = {"llama": LLAMA_WEIGHT_NAMES, "qwen2": LLAMA_WEIGHT_NAMES}
+# Gemma: four norms per layer; HF's post_attention_layernorm is the attention output's norm
+# and pre_feedforward_layernorm the MLP input's.
+GEMMA_WEIGHT_NAMES = WeightNames(("hf", "gguf"), _LLAMA_ROWS | {
+    "blocks.{i}.attn_post_norm.weight": ("model.layers.{i}.post_attention_layernorm.weight",
+                                         "blk.{i}.post_attention_norm.weight"),
+    "blocks.{i}.mlp_norm.weight": ("model.layers.{i}.pre_feedforward_layernorm.weight",
+                                   "blk.{i}.ffn_norm.weight"),
+    "blocks.{i}.mlp_post_norm.weight": ("model.layers.{i}.post_feedforward_layernorm.weight",
+                                        "blk.{i}.post_ffw_norm.weight"),
+}, marker="embed.table")
+FAMILY_WEIGHT_NAMES = {"llama": LLAMA_WEIGHT_NAMES, "mistral": LLAMA_WEIGHT_NAMES,
+                       "qwen2": LLAMA_WEIGHT_NAMES, "qwen3": LLAMA_WEIGHT_NAMES,
+                       "phi3": PHI3_WEIGHT_NAMES, "gemma2": GEMMA_WEIGHT_NAMES,
+                       "gemma3": GEMMA_WEIGHT_NAMES}
 
 
 def weight_names(family: str) -> WeightNames:
     """The weight-name table of a family (an HF model_type or a GGUF architecture)."""
+    family = HF_FAMILIES.get(family, family)
     if family not in FAMILY_WEIGHT_NAMES:
         raise UnsupportedError(f"llama: no weight names for family {family!r}; supported: "
                                f"{tuple(FAMILY_WEIGHT_NAMES)}")
