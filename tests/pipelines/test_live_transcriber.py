@@ -74,7 +74,8 @@ def recording():
 def whisper(model_file):
     from candle_web.pipelines import load_whisper
 
-    return load_whisper(model_file(MODEL, "model.bin").parent)
+    loaded = load_whisper(model_file(MODEL, "model.bin").parent)
+    return loaded.model, loaded.tokenizer
 
 
 def heard_in_steps(live, samples):
