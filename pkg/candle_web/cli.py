@@ -127,6 +127,12 @@ def _audio_error(path: str, error: Exception) -> str:
 
 
 # -- generate ------------------------------------------------------------------------------
+def chat_messages(prompt: str, system: str = None) -> list:
+    """The conversation `--chat` renders: an optional system message, then the user's."""
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    return messages + [{"role": "user", "content": prompt}]
+
+
 def cmd_generate(args) -> int:
     from .generation.chat_templates import chat_template_for
     from .generation import GenerationOptions, generate
@@ -135,11 +141,16 @@ def cmd_generate(args) -> int:
     if (args.top_k is not None or args.top_p is not None) and args.temperature <= 0:
         print("candle-web: note: --top-k/--top-p apply only when sampling; decoding greedily "
               "(add e.g. --temperature 0.8)", file=sys.stderr)
+    if args.system is not None and not args.chat:
+        print("candle-web: --system needs --chat (a system message is part of a chat)",
+              file=sys.stderr)
+        return 2
     loaded = load_llama(args.model, progress=_download_progress())
     model, tokenizer = loaded.model, loaded.tokenizer
     prompt = args.prompt
     if args.chat:
-        prompt = chat_template_for(model, tokenizer).render([{"role": "user", "content": prompt}])
+        prompt = chat_template_for(model, tokenizer).render(chat_messages(args.prompt,
+                                                                          args.system))
     options = GenerationOptions(max_new_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                 repeat_penalty=args.repeat_penalty,
@@ -327,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="smollm2-135m-instruct",
                    help="registry name, a .gguf file or an HF model folder")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", default=None, type=text_argument("--system"),
+                   help="with --chat: a system message before the prompt")
     _sampling_arguments(g, max_tokens=256)
     g.add_argument("--repeat-penalty", type=limits.REPEAT_PENALTY.argparse_type(), default=1.0,
                    help="> 0; 1.0: off")

@@ -199,6 +199,7 @@ async function startRuntime(id, { choice, useSnapshot, threads, controlSlots }) 
   const { manifest, entries } = await downloads.wheel;
   installWheelFiles(runtime.pyodide, entries);
   await packages;
+  if (manifest.pyodidePackages?.length) await runtime.pyodide.loadPackage(manifest.pyodidePackages, quietLoaderOptions()); // jinja2: chat templates
   const backend = await chooseBackend(id, phases, started, choice, loaded);
   const { team, threadsReason } = await startThreads(downloads, backend, choice, threads);
   return {
