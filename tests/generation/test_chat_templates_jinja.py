@@ -212,3 +212,32 @@ def test_cli_generate_chat_system(capsys, model_file, transformers_tokenizer):
     # --system is part of a chat: refused without --chat, before any model loads
     assert cli.main(["generate", "Hello", "--model", "no-such-model", "--system", system]) == 2
     assert "--system needs --chat" in capsys.readouterr().err
+
+
+QWEN = "qwen2.5-coder-0.5b-instruct"
+QWEN_GGUF = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+def test_qwen25_gguf_chat_ids_equal_transformers(model_file, tmp_path):
+    """The real instruct model's ChatML + tool-calling template and qwen2 vocabulary, both from
+    its GGUF metadata (no weights loaded), against transformers' tokenizer built from the same
+    file."""
+    transformers = pytest.importorskip("transformers")
+    from candle_web.io.gguf import read_gguf
+    from candle_web.tokenizers import Tokenizer
+
+    path = model_file(QWEN, QWEN_GGUF)
+    metadata = read_gguf(path).metadata
+    tokenizer = Tokenizer.from_gguf_metadata(
+        {key: value for key, value in metadata.items() if key.startswith("tokenizer.ggml.")})
+    bos, eos = (tokenizer.id_to_token(int(metadata[f"tokenizer.ggml.{name}_token_id"]))
+                for name in ("bos", "eos"))
+    template = load_chat_template(metadata["tokenizer.chat_template"], bos, eos)
+    assert isinstance(template, JinjaChatTemplate)
+    (tmp_path / QWEN_GGUF).symlink_to(path)
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=QWEN_GGUF)
+    for system in (None, "You write Python. Be brief."):
+        messages = cli.chat_messages("Write a function that adds «2+2» 😀\n  and prints it",
+                                     system)
+        ids = tokenizer.encode(template.render(messages), add_special_tokens=False).ids
+        assert ids == reference_ids(reference, messages)
