@@ -90,3 +90,25 @@ def test_vocab_file_gives_llama_cpp_expected_ids(name, model_file):
             differences.append(f"{text[:50]!r}: expected {expected[:16]}, got {ids[:16]}")
     assert not differences, (f"{len(differences)} of {len(cases)} inputs differ:\n"
                              + "\n".join(differences[:10]))
+
+
+def test_new_tokenizer_kinds_name_the_bad_key(model_file):
+    from candle_web.core.errors import FormatError, UnsupportedError
+
+    def metadata_of(name):
+        path = model_file(MODEL, f"vocab/ggml-vocab-{name}.gguf")
+        return {key: value for key, value in read_gguf(path).metadata.items()
+                if key.startswith("tokenizer.ggml.")}
+
+    bert = metadata_of("bert-bge")
+    del bert["tokenizer.ggml.cls_token_id"]
+    with pytest.raises(FormatError, match="tokenizer.ggml.cls_token_id"):
+        Tokenizer.from_gguf_metadata(bert)
+    gemma = metadata_of("gemma-4")
+    merges = list(gemma["tokenizer.ggml.merges"])
+    merges[5] = "nospace"
+    with pytest.raises(FormatError, match=r"tokenizer.ggml.merges\[5\]"):
+        Tokenizer.from_gguf_metadata(dict(gemma, **{"tokenizer.ggml.merges": merges}))
+    qwen = metadata_of("qwen2")
+    with pytest.raises(UnsupportedError, match="'tekken'.*known: .*qwen35"):
+        Tokenizer.from_gguf_metadata(dict(qwen, **{"tokenizer.ggml.pre": "tekken"}))
