@@ -276,11 +276,23 @@ def _verify_models(hub) -> int:
 
 
 def cmd_serve(args) -> int:
+    import os
+
     from . import serve
 
     argv = ["--port", str(args.port), "--host", args.host]
     for folder in args.local_model:
         argv += ["--local-model", str(folder)]
+    # The OpenAI-compatible API (serve.add_api_arguments): --api, --model, --parallel, --queue;
+    # the key travels through the environment, not argv (visible to other local users).
+    argv += ["--api"] if args.api else []
+    for model in args.model:
+        argv += ["--model", model]
+    for flag, value in (("--parallel", args.parallel), ("--queue", args.queue)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.api_key:
+        os.environ[serve.API_KEY_ENV_VAR] = args.api_key
     return serve.main(argv) or 0
 
 
@@ -376,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--local-model", action="append", default=[], metavar="DIR",
                    help="also serve model folder DIR under /models/local/<DIR's name>/ "
                         "(e.g. a T5 for the Text-to-text view); repeatable")
+    from .serve import add_api_arguments  # stdlib-only at import; the API loads with --api
+    add_api_arguments(s)
     s.set_defaults(func=cmd_serve)
 
     # `batch transcribe|embed`: the same model/decoding options on Ray (imported when run).

@@ -1,4 +1,22 @@
-"""`candle-web serve`: the demo's static server (standard library only).
+"""`candle-web serve`: the demo page's server, and with `--api` the OpenAI-compatible API
+(candle_web.api) on the same port.
+
+The stack: uvicorn (the reference ASGI server) with its httptools protocol, and Starlette for
+the API's routing, form parsing and streaming responses. Why these: uvicorn gives an asyncio
+server with flow control, pipelining and graceful shutdown, which streaming answers to many
+clients need and http.server's thread per connection does not have; httptools is a C parser
+that, unlike h11, accepts an HTTP/1.1 request without a Host header (clients that predate it
+still get the page); Starlette is the small toolkit FastAPI sits on, without pydantic and
+without FastAPI's 422 error shape (the API answers OpenAI's error JSON, naming the field), and
+python-multipart parses the audio uploads as a stream with bounded sizes. All are native-only
+dependencies (the `serve` extra), imported inside functions: the page never imports them.
+The static files are a small ASGI application of their own (below) rather than Starlette's
+StaticFiles, because their guarantees are exact: single ranges only (several ranges, or a
+reversed one, get the whole file, as RFC 9110 allows), weak ETag comparison, If-Range, and the
+path checks before any file is opened. The connection bounds live in a subclass of uvicorn's
+protocol (`_protocol_base`): more than MAX_CONNECTIONS get 503 at once, a connection idle for
+IDLE_TIMEOUT_S is closed (a stalled request body gets a 408 JSON error first), and a request
+that does not parse gets 400 with the security headers.
 
 Serves, on 127.0.0.1 by default:
   /                 web/index.html and the rest of web/ (page, worker, styles)
@@ -30,7 +48,10 @@ are served at once, and every reply, errors included, carries the security heade
 from __future__ import annotations
 
 import argparse
+import asyncio
 import email.utils
+import functools
+import math
 import os
 import re
 import socket
@@ -40,7 +61,6 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
 
@@ -92,6 +112,14 @@ MAX_CONNECTIONS = 64
 # Host names a request may carry besides the bound address: a page on another site that
 # rebinds its DNS name to 127.0.0.1 sends its own name, and is refused (421).
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "::1")
+# Pending connections the kernel queues before accept.
+LISTEN_BACKLOG = 128
+# On stop, requests still running (a long generation) get this long to finish, then are cut.
+GRACEFUL_SHUTDOWN_S = 3
+# start_in_thread waits at most this long for the loop to start listening.
+STARTUP_WAIT_S = 30.0
+# `candle-web serve --api`: the OpenAI-compatible routes live under this prefix (candle_web.api).
+API_PREFIX = "/v1"
 
 # Explicit table rather than the `mimetypes` module, whose answers depend on the host's
 # /etc/mime.types (some map .js to application/x-javascript; few know .wasm).
@@ -299,190 +327,355 @@ def _parse_single_range(header: str, size: int) -> Optional[tuple[int, int]]:
     return first, min(last, size - 1)
 
 
-class CandleWebRequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: Pyodide start-up fetches a dozen files
-    server_version = "candle-web"
-    site: SiteConfig  # set on a per-server subclass by make_server()
-
-    # -- plumbing ---------------------------------------------------------------------------
-
-    def end_headers(self) -> None:
-        for name, value in ISOLATION_HEADERS.items():
-            self.send_header(name, value)
-        for name, value in self.site.extra_headers.items():
-            self.send_header(name, value)
-        super().end_headers()
-
-    def parse_request(self) -> bool:
-        if not super().parse_request():
-            return False
-        if not self._host_allowed(self.headers.get("Host")):
-            self.close_connection = True
-            self._refuse(HTTPStatus.MISDIRECTED_REQUEST)
-            return False
+def host_allowed(host_header: Optional[str], bound_host: str) -> bool:
+    """The Host is this server's address or a loopback name (any port). A request
+    without one (HTTP/1.0) cannot be a DNS-rebinding page, which always sends its name."""
+    if host_header is None:
         return True
+    host = host_header.strip().lower()
+    if host.startswith("["):  # [::1]:8000
+        host = host[1:host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    return host in LOOPBACK_HOST_NAMES or host == str(bound_host).lower()
 
-    def _host_allowed(self, host_header: Optional[str]) -> bool:
-        """The Host is this server's address or a loopback name (any port). A request
-        without one (HTTP/1.0) cannot be a DNS-rebinding page, which always sends its name."""
-        if host_header is None:
-            return True
-        host = host_header.strip().lower()
-        if host.startswith("["):  # [::1]:8000
-            host = host[1:host.find("]")] if "]" in host else host
-        elif host.count(":") == 1:
-            host = host.rsplit(":", 1)[0]
-        bound = str(self.server.server_address[0]).lower()
-        return host in LOOPBACK_HOST_NAMES or host == bound
 
-    def send_error(self, code, message=None, explain=None) -> None:
-        # A garbage request line leaves the version at HTTP/0.9, whose replies have no
-        # headers at all: answer as HTTP/1.0 so the error carries the security headers too.
-        if self.request_version == "HTTP/0.9":
-            self.request_version = "HTTP/1.0"
-        super().send_error(code, message, explain)
+def encode_headers(headers) -> list:
+    """ASGI header pairs (latin-1 bytes) from (name, value) string pairs or a dict."""
+    items = headers.items() if isinstance(headers, dict) else headers
+    return [(name.encode("latin-1"), str(value).encode("latin-1")) for name, value in items]
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 (base-class signature)
+
+def request_headers(scope) -> dict:
+    """{lower-case name: value} of an ASGI request; the first of repeated headers wins, as
+    http.server's `headers.get` did."""
+    found = {}
+    for name, value in scope.get("headers", ()):
+        found.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return found
+
+
+async def respond(send, status: int, headers=(), body: bytes = b"", send_body: bool = True) -> None:
+    """One whole response; Content-Length is the body's unless headers give one (HEAD)."""
+    pairs = list(headers.items() if isinstance(headers, dict) else headers)
+    if not any(name.lower() == "content-length" for name, _ in pairs):
+        pairs.append(("Content-Length", str(len(body))))
+    await send({"type": "http.response.start", "status": int(status),
+                "headers": encode_headers(pairs)})
+    await send({"type": "http.response.body", "body": body if send_body else b""})
+
+
+def _plain_body(status: HTTPStatus) -> bytes:
+    return f"{status.value} {status.phrase}\n".encode("ascii")
+
+
+async def refuse(send, status: HTTPStatus, send_body: bool = True, headers=()) -> None:
+    """A short text/plain refusal that is never cached."""
+    body = _plain_body(status)
+    await respond(send, status, [("Content-Type", "text/plain; charset=utf-8"),
+                                 ("Content-Length", str(len(body))),
+                                 ("Cache-Control", "no-store"), *headers], body, send_body)
+
+
+def _validators(stat: os.stat_result, url_path: str) -> dict:
+    etag = f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"'
+    return {
+        "ETag": etag,
+        "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
+        "Cache-Control": (PINNED_CACHE_CONTROL
+                          if url_path.startswith(VENDOR_PYODIDE_URL_PREFIX)
+                          else REVALIDATE_CACHE_CONTROL),
+        "Accept-Ranges": "bytes",
+    }
+
+
+def _not_modified(headers: dict, stat: os.stat_result, etag: str) -> bool:
+    if_none_match = headers.get("if-none-match")
+    if if_none_match is not None:
+        # Weak comparison (RFC 9110 13.1.2): W/ prefixes do not matter here.
+        tags = [tag.strip().removeprefix("W/") for tag in if_none_match.split(",")]
+        return "*" in tags or etag in tags
+    if_modified_since = headers.get("if-modified-since")
+    if if_modified_since:
+        try:
+            since = email.utils.parsedate_to_datetime(if_modified_since).timestamp()
+        except (TypeError, ValueError):
+            return False
+        return int(stat.st_mtime) <= since
+    return False
+
+
+def _range_applies(headers: dict, validators: dict) -> bool:
+    """If-Range: honour Range only when the client's copy is the current one."""
+    if_range = headers.get("if-range")
+    if if_range is None:
+        return True
+    if_range = if_range.strip()
+    if if_range.startswith('"') or if_range.startswith("W/"):
+        return if_range == validators["ETag"]
+    return if_range == validators["Last-Modified"]
+
+
+async def serve_file(site: SiteConfig, scope, send, url_path: str, send_body: bool) -> None:
+    """GET and HEAD of one file under the site's roots: validators, single ranges, MIME type."""
+    try:
+        file_path = resolve_request_path(site, url_path)
+    except RefusedPath as refusal:
+        await refuse(send, refusal.status, send_body)
+        return
+    try:
+        handle = file_path.open("rb")
+    except OSError:
+        await refuse(send, HTTPStatus.NOT_FOUND, send_body)
+        return
+    with handle:
+        stat = os.fstat(handle.fileno())
+        await _serve_open_file(request_headers(scope), send, handle, file_path, stat, url_path,
+                               send_body)
+
+
+async def _serve_open_file(headers: dict, send, handle, file_path: Path, stat: os.stat_result,
+                           url_path: str, send_body: bool) -> None:
+    size = stat.st_size
+    validators = _validators(stat, url_path)
+    if _not_modified(headers, stat, validators["ETag"]):
+        await respond(send, HTTPStatus.NOT_MODIFIED, dict(validators, **{"Content-Length": "0"}))
+        return
+
+    status, first, last = HTTPStatus.OK, 0, size - 1
+    range_header = headers.get("range")
+    if range_header and _range_applies(headers, validators):
+        try:
+            byte_range = _parse_single_range(range_header, size)
+        except ValueError:
+            await respond(send, HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE,
+                          dict(validators, **{"Content-Range": f"bytes */{size}"}))
+            return
+        if byte_range is not None:
+            status, (first, last) = HTTPStatus.PARTIAL_CONTENT, byte_range
+
+    length = max(0, last - first + 1)
+    reply = {"Content-Type": mime_type_for(file_path), "Content-Length": str(length)}
+    if status == HTTPStatus.PARTIAL_CONTENT:
+        reply["Content-Range"] = f"bytes {first}-{last}/{size}"
+    reply.update(validators)
+    await send({"type": "http.response.start", "status": int(status),
+                "headers": encode_headers(reply)})
+    if not (send_body and length):
+        await send({"type": "http.response.body", "body": b""})
+        return
+    # Reads run in a thread so that a large model file never stalls the event loop (API
+    # streams share it); `send` waits while the client's socket is full (flow control).
+    loop = asyncio.get_running_loop()
+    handle.seek(first)
+    remaining = length
+    while remaining:
+        chunk = await loop.run_in_executor(None, handle.read, min(COPY_CHUNK_BYTES, remaining))
+        if not chunk:  # the file shrank under us: end the connection rather than lie
+            raise ConnectionAbortedError(f"{file_path} shrank while being served")
+        remaining -= len(chunk)
+        await send({"type": "http.response.body", "body": chunk, "more_body": bool(remaining)})
+
+
+class SiteApp:
+    """The ASGI application: the page and the model files (GET and HEAD only), and, when an
+    API application is attached (`candle-web serve --api`), everything under /v1 goes to it.
+    Every response, errors included, carries the isolation headers; a foreign Host gets 421."""
+
+    def __init__(self, site: SiteConfig, api=None):
+        self.site, self.api = site, api
+        self.headers = encode_headers({**ISOLATION_HEADERS, **site.extra_headers})
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":  # lifespan is off; websockets are not served
+            return
+        own_headers = self.headers
+
+        async def send_with_headers(message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=list(message.get("headers", [])) + own_headers)
+            await send(message)
+
+        method = scope["method"]
+        send_body = method != "HEAD"
+        bound = (scope.get("server") or (DEFAULT_HOST, 0))[0]
+        if not host_allowed(request_headers(scope).get("host"), bound):
+            await refuse(send_with_headers, HTTPStatus.MISDIRECTED_REQUEST, send_body,
+                         headers=[("Connection", "close")])
+            return
+        url_path = (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1")
+        if self.api is not None and (url_path == API_PREFIX or url_path.startswith(API_PREFIX + "/")):
+            await self.api(scope, receive, send_with_headers)
+            return
+        if method not in ("GET", "HEAD"):
+            await respond(send_with_headers, HTTPStatus.METHOD_NOT_ALLOWED,
+                          {"Allow": "GET, HEAD", "Content-Length": "0"})
+            return
         if self.site.verbose:
-            super().log_message(format, *args)
+            print(f"{method} {url_path}", file=sys.stderr, flush=True)
+        await serve_file(self.site, scope, send_with_headers, url_path, send_body)
 
-    def _send_empty(self, status: HTTPStatus, headers: dict) -> None:
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
 
-    def _refuse(self, status: HTTPStatus) -> None:
-        body = f"{status.value} {status.phrase}\n".encode("ascii")
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+# --- the connection layer (uvicorn's httptools protocol, bounded) ----------------------------
 
-    def _method_not_allowed(self) -> None:
-        self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
-        self.send_header("Allow", "GET, HEAD")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+def raw_reply(status: HTTPStatus, extra_headers: dict = None, body: bytes = b"",
+              content_type: str = None) -> bytes:
+    """A whole HTTP/1.1 reply written straight to a socket (no ASGI cycle exists yet), with
+    the security headers, closing the connection."""
+    lines = [f"HTTP/1.1 {status.value} {status.phrase}", f"Content-Length: {len(body)}",
+             "Connection: close"]
+    if content_type:
+        lines.append(f"Content-Type: {content_type}")
+    for name, value in {**ISOLATION_HEADERS, **(extra_headers or {})}.items():
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _method_not_allowed
 
-    def do_HEAD(self) -> None:
-        self._serve(send_body=False)
+SERVE_EXTRA_HINT = "pip install 'candle-web[serve]'"
 
-    def do_GET(self) -> None:
-        self._serve(send_body=True)
 
-    # -- the one code path for GET and HEAD ------------------------------------------------
+def import_server_stack():
+    """uvicorn (and, through it, httptools), or an ImportError saying what to install."""
+    try:
+        import httptools  # noqa: F401, PLC0415
+        import uvicorn  # noqa: PLC0415
+    except ImportError as error:
+        raise ImportError(f"candle-web serve needs uvicorn and httptools ({SERVE_EXTRA_HINT}): "
+                          f"{error}") from None
+    return uvicorn
 
-    def _serve(self, send_body: bool) -> None:
-        url_path = urllib.parse.urlsplit(self.path).path
-        try:
-            file_path = resolve_request_path(self.site, url_path)
-        except RefusedPath as refusal:
-            self._refuse(refusal.status)
-            return
-        try:
-            handle = file_path.open("rb")
-        except OSError:
-            self._refuse(HTTPStatus.NOT_FOUND)
-            return
-        with handle:
-            stat = os.fstat(handle.fileno())
-            self._serve_open_file(handle, file_path, stat, url_path, send_body)
 
-    def _validators(self, stat: os.stat_result, url_path: str) -> dict:
-        etag = f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"'
-        return {
-            "ETag": etag,
-            "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
-            "Cache-Control": (PINNED_CACHE_CONTROL
-                              if url_path.startswith(VENDOR_PYODIDE_URL_PREFIX)
-                              else REVALIDATE_CACHE_CONTROL),
-            "Accept-Ranges": "bytes",
-        }
+@functools.lru_cache(maxsize=None)
+def _protocol_base():
+    """uvicorn's httptools protocol with this server's bounds (built on first use: uvicorn is
+    a native-only dependency, never imported by the page)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
 
-    def _not_modified(self, stat: os.stat_result, etag: str) -> bool:
-        if_none_match = self.headers.get("If-None-Match")
-        if if_none_match is not None:
-            # Weak comparison (RFC 9110 13.1.2): W/ prefixes do not matter here.
-            tags = [tag.strip().removeprefix("W/") for tag in if_none_match.split(",")]
-            return "*" in tags or etag in tags
-        if_modified_since = self.headers.get("If-Modified-Since")
-        if if_modified_since:
-            try:
-                since = email.utils.parsedate_to_datetime(if_modified_since).timestamp()
-            except (TypeError, ValueError):
-                return False
-            return int(stat.st_mtime) <= since
-        return False
+    class BoundedProtocol(HttpToolsProtocol):
+        """Refuses connections beyond `max_connections` with 503, closes a connection that
+        sends nothing for `idle_timeout_s` (a half-sent request, an idle keep-alive, a body that
+        stalls: 408), and answers unparseable requests 400 with the security headers."""
 
-    def _range_applies(self, validators: dict) -> bool:
-        """If-Range: honour Range only when the client's copy is the current one."""
-        if_range = self.headers.get("If-Range")
-        if if_range is None:
-            return True
-        if_range = if_range.strip()
-        if if_range.startswith('"') or if_range.startswith("W/"):
-            return if_range == validators["ETag"]
-        return if_range == validators["Last-Modified"]
+        max_connections = MAX_CONNECTIONS
+        idle_timeout_s = IDLE_TIMEOUT_S
+        extra_headers: dict = {}
+        _refused = False
+        _idle_timer = None
+        _stalled_buffer = None
 
-    def _serve_open_file(self, handle, file_path: Path, stat: os.stat_result, url_path: str,
-                         send_body: bool) -> None:
-        size = stat.st_size
-        validators = self._validators(stat, url_path)
-        if self._not_modified(stat, validators["ETag"]):
-            self._send_empty(HTTPStatus.NOT_MODIFIED, validators)
-            return
-
-        status, first, last = HTTPStatus.OK, 0, size - 1
-        range_header = self.headers.get("Range")
-        if range_header and self._range_applies(validators):
-            try:
-                byte_range = _parse_single_range(range_header, size)
-            except ValueError:
-                unsatisfiable = dict(validators, **{"Content-Range": f"bytes */{size}"})
-                self._refuse_range(unsatisfiable)
+        def connection_made(self, transport) -> None:
+            if len(self.connections) >= self.max_connections:
+                self._refused = True
+                transport.write(raw_reply(HTTPStatus.SERVICE_UNAVAILABLE,
+                                          {"Retry-After": "1", **self.extra_headers}))
+                transport.close()
                 return
-            if byte_range is not None:
-                status, (first, last) = HTTPStatus.PARTIAL_CONTENT, byte_range
+            super().connection_made(transport)
+            self._arm_idle_timer()
 
-        length = max(0, last - first + 1)
-        self.send_response(status)
-        self.send_header("Content-Type", mime_type_for(file_path))
-        self.send_header("Content-Length", str(length))
-        if status == HTTPStatus.PARTIAL_CONTENT:
-            self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
-        for name, value in validators.items():
-            self.send_header(name, value)
-        self.end_headers()
-        if send_body and length:
-            self._copy_body(handle, first, length)
+        def connection_lost(self, exc) -> None:
+            if self._refused:
+                return
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            super().connection_lost(exc)
 
-    def _refuse_range(self, headers: dict) -> None:
-        self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            self._arm_idle_timer()
+            super().data_received(data)
 
-    def _copy_body(self, handle, first: int, length: int) -> None:
-        handle.seek(first)
-        remaining = length
+        def send_400_response(self, msg: str) -> None:
+            body = b"400 Bad Request\n"
+            self.transport.write(raw_reply(HTTPStatus.BAD_REQUEST, self.extra_headers, body,
+                                           "text/plain; charset=utf-8"))
+            self.transport.close()
+
+        def _arm_idle_timer(self) -> None:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+            self._idle_timer = self.loop.call_later(self.idle_timeout_s, self._on_idle)
+
+        def _on_idle(self) -> None:
+            self._idle_timer = None
+            if self.transport is None or self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete and not cycle.more_body:
+                # The request is in: the application is working or streaming. Only a client
+                # that stopped reading (the write buffer full and not draining) is dropped.
+                if self.flow.write_paused:
+                    size = self.transport.get_write_buffer_size()
+                    if size == self._stalled_buffer:
+                        self.transport.close()
+                        return
+                    self._stalled_buffer = size
+                else:
+                    self._stalled_buffer = None
+                self._arm_idle_timer()
+                return
+            if cycle is not None and cycle.more_body and not cycle.response_started:
+                # Headers came, the body stopped: say so before closing (the app sees a
+                # disconnect and drops the request).
+                body = (b'{"error": {"message": "the request body stopped arriving (idle for '
+                        + f"{self.idle_timeout_s:g}".encode() + b' s)", "type": '
+                        b'"invalid_request_error", "param": null, "code": "request_timeout"}}')
+                self.transport.write(raw_reply(HTTPStatus.REQUEST_TIMEOUT, self.extra_headers,
+                                               body, "application/json"))
+            self.transport.close()
+
+    return BoundedProtocol
+
+
+class Server:
+    """A bound server: uvicorn on its own asyncio loop, serving the site (and the API).
+    `serve_forever()` runs it in the calling thread (Ctrl-C in the main thread stops it
+    gracefully); `shutdown()` asks it to stop from another thread and waits; `server_close()`
+    releases the socket. `server_address` is (host, port) as bound."""
+
+    def __init__(self, sock: socket.socket, app, site: SiteConfig):
+        uvicorn = import_server_stack()
+
+        self.socket, self.app, self.site = sock, app, site
+        self.server_address = sock.getsockname()[:2]
+        protocol = type("SiteProtocol", (_protocol_base(),), {
+            "max_connections": site.max_connections, "idle_timeout_s": site.idle_timeout_s,
+            "extra_headers": dict(site.extra_headers)})
+        config = uvicorn.Config(
+            app, http=protocol, lifespan="off", log_config=None, access_log=False,
+            log_level="warning" if site.verbose else "error",
+            timeout_keep_alive=max(1, int(math.ceil(site.idle_timeout_s))),
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, proxy_headers=False,
+            server_header=False, ws="none")
+        self._uvicorn = uvicorn.Server(config)
+        self._stopped = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def serve_forever(self) -> None:
         try:
-            while remaining:
-                chunk = handle.read(min(COPY_CHUNK_BYTES, remaining))
-                if not chunk:  # file shrank under us: stop rather than spin
-                    break
-                self.wfile.write(chunk)
-                remaining -= len(chunk)
-        except (BrokenPipeError, ConnectionResetError):
-            # The browser cancelled (tab closed, download aborted); nothing to report.
-            self.close_connection = True
+            asyncio.run(self._uvicorn.serve(sockets=[self.socket]))
+        finally:
+            self._stopped.set()
+
+    def start_thread(self) -> None:
+        self._thread = threading.Thread(target=self.serve_forever, name="candle-web-serve",
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + STARTUP_WAIT_S
+        while not self._uvicorn.started and not self._stopped.is_set():
+            if time.monotonic() > deadline:
+                raise RuntimeError("candle-web serve: the server did not start")
+            time.sleep(0.005)
+
+    def shutdown(self) -> None:
+        self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(GRACEFUL_SHUTDOWN_S + 5)
+
+    def server_close(self) -> None:
+        self.socket.close()
 
 
 # --- building and running a server ----------------------------------------------------------
@@ -522,59 +715,25 @@ def make_site_config(web_root: Optional[Path] = None, serve_models: bool = True,
                       local_models=local_model_map(local_models), demo_root=demo_root)
 
 
-class QuietThreadingHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, at most `max_connections` at once (more are answered 503 and
-    closed); a page that closes a keep-alive connection mid-response is normal, not an error."""
-
-    max_connections = MAX_CONNECTIONS
-
-    def server_activate(self) -> None:
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        super().server_activate()
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            headers = "".join(f"{name}: {value}\r\n" for name, value in ISOLATION_HEADERS.items())
-            try:
-                request.sendall((f"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                                 f"Connection: close\r\nRetry-After: 1\r\n{headers}\r\n")
-                                .encode("ascii"))
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request, client_address):
-        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
-            return
-        super().handle_error(request, client_address)
-
-
 def make_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                site: Optional[SiteConfig] = None) -> ThreadingHTTPServer:
-    """A bound, not yet running server; port 0 picks a free port (see server_address)."""
+                site: Optional[SiteConfig] = None, api=None) -> Server:
+    """A bound, not yet running server; port 0 picks a free port (see server_address).
+    `api`: an ASGI application for /v1 (candle_web.api.build_app), or None for the page only."""
     if site is None:
         site = make_site_config()
-    # `timeout` is the socket timeout StreamRequestHandler sets on each connection.
-    handler = type("BoundCandleWebRequestHandler", (CandleWebRequestHandler,),
-                   {"site": site, "timeout": site.idle_timeout_s})
-    attributes = {"max_connections": site.max_connections}
-    if ":" in host:  # an IPv6 literal such as ::1
-        attributes["address_family"] = socket.AF_INET6
-    server_class = type("BoundThreadingHTTPServer", (QuietThreadingHTTPServer,), attributes)
-    server = server_class((host, port), handler)
-    server.daemon_threads = True  # a stuck keep-alive connection must not block exit
-    return server
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # an IPv6 literal such as ::1
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return Server(sock, SiteApp(site, api), site)
 
 
-def server_url(server: ThreadingHTTPServer) -> str:
+def server_url(server: Server) -> str:
     host, port = server.server_address[:2]
     if ":" in host:
         host = f"[{host}]"
@@ -582,11 +741,11 @@ def server_url(server: ThreadingHTTPServer) -> str:
 
 
 def start_in_thread(host: str = DEFAULT_HOST, port: int = 0,
-                    site: Optional[SiteConfig] = None) -> tuple[ThreadingHTTPServer, str]:
-    """Start a server in a daemon thread (tests, notebooks); stop with server.shutdown()."""
-    server = make_server(host, port, site)
-    thread = threading.Thread(target=server.serve_forever, name="candle-web-serve", daemon=True)
-    thread.start()
+                    site: Optional[SiteConfig] = None, api=None) -> tuple[Server, str]:
+    """Start a server in a daemon thread (tests, notebooks); stop with server.shutdown() and
+    server.server_close()."""
+    server = make_server(host, port, site, api)
+    server.start_thread()
     return server, server_url(server)
 
 
@@ -610,26 +769,86 @@ def announce(site: SiteConfig, url: str, host: str = DEFAULT_HOST) -> None:
         print(f"warning: listening on {host}, reachable from other machines", file=sys.stderr)
 
 
+def build_api(models=(), parallel: Optional[int] = None, queue_size: Optional[int] = None,
+              api_key: Optional[str] = None):
+    """(ASGI app for /v1, model pool): the OpenAI-compatible API (candle_web.api) with the
+    `models` (registry names or local paths) loaded now; the other registry models load on
+    their first request."""
+    from . import api  # noqa: PLC0415  (Starlette and the models: only with --api)
+
+    pool = api.ModelPool(parallel=parallel or api.DEFAULT_PARALLEL,
+                         queue_size=api.DEFAULT_QUEUE if queue_size is None else queue_size)
+    for name in models:
+        started = time.perf_counter()
+        served = pool.add(str(name))
+        print(f"candle-web: loaded {served.name} ({served.kind}) in "
+              f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return api.build_app(pool, api_key=api_key), pool
+
+
 def serve(port: int = DEFAULT_PORT, open_browser: bool = False, host: str = DEFAULT_HOST,
           web_root: Optional[Path] = None, verbose: bool = True, local_models=(),
-          demo_root: Optional[Path] = None) -> None:
+          demo_root: Optional[Path] = None, api=None) -> None:
     """Serve until interrupted (Ctrl-C), printing the URL. Model files come from the hub's
     cache ($CANDLE_WEB_CACHE, default ~/.cache/candle-web), the local model folders and the
-    model folders in demo_root."""
+    model folders in demo_root; `api` (build_api's app) adds /v1."""
     site = make_site_config(web_root, verbose=verbose, local_models=local_models,
                             demo_root=demo_root)
-    server = make_server(host, port, site)
+    server = make_server(host, port, site, api)
     url = server_url(server)
     announce(site, url, host)
+    if api is not None:
+        print(f"candle-web: OpenAI-compatible API at {url}v1 (GET {url}v1/models)", flush=True)
     if open_browser:
         import webbrowser  # noqa: PLC0415  (only when asked)
         webbrowser.open(url)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
-        print("candle-web: stopped", flush=True)
+        pass
     finally:
         server.server_close()
+        print("candle-web: stopped", flush=True)
+
+
+API_KEY_ENV_VAR = "CANDLE_WEB_API_KEY"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_api_arguments(parser) -> None:
+    """The API's flags, shared by `candle-web serve` and `python -m candle_web.serve`."""
+    parser.add_argument("--api", action="store_true",
+                        help="also serve the OpenAI-compatible API under /v1 (the registry's "
+                             "whisper, llama and bert models, loaded on first use)")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME_OR_PATH",
+                        help="with --api (implied): load this model at start, a registry name "
+                             "or a local .gguf / model folder (served under its file or folder "
+                             "name); repeatable")
+    parser.add_argument("--parallel", type=_positive_int, default=None, metavar="N",
+                        help="slots per text model: requests decoded together (default 4)")
+    parser.add_argument("--queue", type=_count, default=None, metavar="N",
+                        help="requests waiting beyond the slots before 429 (default 16)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on /v1 (default: "
+                             f"${API_KEY_ENV_VAR} when set; prefer it, argv is visible to "
+                             "other local users)")
+
+
+def api_key_from(args) -> Optional[str]:
+    return args.api_key or os.environ.get(API_KEY_ENV_VAR) or None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -650,6 +869,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "(e.g. a T5 for the Text-to-text view); repeatable")
     parser.add_argument("--open", action="store_true", help="open the page in a browser")
     parser.add_argument("--quiet", action="store_true", help="do not log requests")
+    add_api_arguments(parser)
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
@@ -660,13 +880,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         local_model_map(args.local_model)
     except ValueError as error:
         parser.error(str(error))
+    api = None
+    if args.api or args.model:
+        from .core.errors import CandleError  # noqa: PLC0415
+
+        try:
+            api, _ = build_api(args.model, args.parallel, args.queue, api_key_from(args))
+        except (CandleError, OSError, ImportError) as error:
+            print(f"candle-web serve: {error}", file=sys.stderr)
+            return 2
     try:
         serve(args.port, open_browser=args.open, host=args.host, web_root=args.web_root,
               verbose=not args.quiet, local_models=args.local_model,
-              demo_root=demo_models_root())
+              demo_root=demo_models_root(), api=api)
     except OSError as error:
         print(f"candle-web serve: cannot listen on {args.host}:{args.port}: {error}",
               file=sys.stderr)
+        return 1
+    except ImportError as error:
+        print(f"candle-web serve: {error}", file=sys.stderr)
         return 1
     return 0
 

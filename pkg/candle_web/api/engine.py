@@ -1,0 +1,407 @@
+"""The models behind the API: loaded once by registry name (or a local path given at start),
+and the work queues in front of them.
+
+Text models (the LLaMA family) run in a `TextScheduler`: `parallel` slots, each a sequence with
+its own KV cache, and a bounded queue of waiting requests beyond them (full: 429 with
+Retry-After). One scheduler thread advances every active sequence by one token per round
+(llama-server's slots: a request that arrives joins at the next round, one that ends or whose
+client went away frees its slot at once). Each sequence runs exactly the code path it would
+alone -- the prompt through `CausalLM.start`, then `sample_steps` with the model's fused decode
+step on that sequence's cache -- so its greedy ids are those of `candle-web generate`, whatever
+runs beside it. Not yet one batched matmul per round: the decode step (`Llama.forward` and the
+`llama.decoder_step` part) takes one position for all rows, so sequences at different positions
+take turns; a step over rows at different positions is a model change left for later.
+
+Whisper and BERT run one request at a time per model (a single worker thread each, with a
+bounded number waiting). All model computation in the process takes one fair lock
+(`FairLock`): the numba kernels and the BLAS thread settings are process-wide, so two models
+never compute at once; a transcription gives its turn back after each window and segment, so
+chats keep streaming while audio is transcribed.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.errors import CandleError, ModelNotFound
+from ..generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, CausalLM,
+                          StopStringMatcher, TokenOutputStream, sample_steps)
+from .errors import NOT_FOUND, RATE_LIMIT, ApiError
+
+# Kinds of registry model the API serves, and the endpoints each answers.
+TEXT_KIND, WHISPER_KIND, BERT_KIND = "llama", "whisper", "bert"
+SERVED_KINDS = (TEXT_KIND, WHISPER_KIND, BERT_KIND)
+DEFAULT_PARALLEL = 4
+DEFAULT_QUEUE = 16
+# Seconds a client that got 429 is told to wait before trying again.
+RETRY_AFTER_S = 1
+
+
+class FairLock:
+    """A mutex handed over in arrival order (threading.Lock is not fair: a thread that
+    releases and re-acquires in a loop could starve the others). `yield_turn()` lets every
+    thread already waiting go first."""
+
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def acquire(self) -> None:
+        with self._condition:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while ticket != self._serving:
+                self._condition.wait()
+
+    def release(self) -> None:
+        with self._condition:
+            self._serving += 1
+            self._condition.notify_all()
+
+    def yield_turn(self) -> None:
+        self.release()
+        self.acquire()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def rate_limited(what: str) -> ApiError:
+    return ApiError(429, f"{what}: every slot is busy and the queue is full; retry in "
+                         f"{RETRY_AFTER_S} s", type=RATE_LIMIT, code="rate_limit_exceeded",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+# -- text generation ------------------------------------------------------------------------
+
+@dataclass
+class TextRequest:
+    """One generation: prompt ids, options, and `emit(kind, payload)` called from the
+    scheduler thread with ("token", {"id", "text"}), ("done", {...}) or ("error", exception).
+    Setting `cancelled` (the client went away) frees its slot at the next round."""
+
+    prompt_ids: list
+    options: object  # generation.GenerationOptions
+    emit: object
+    cancelled: bool = False
+    # scheduler state
+    budget: int = 0
+    reason: str = None
+    generated: list = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+    _steps: object = None
+    _stream: object = None
+    _stops: object = None
+    _eos: frozenset = frozenset()
+
+
+class TextScheduler:
+    def __init__(self, name: str, loaded, compute: FairLock, parallel: int = DEFAULT_PARALLEL,
+                 queue_size: int = DEFAULT_QUEUE):
+        from ..backend import parts  # noqa: PLC0415
+
+        self.name, self.model, self.tokenizer = name, loaded.model, loaded.tokenizer
+        self.compute, self.parallel, self.queue_size = compute, parallel, queue_size
+        self.context_length = self.model.config.max_position_embeddings
+        # One step function (the fused part or the model's forward) shared by every slot; a
+        # slot swaps its own caches into the model before each call.
+        with compute:
+            self.steps = parts.start_causal_decoding(self.model)
+        self.waiting: collections.deque = collections.deque()
+        self.active: list = []
+        self._condition = threading.Condition()
+        self._stopped = False
+        self.rounds = 0  # scheduler rounds run (tests and the bench read it)
+        self.max_active_seen = 0
+        self._thread = threading.Thread(target=self._run, name=f"candle-web-slots-{name}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- the public side (event loop thread) --
+    def submit(self, request: TextRequest) -> None:
+        with self._condition:
+            if self._stopped:
+                raise ApiError(503, f"{self.name}: the server is stopping", type="server_error",
+                               code="unavailable")
+            busy = len(self.active) + len(self.waiting)
+            if busy >= self.parallel + self.queue_size:
+                raise rate_limited(self.name)
+            self.waiting.append(request)
+            self._condition.notify()
+
+    def load(self) -> dict:
+        with self._condition:
+            return {"active": len(self.active), "waiting": len(self.waiting),
+                    "parallel": self.parallel, "queue": self.queue_size}
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopped = True
+            self._condition.notify()
+
+    # -- the scheduler thread --
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._stopped and not self.active and not self.waiting:
+                    self._condition.wait()
+                if self._stopped:
+                    for request in list(self.active) + list(self.waiting):
+                        request.emit("error", ApiError(503, "the server is stopping",
+                                                       type="server_error", code="unavailable"))
+                    return
+                while self.waiting and len(self.active) < self.parallel:
+                    request = self.waiting.popleft()
+                    if not request.cancelled:
+                        self.active.append(request)
+                self.max_active_seen = max(self.max_active_seen, len(self.active))
+                round_members = list(self.active)
+            for request in round_members:
+                finished = True
+                try:
+                    if not request.cancelled:
+                        with self.compute:
+                            finished = self._advance(request)
+                except Exception as error:  # noqa: BLE001  (reported to that request only)
+                    request.emit("error", error)
+                if finished:
+                    with self._condition:
+                        self.active.remove(request)
+            self.rounds += 1
+
+    def _start(self, request: TextRequest) -> None:
+        options, prompt_ids = request.options, request.prompt_ids
+        lm = SlotLM(self.model, self.steps, len(prompt_ids) + request.budget)
+        request._eos = frozenset(options.eos_token_ids if options.eos_token_ids is not None
+                                 else lm.eos_token_ids)
+        request.reason = (STOP_MAX_TOKENS if request.budget == options.max_new_tokens
+                          else STOP_CONTEXT)
+        request._stream = TokenOutputStream(self.tokenizer)
+        request._stops = StopStringMatcher(options.stop_strings)
+        started = time.perf_counter()
+        logits = lm.start([prompt_ids]) if request.budget else None
+        request.emit("prompt", {"n_tokens": len(prompt_ids),
+                                "seconds": time.perf_counter() - started})
+        request._steps = sample_steps(lm, logits, options, request._eos, request.budget,
+                                      [lm.penalty_context(prompt_ids)])
+
+    def _advance(self, request: TextRequest) -> bool:
+        """One token for this request (its prompt first, on its first turn); True when it
+        is finished. The text handling is generate()'s (generation/decode_loop.py)."""
+        if request._steps is None:
+            self._start(request)
+        try:
+            next_ids, _ = next(request._steps)
+        except StopIteration:
+            return self._finish(request)
+        token = int(next_ids[0])
+        if token in request._eos:
+            request.reason = STOP_EOS
+            return self._finish(request)
+        request.generated.append(token)
+        text = request._stops.feed(request._stream.next_token(token))
+        request.emit("token", {"id": token, "text": text})
+        if request._stops.stopped:
+            request.reason = STOP_STRING
+            return self._finish(request)
+        return False
+
+    def _finish(self, request: TextRequest) -> bool:
+        tail = request._stops.feed(request._stream.finish())
+        tail += request._stops.flush()
+        if tail:
+            request.emit("token", {"id": None, "text": tail})
+        if request._stops.stopped:
+            request.reason = STOP_STRING
+        request._steps = None  # drops the sequence's KV cache
+        request.emit("done", {"reason": request.reason, "token_ids": list(request.generated),
+                              "prompt_tokens": len(request.prompt_ids)})
+        return True
+
+
+class SlotLM(CausalLM):
+    """generation.CausalLM over one slot's own KV cache: the model's caches are swapped in
+    before each call (only the scheduler thread, holding the compute lock, calls it)."""
+
+    def __init__(self, model, steps, capacity: int):  # noqa: super().__init__ would build steps
+        self.model = model
+        self.eos_token_ids = tuple(model.config.eos_token_ids)
+        self.context_length = model.config.max_position_embeddings
+        self.position = 0
+        self.steps = steps
+        model.clear_kv_cache(capacity)
+        self.caches = model.caches
+
+    def start(self, prompts):
+        self.model.caches = self.caches
+        return super().start(prompts)
+
+    def step(self, ids):
+        self.model.caches = self.caches
+        return super().step(ids)
+
+
+# -- one-at-a-time workers (Whisper, BERT) --------------------------------------------------
+
+class SerialWorker:
+    """One thread running this model's requests in order, with at most `queue_size` waiting."""
+
+    def __init__(self, name: str, queue_size: int = DEFAULT_QUEUE):
+        self.name, self.queue_size = name, queue_size
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"candle-web-{name}")
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    async def run(self, function, *args):
+        import asyncio  # noqa: PLC0415
+
+        with self._lock:
+            if self._pending >= self.queue_size + 1:
+                raise rate_limited(self.name)
+            self._pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, function,
+                                                                    *args)
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+# -- the pool of served models --------------------------------------------------------------
+
+@dataclass
+class ServedModel:
+    name: str
+    kind: str
+    source: str  # registry name or local path
+    loaded: object = None
+    scheduler: TextScheduler = None
+    worker: SerialWorker = None
+    chat_template: object = None
+    embedder: object = None
+
+
+def kind_of_path(path: Path) -> str:
+    """The kind of a local model (`--model PATH`): a .gguf is a LLaMA-family model; a folder
+    says it in config.json (model_type) or by its files (model.bin: a CTranslate2 Whisper)."""
+    import json  # noqa: PLC0415
+
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return TEXT_KIND
+    if path.is_dir():
+        config_path = path / "config.json"
+        model_type = ""
+        if config_path.is_file():
+            try:
+                model_type = str(json.loads(config_path.read_text(encoding="utf-8"))
+                                 .get("model_type", ""))
+            except (OSError, ValueError, AttributeError):
+                model_type = ""
+        if model_type == "whisper" or (path / "model.bin").is_file():
+            return WHISPER_KIND
+        if model_type in ("bert", "roberta", "xlm-roberta"):
+            return BERT_KIND
+        if model_type:
+            return TEXT_KIND
+    raise ModelNotFound(f"--model {path}: not a .gguf file or a model folder with config.json")
+
+
+class ModelPool:
+    """The models the API may serve: every registry model of a served kind (loaded on first
+    use) and the local paths given at start (`--model`, loaded at start like registry names
+    given there)."""
+
+    def __init__(self, parallel: int = DEFAULT_PARALLEL, queue_size: int = DEFAULT_QUEUE,
+                 registry=None):
+        from .. import hub  # noqa: PLC0415
+
+        self.parallel, self.queue_size = parallel, queue_size
+        self.compute = FairLock()
+        self._load_lock = threading.Lock()
+        self.models: dict = {}
+        registry = registry if registry is not None else hub.default_registry()
+        for entry in hub.list_models(registry):
+            if entry.kind in SERVED_KINDS:
+                self.models[entry.name] = ServedModel(entry.name, entry.kind, entry.name)
+
+    def add(self, name_or_path: str) -> ServedModel:
+        """A --model argument: a registry name, or a local .gguf / folder (served under its
+        file or folder name). Loads it now."""
+        if name_or_path in self.models:
+            served = self.models[name_or_path]
+        else:
+            path = Path(name_or_path).expanduser()
+            if not path.exists():
+                raise ModelNotFound(f"--model {name_or_path}: not a registry model of a served "
+                                    f"kind ({', '.join(sorted(self.models))}) nor an existing path")
+            name = path.name
+            if name in self.models and self.models[name].source != str(path.resolve()):
+                raise ModelNotFound(f"--model {name_or_path}: the name {name!r} is taken")
+            served = self.models[name] = ServedModel(name, kind_of_path(path),
+                                                     str(path.resolve()))
+        self.load(served.name)
+        return served
+
+    def lookup(self, name, kinds, param: str = "model") -> ServedModel:
+        served = self.models.get(name) if isinstance(name, str) else None
+        if served is None:
+            raise ApiError(404, f"{param}: the model {str(name)[:80]!r} does not exist here "
+                                f"(GET /v1/models lists them)", param=param,
+                           code="model_not_found", type=NOT_FOUND)
+        if served.kind not in kinds:
+            raise ApiError(400, f"{param}: {name!r} is a {served.kind} model; this endpoint "
+                                f"needs a {' or '.join(kinds)} model", param=param,
+                           code="model_not_supported")
+        return served
+
+    def load(self, name: str) -> ServedModel:
+        """Load a model once (blocking: call it in a thread from the event loop)."""
+        from .. import pipelines  # noqa: PLC0415
+
+        served = self.models[name]
+        with self._load_lock:
+            if served.loaded is not None:
+                return served
+            with self.compute:
+                if served.kind == TEXT_KIND:
+                    from ..generation.chat_templates import chat_template_for  # noqa: PLC0415
+
+                    loaded = pipelines.load_llama(served.source)
+                    try:
+                        served.chat_template = chat_template_for(loaded.model, loaded.tokenizer)
+                    except CandleError as error:
+                        served.chat_template = error  # chat refused, completions still served
+                elif served.kind == WHISPER_KIND:
+                    loaded = pipelines.load_whisper(served.source)
+                    served.worker = SerialWorker(name, self.queue_size)
+                else:
+                    from ..pipelines.embed import SentenceEmbedder  # noqa: PLC0415
+
+                    loaded = pipelines.load_bert(served.source)
+                    served.embedder = SentenceEmbedder(loaded.model, loaded.tokenizer)
+                    served.worker = SerialWorker(name, self.queue_size)
+            if served.kind == TEXT_KIND:
+                served.scheduler = TextScheduler(name, loaded, self.compute, self.parallel,
+                                                 self.queue_size)
+            served.loaded = loaded
+        return served
+
+    def close(self) -> None:
+        for served in self.models.values():
+            if served.scheduler is not None:
+                served.scheduler.stop()
+            if served.worker is not None:
+                served.worker.stop()

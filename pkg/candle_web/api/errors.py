@@ -1,0 +1,39 @@
+"""The OpenAI error shape: every refusal of the API is JSON
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
+               "code": "integer_above_max_value"}}
+
+with a 4xx status (5xx only for the server's own faults), and a message naming the field."""
+
+from __future__ import annotations
+
+import json
+
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+NOT_FOUND = "not_found_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER_ERROR = "server_error"
+
+
+class ApiError(Exception):
+    """A request the API refuses: HTTP status, OpenAI error type, the field (param) and a
+    short machine-readable code; `headers` go on the reply (Retry-After, WWW-Authenticate)."""
+
+    def __init__(self, status: int, message: str, *, param: str = None, code: str = None,
+                 type: str = INVALID_REQUEST, headers: dict = None):  # noqa: A002 (OpenAI's name)
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (
+            int(status), message, param, code, type)
+        self.headers = dict(headers or {})
+
+    def payload(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def body(self) -> bytes:
+        return json.dumps(self.payload(), ensure_ascii=False).encode("utf-8")
+
+
+def bad_request(message: str, param: str = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)

@@ -1,0 +1,580 @@
+"""The OpenAI REST routes under /v1, as a Starlette application (see candle_web.api)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.errors import CandleError, FormatError, InvalidOption, ModelNotFound, UnsupportedError
+from . import validation as check
+from .engine import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool, TextRequest
+from .errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, bad_request
+
+API_KEY_ENV_VAR = "CANDLE_WEB_API_KEY"
+# The CLI's `generate --max-tokens` default, used when a request names no limit.
+DEFAULT_MAX_TOKENS = 256
+# How often a request waiting for its answer checks that its client is still there.
+DISCONNECT_POLL_S = 0.5
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+TEXT_MEDIA = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class ApiLimits:
+    max_body_bytes: int = 4 << 20  # a JSON request
+    max_upload_bytes: int = 25 << 20  # an audio upload (OpenAI's limit)
+    max_embedding_inputs: int = 256
+    max_input_chars: int = 1 << 20  # one prompt, message content or embedding input
+
+
+# -- plumbing -------------------------------------------------------------------------------
+
+def _json_response(payload, status: int = 200, headers: dict = None):
+    from starlette.responses import Response  # noqa: PLC0415
+
+    return Response(json.dumps(payload, ensure_ascii=False), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def error_response(error: ApiError):
+    headers = dict(error.headers)
+    if error.status == 413 or error.code == "request_timeout":
+        headers["Connection"] = "close"  # the rest of the body is not read
+    return _json_response(error.payload(), error.status, headers)
+
+
+def candle_error(error: Exception, param: str = None) -> ApiError:
+    """A model-side refusal (bad option value, bad audio...) as a 400 naming the field."""
+    message = str(error) or type(error).__name__
+    return bad_request(f"{param}: {message}" if param and not message.startswith(param)
+                       else message, param, "invalid_value")
+
+
+async def _read_limited(request, limit: int, what: str) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise bad_request("Content-Length: not a number", None, "invalid_header")
+        if int(declared) > limit:
+            raise ApiError(413, f"{what}: {int(declared)} bytes is above the limit of {limit}",
+                           code="request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"{what}: more than {limit} bytes", code="request_too_large")
+    return bytes(body)
+
+
+def _limited_receive(receive, limit: int, what: str):
+    seen = 0
+
+    async def limited():
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise ApiError(413, f"{what}: more than {limit} bytes", code="request_too_large")
+        return message
+
+    return limited
+
+
+async def read_json(request, limits: ApiLimits) -> dict:
+    body = await _read_limited(request, limits.max_body_bytes, "the request body")
+    try:
+        return check.require_object(json.loads(body.decode("utf-8")))
+    except UnicodeDecodeError:
+        raise bad_request("the request body is not UTF-8", None, "invalid_json") from None
+    except (ValueError, RecursionError) as error:
+        raise bad_request(f"the request body is not valid JSON: {str(error)[:120]}", None,
+                          "invalid_json") from None
+
+
+def _created() -> int:
+    return int(time.time())
+
+
+def _event_bridge(loop):
+    """A queue the scheduler thread fills through loop.call_soon_threadsafe."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def emit(kind, payload) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
+        except RuntimeError:  # the loop is closed: the server stopped
+            pass
+
+    return queue, emit
+
+
+async def _next_event(queue, request):
+    """The next scheduler event; None when the client disconnected while waiting."""
+    while True:
+        try:
+            return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                return None
+
+
+FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length",
+                  "context_length": "length"}
+
+
+# -- the application ------------------------------------------------------------------------
+
+class OpenAiApi:
+    def __init__(self, pool: ModelPool, api_key: str = None, limits: ApiLimits = ApiLimits()):
+        self.pool, self.limits = pool, limits
+        self._key = api_key.encode("utf-8") if api_key else None
+
+    # -- every route passes here --
+    def authorise(self, request) -> None:
+        if self._key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        # compare_digest: the time taken does not depend on how much of the key matched.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8"),
+                                                                 self._key):
+            raise ApiError(401, "Authorization: a valid 'Bearer <API key>' header is required",
+                           type=AUTHENTICATION, code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    def route(self, handler):
+        async def endpoint(request):
+            try:
+                self.authorise(request)
+                return await handler(request)
+            except ApiError as error:
+                return error_response(error)
+            except ModelNotFound as error:
+                return error_response(ApiError(404, str(error), param="model",
+                                               code="model_not_found", type=NOT_FOUND))
+            except (InvalidOption, FormatError, UnsupportedError) as error:
+                return error_response(candle_error(error))
+            except CandleError as error:
+                return error_response(candle_error(error))
+            except MemoryError:
+                return error_response(ApiError(507, "out of memory for this request",
+                                               type=SERVER_ERROR, code="out_of_memory"))
+            except Exception as error:  # noqa: BLE001  (the server keeps serving)
+                return error_response(ApiError(500, f"internal error: {type(error).__name__}: "
+                                                    f"{str(error)[:200]}", type=SERVER_ERROR,
+                                               code="internal_error"))
+        return endpoint
+
+    async def loaded(self, name, kinds, param: str = "model"):
+        served = self.pool.lookup(name, kinds, param)
+        if served.loaded is None:
+            loop = asyncio.get_running_loop()
+            served = await loop.run_in_executor(None, self.pool.load, served.name)
+        return served
+
+    # -- GET /v1/models --
+    async def list_models(self, request):
+        data = [self._model_card(served) for served in self.pool.models.values()]
+        return _json_response({"object": "list", "data": data})
+
+    async def get_model(self, request):
+        name = request.path_params["model"]
+        served = self.pool.models.get(name)
+        if served is None:
+            raise ApiError(404, f"model: {name[:80]!r} does not exist here", param="model",
+                           code="model_not_found", type=NOT_FOUND)
+        return _json_response(self._model_card(served))
+
+    @staticmethod
+    def _model_card(served) -> dict:
+        card = {"id": served.name, "object": "model", "created": 0, "owned_by": "candle-web",
+                "kind": served.kind, "loaded": served.loaded is not None}
+        if served.scheduler is not None:
+            card["slots"] = served.scheduler.load()
+            card["context_length"] = served.scheduler.context_length
+        return card
+
+    # -- text: shared by chat and completions --
+    def _generation(self, body: dict, scheduler, prompt_ids: list, chat: bool):
+        from ..generation import GenerationOptions  # noqa: PLC0415
+
+        context = scheduler.context_length
+        max_tokens = check.integer(body, "max_completion_tokens", minimum=0, maximum=context,
+                                   maximum_reason=f" (the model's context length)")
+        name = "max_completion_tokens"
+        if max_tokens is None:
+            name = "max_tokens"
+            max_tokens = check.integer(body, "max_tokens", minimum=0, maximum=context,
+                                       maximum_reason=" (the model's context length)")
+        if len(prompt_ids) >= context:
+            param = "messages" if chat else "prompt"
+            raise bad_request(f"{param}: the prompt has {len(prompt_ids)} tokens; the model's "
+                              f"context is {context}", param, "context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = DEFAULT_MAX_TOKENS
+        temperature = check.number(body, "temperature", default=1.0, minimum=0, maximum=2)
+        top_p = check.number(body, "top_p", minimum=0, maximum=1, open_minimum=True)
+        seed = check.integer(body, "seed", minimum=0, maximum=2**63 - 1)
+        for field in ("presence_penalty", "frequency_penalty"):
+            check.number(body, field, minimum=-2, maximum=2)
+            check.unsupported_unless(body, field, (0, 0.0))
+        check.unsupported_unless(body, "n", (1,))
+        check.unsupported_unless(body, "logprobs", (False,))
+        check.unsupported_unless(body, "best_of", (1,))
+        check.unsupported_unless(body, "echo", (False,))
+        check.unsupported_unless(body, "logit_bias", ({},))
+        stops = check.stop_strings(body)
+        kwargs = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+                  "stop_strings": stops, "add_special_tokens": not chat}
+        if seed is not None:
+            kwargs["seed"] = seed
+        options = GenerationOptions(**kwargs)
+        budget = min(max_tokens, context - len(prompt_ids))
+        del name
+        return options, budget
+
+    async def _run_text(self, request, body, served, prompt_ids, chat: bool):
+        options, budget = self._generation(body, served.scheduler, prompt_ids, chat)
+        stream = check.boolean(body, "stream")
+        stream_options = body.get("stream_options")
+        if stream_options is not None and not isinstance(stream_options, dict):
+            raise bad_request("stream_options: expected an object", "stream_options",
+                              "invalid_type")
+        include_usage = bool(stream and stream_options and check.boolean(
+            stream_options, "include_usage"))
+        loop = asyncio.get_running_loop()
+        queue, emit = _event_bridge(loop)
+        job = TextRequest(prompt_ids, options, emit, budget=budget)
+        served.scheduler.submit(job)  # 429 when full: before any byte is sent
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = _created()
+        if stream:
+            return self._stream_text(request, queue, job, served.name, ident, created, chat,
+                                     include_usage)
+        pieces = []
+        try:
+            while True:
+                event = await _next_event(queue, request)
+                if event is None:
+                    job.cancelled = True
+                    raise ApiError(499, "the client closed the request", code="client_closed")
+                kind, payload = event
+                if kind == "token":
+                    pieces.append(payload["text"])
+                elif kind == "error":
+                    raise payload
+                elif kind == "done":
+                    break
+        except asyncio.CancelledError:
+            job.cancelled = True
+            raise
+        text = "".join(pieces)
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(payload["token_ids"]),
+                 "total_tokens": len(prompt_ids) + len(payload["token_ids"])}
+        finish = FINISH_REASONS.get(payload["reason"], "stop")
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text,
+                                              "refusal": None},
+                      "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return _json_response({"id": ident, "object": obj, "created": created,
+                               "model": served.name, "system_fingerprint": None,
+                               "choices": [choice], "usage": usage,
+                               # candle-web's own: the generated ids (equal to the CLI's)
+                               "token_ids": payload["token_ids"]})
+
+    def _stream_text(self, request, queue, job, model, ident, created, chat, include_usage):
+        from starlette.responses import StreamingResponse  # noqa: PLC0415
+
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices, usage=None) -> bytes:
+            payload = {"id": ident, "object": obj, "created": created, "model": model,
+                       "system_fingerprint": None, "choices": choices}
+            if include_usage:
+                payload["usage"] = usage
+            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode("utf-8")
+
+        def piece(text: str = None, finish: str = None, role: bool = False) -> dict:
+            if chat:
+                delta = {}
+                if role:
+                    delta = {"role": "assistant", "content": ""}
+                elif text is not None:
+                    delta = {"content": text}
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+        async def events():
+            try:
+                if chat:
+                    yield chunk([piece(role=True)])
+                while True:
+                    event = await _next_event(queue, request)
+                    if event is None:
+                        job.cancelled = True
+                        return
+                    kind, payload = event
+                    if kind == "token" and payload["text"]:
+                        yield chunk([piece(payload["text"])])
+                    elif kind == "error":
+                        error = payload if isinstance(payload, ApiError) else ApiError(
+                            500, f"{type(payload).__name__}: {str(payload)[:200]}",
+                            type=SERVER_ERROR, code="internal_error")
+                        yield f"data: {error.body().decode('utf-8')}\n\n".encode("utf-8")
+                        break
+                    elif kind == "done":
+                        finish = FINISH_REASONS.get(payload["reason"], "stop")
+                        yield chunk([piece(finish=finish)])
+                        if include_usage:
+                            n = len(payload["token_ids"])
+                            yield chunk([], {"prompt_tokens": payload["prompt_tokens"],
+                                             "completion_tokens": n,
+                                             "total_tokens": payload["prompt_tokens"] + n})
+                        break
+                yield b"data: [DONE]\n\n"
+            finally:
+                # A client that went away (the response task is cancelled) frees its slot.
+                job.cancelled = True
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    # -- POST /v1/chat/completions --
+    async def chat_completions(self, request):
+        body = await read_json(request, self.limits)
+        served = await self.loaded(check.string(body, "model", required=True), (TEXT_KIND,))
+        messages = check.messages(body)
+        for index, message in enumerate(messages):
+            if len(message["content"]) > self.limits.max_input_chars:
+                raise bad_request(f"messages[{index}].content: longer than "
+                                  f"{self.limits.max_input_chars} characters",
+                                  f"messages[{index}].content", "string_above_max_length")
+        template = served.chat_template
+        if isinstance(template, Exception):
+            raise bad_request(f"model: {served.name} has no usable chat template ({template}); "
+                              "use /v1/completions", "model", "model_not_supported")
+        prompt = template.render(messages)
+        prompt_ids = served.loaded.tokenizer.encode(prompt, add_special_tokens=False).ids
+        return await self._run_text(request, body, served, list(prompt_ids), chat=True)
+
+    # -- POST /v1/completions --
+    async def completions(self, request):
+        body = await read_json(request, self.limits)
+        served = await self.loaded(check.string(body, "model", required=True), (TEXT_KIND,))
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        vocab = served.loaded.model.config.vocab_size
+        if isinstance(prompt, str):
+            if len(prompt) > self.limits.max_input_chars:
+                raise bad_request(f"prompt: longer than {self.limits.max_input_chars} characters",
+                                  "prompt", "string_above_max_length")
+            ids = list(served.loaded.tokenizer.encode(prompt, add_special_tokens=True).ids)
+        elif isinstance(prompt, list) and prompt and all(
+                isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+            if any(not 0 <= i < vocab for i in prompt):
+                raise bad_request(f"prompt: token ids must be in 0..{vocab - 1}", "prompt")
+            ids = list(prompt)
+        elif prompt is None:
+            raise bad_request("prompt: a required field is missing", "prompt", "missing_required")
+        else:
+            raise bad_request("prompt: expected a string, one string in an array, or an array "
+                              f"of token ids, got {check.json_type_name(prompt)}", "prompt",
+                              "invalid_type")
+        check.unsupported_unless(body, "suffix", ("",))
+        if not ids:
+            raise bad_request("prompt: it encodes to no tokens", "prompt")
+        return await self._run_text(request, body, served, ids, chat=False)
+
+    # -- POST /v1/embeddings --
+    async def embeddings(self, request):
+        body = await read_json(request, self.limits)
+        served = await self.loaded(check.string(body, "model", required=True), (BERT_KIND,))
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise bad_request("input: expected a string or a non-empty array of strings (token "
+                              "arrays are not supported)", "input", "invalid_type")
+        if len(texts) > self.limits.max_embedding_inputs:
+            raise bad_request(f"input: at most {self.limits.max_embedding_inputs} inputs, got "
+                              f"{len(texts)}", "input")
+        for index, text in enumerate(texts):
+            if not text:
+                raise bad_request(f"input[{index}]: an empty string", f"input[{index}]")
+            if len(text) > self.limits.max_input_chars:
+                raise bad_request(f"input[{index}]: longer than {self.limits.max_input_chars} "
+                                  "characters", f"input[{index}]", "string_above_max_length")
+        encoding = check.string(body, "encoding_format", default="float",
+                                choices=("float", "base64"))
+        check.unsupported_unless(body, "dimensions", ())
+
+        def run():
+            with self.pool.compute:
+                return served.embedder.embed(texts)
+
+        result = await served.worker.run(run)
+        data = []
+        for index, vector in enumerate(result.vectors):
+            vector = np.asarray(vector, dtype="<f4")
+            value = (base64.b64encode(vector.tobytes()).decode("ascii") if encoding == "base64"
+                     else [float(x) for x in vector])
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        tokens = int(sum(result.token_counts))
+        return _json_response({"object": "list", "data": data, "model": served.name,
+                               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    # -- POST /v1/audio/transcriptions and /v1/audio/translations --
+    async def transcriptions(self, request):
+        return await self._audio(request, "transcribe")
+
+    async def translations(self, request):
+        return await self._audio(request, "translate")
+
+    async def _audio(self, request, task: str):
+        from starlette.datastructures import UploadFile  # noqa: PLC0415
+        from starlette.exceptions import HTTPException  # noqa: PLC0415
+        from starlette.requests import Request  # noqa: PLC0415
+
+        limit = self.limits.max_upload_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"file: the upload ({int(declared)} bytes) is above the limit of "
+                                f"{limit}", param="file", code="request_too_large")
+        content_type = request.headers.get("content-type", "")
+        if not content_type.startswith("multipart/form-data"):
+            raise bad_request("the body must be multipart/form-data with a 'file' field", "file",
+                              "invalid_content_type")
+        limited = Request(request.scope, _limited_receive(request.receive, limit, "file"))
+        try:
+            form = await limited.form(max_files=1, max_fields=32, max_part_size=64 << 10)
+        except HTTPException as error:
+            raise bad_request(f"the multipart body does not parse: {error.detail}", "file",
+                              "invalid_multipart") from None
+        try:
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise bad_request("file: a required file field is missing", "file",
+                                  "missing_required")
+            fields = {}
+            for name in ("model", "language", "prompt", "temperature", "response_format"):
+                value = form.get(name)
+                if value is not None and not isinstance(value, str):
+                    raise bad_request(f"{name}: expected a text field, got a file", name,
+                                      "invalid_type")
+                fields[name] = value
+            data = await upload.read()
+        finally:
+            await form.close()
+        served = await self.loaded(check.string(fields, "model", required=True),
+                                   (WHISPER_KIND,))
+        response_format = check.string(fields, "response_format", default="json",
+                                       choices=RESPONSE_FORMATS)
+        temperature = None
+        if fields["temperature"] is not None:
+            try:
+                temperature = float(fields["temperature"])
+            except ValueError:
+                raise bad_request(f"temperature: not a number ({fields['temperature'][:40]!r})",
+                                  "temperature", "invalid_type") from None
+            temperature = check.number({"temperature": temperature}, "temperature", minimum=0,
+                                       maximum=1)
+        language = check.string(fields, "language", max_length=16)
+        prompt = check.string(fields, "prompt", max_length=self.limits.max_input_chars)
+        result = await served.worker.run(self._transcribe, served, data, task, language, prompt,
+                                         temperature)
+        return self._audio_response(result, response_format, task)
+
+    def _transcribe(self, served, data: bytes, task, language, prompt, temperature):
+        """In the model's worker thread: decode the upload, then transcribe with the CLI's
+        options (temperature fallback unless a temperature above 0 is given)."""
+        from ..io.audio import load_audio  # noqa: PLC0415
+        from ..models.whisper_decode import TranscribeOptions, transcribe  # noqa: PLC0415
+
+        try:
+            samples = load_audio(data)
+        except (CandleError, OSError, ValueError) as error:
+            raise bad_request(f"file: not audio this server can decode ({str(error)[:200]})",
+                              "file", "invalid_audio") from None
+        temperatures = TranscribeOptions().temperatures
+        if temperature:
+            temperatures = (temperature,)
+        try:
+            options = TranscribeOptions(language=language or None, task=task,
+                                        initial_prompt=prompt or None, temperatures=temperatures)
+        except CandleError as error:
+            raise candle_error(error) from None
+        compute = self.pool.compute
+
+        def on_event(kind, payload):
+            compute.yield_turn()  # text slots step between windows and segments
+
+        with compute:
+            try:
+                return transcribe(served.loaded.model, served.loaded.tokenizer, samples, options,
+                                  on_event=on_event)
+            except (InvalidOption, UnsupportedError) as error:
+                param = "language" if language and "language" in str(error).lower() else None
+                raise candle_error(error, param) from None
+
+    @staticmethod
+    def _audio_response(result, response_format: str, task: str):
+        from starlette.responses import Response  # noqa: PLC0415
+
+        from ..pipelines import subtitles  # noqa: PLC0415
+
+        if response_format == "json":
+            return _json_response({"text": result.text})
+        if response_format == "verbose_json":
+            segments = [{"id": s.id, "seek": s.seek, "start": s.start, "end": s.end,
+                         "text": s.text, "tokens": list(s.tokens),
+                         "temperature": s.temperature, "avg_logprob": s.avg_logprob,
+                         "compression_ratio": s.compression_ratio,
+                         "no_speech_prob": s.no_speech_prob} for s in result.segments]
+            return _json_response({"task": task, "language": result.language or "english",
+                                   "duration": result.duration, "text": result.text,
+                                   "segments": segments})
+        fmt = {"text": "txt", "srt": "srt", "vtt": "vtt"}[response_format]
+        media = "text/vtt; charset=utf-8" if fmt == "vtt" else TEXT_MEDIA
+        return Response(subtitles.render(result, fmt), media_type=media)
+
+    async def not_found(self, request):
+        raise ApiError(404, f"{request.method} {request.url.path}: no such API route",
+                       type=NOT_FOUND, code="unknown_url")
+
+
+def build_app(pool: ModelPool, api_key: str = None, limits: ApiLimits = ApiLimits()):
+    """The Starlette application serving /v1 (mounted by candle_web.serve on the page's
+    port)."""
+    from starlette.applications import Starlette  # noqa: PLC0415
+    from starlette.routing import Route  # noqa: PLC0415
+
+    api = OpenAiApi(pool, api_key, limits)
+    r = api.route
+    routes = [
+        Route("/v1/models", r(api.list_models), methods=["GET"]),
+        Route("/v1/models/{model:path}", r(api.get_model), methods=["GET"]),
+        Route("/v1/chat/completions", r(api.chat_completions), methods=["POST"]),
+        Route("/v1/completions", r(api.completions), methods=["POST"]),
+        Route("/v1/embeddings", r(api.embeddings), methods=["POST"]),
+        Route("/v1/audio/transcriptions", r(api.transcriptions), methods=["POST"]),
+        Route("/v1/audio/translations", r(api.translations), methods=["POST"]),
+        Route("/v1/{rest:path}", r(api.not_found),
+              methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]),
+        Route("/v1", r(api.not_found), methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.api = api
+    return app

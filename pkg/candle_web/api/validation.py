@@ -1,0 +1,172 @@
+"""Checks for the fields of API requests: each failure is an ApiError (400) whose message and
+`param` name the field, e.g. "max_tokens: expected an integer, got a string ('10')"."""
+
+from __future__ import annotations
+
+import math
+
+from .errors import ApiError, bad_request
+
+_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "an array", dict: "an object", type(None): "null"}
+
+
+def json_type_name(value) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return json_type_name(value) + (f" ({text[:40]})" if not isinstance(value, (list, dict)) else "")
+
+
+def require_object(body, what: str = "the request body") -> dict:
+    if not isinstance(body, dict):
+        raise bad_request(f"{what} must be a JSON object, got {json_type_name(body)}",
+                          code="invalid_type")
+    return body
+
+
+def string(body: dict, name: str, *, required: bool = False, default=None, choices=None,
+           max_length: int = None):
+    value = body.get(name, None)
+    if value is None:
+        if required:
+            raise bad_request(f"{name}: a required field is missing", name, "missing_required")
+        return default
+    if not isinstance(value, str):
+        raise bad_request(f"{name}: expected a string, got {_describe(value)}", name,
+                          "invalid_type")
+    if choices is not None and value not in choices:
+        raise bad_request(f"{name}: {value[:40]!r} is not one of {', '.join(choices)}", name)
+    if max_length is not None and len(value) > max_length:
+        raise bad_request(f"{name}: longer than {max_length} characters", name,
+                          "string_above_max_length")
+    return value
+
+
+def integer(body: dict, name: str, *, default=None, minimum: int = None, maximum: int = None,
+            maximum_reason: str = ""):
+    value = body.get(name, None)
+    if value is None:
+        return default
+    # JSON has one number type: 3.0 is accepted as 3 (as OpenAI does), True is not a number.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{name}: expected an integer, got {_describe(value)}", name,
+                          "invalid_type")
+    if minimum is not None and value < minimum:
+        raise bad_request(f"{name}: {value} is below the minimum {minimum}", name,
+                          "integer_below_min_value")
+    if maximum is not None and value > maximum:
+        raise bad_request(f"{name}: {value} is above the maximum {maximum}{maximum_reason}",
+                          name, "integer_above_max_value")
+    return value
+
+
+def number(body: dict, name: str, *, default=None, minimum: float = None, maximum: float = None,
+           open_minimum: bool = False):
+    value = body.get(name, None)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"{name}: expected a finite number, got {_describe(value)}", name,
+                          "invalid_type")
+    value = float(value)
+    if minimum is not None and (value <= minimum if open_minimum else value < minimum):
+        bound = f"above {minimum:g}" if open_minimum else f"at least {minimum:g}"
+        raise bad_request(f"{name}: {value:g} must be {bound}", name, "decimal_below_min_value")
+    if maximum is not None and value > maximum:
+        raise bad_request(f"{name}: {value:g} is above the maximum {maximum:g}", name,
+                          "decimal_above_max_value")
+    return value
+
+
+def boolean(body: dict, name: str, *, default: bool = False) -> bool:
+    value = body.get(name, None)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{name}: expected a boolean, got {_describe(value)}", name,
+                          "invalid_type")
+    return value
+
+
+def unsupported_unless(body: dict, name: str, allowed) -> None:
+    """A field the API does not implement is accepted only at its neutral value(s)."""
+    value = body.get(name, None)
+    if value is not None and value not in allowed:
+        raise ApiError(400, f"{name}: {_describe(value)} is not supported here (only "
+                            f"{', '.join(map(repr, allowed))})", param=name, code="unsupported_value")
+
+
+def stop_strings(body: dict, name: str = "stop", max_count: int = 4, max_length: int = 256):
+    value = body.get(name, None)
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise bad_request(f"{name}: expected a string or an array of strings, got "
+                          f"{_describe(value)}", name, "invalid_type")
+    if len(items) > max_count:
+        raise bad_request(f"{name}: at most {max_count} stop strings, got {len(items)}", name)
+    for item in items:
+        if not item:
+            raise bad_request(f"{name}: a stop string is empty", name)
+        if len(item) > max_length:
+            raise bad_request(f"{name}: a stop string is longer than {max_length} characters",
+                              name)
+    return tuple(items)
+
+
+def text_content(content, param: str) -> str:
+    """A message's content: a string, or an array of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces = []
+        for index, part in enumerate(content):
+            where = f"{param}[{index}]"
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else json_type_name(part)
+                raise bad_request(f"{where}: only text parts are supported, got {kind!r}", where,
+                                  "unsupported_value")
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"{where}.text: expected a string", f"{where}.text",
+                                  "invalid_type")
+            pieces.append(part["text"])
+        return "".join(pieces)
+    raise bad_request(f"{param}: expected a string or an array of text parts, got "
+                      f"{_describe(content)}", param, "invalid_type")
+
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def messages(body: dict, max_count: int = 1024) -> list:
+    value = body.get("messages", None)
+    if value is None:
+        raise bad_request("messages: a required field is missing", "messages",
+                          "missing_required")
+    if not isinstance(value, list):
+        raise bad_request(f"messages: expected an array, got {_describe(value)}", "messages",
+                          "invalid_type")
+    if not value:
+        raise bad_request("messages: the array is empty", "messages", "empty_array")
+    if len(value) > max_count:
+        raise bad_request(f"messages: at most {max_count} messages", "messages")
+    out = []
+    for index, message in enumerate(value):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"{where}: expected an object, got {_describe(message)}", where,
+                              "invalid_type")
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{where}.role: expected one of {', '.join(ROLES)}, got "
+                              f"{_describe(role)}", f"{where}.role")
+        # "developer" is OpenAI's newer name for the system message.
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": text_content(message.get("content"), f"{where}.content")})
+    return out
