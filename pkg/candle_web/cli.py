@@ -331,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("transcribe", help="speech to text with Whisper")
     t.add_argument("files", nargs="+", help="audio files (WAV natively; mp3/flac/ogg via soundfile or ffmpeg)")
-    t.add_argument("--model", default="whisper-tiny.en", help="registry name or a model folder")
+    t.add_argument("--model", default="whisper-tiny.en",
+                   help="registry name, a model folder, or a Hub faster-whisper export "
+                        "org/name@revision (online)")
     t.add_argument("--language", default=None, type=text_argument("--language"), help="language code for multilingual models (default: detect)")
     t.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
     t.add_argument("--beam-size", type=limits.BEAM_SIZE.argparse_type(), default=None,

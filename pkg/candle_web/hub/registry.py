@@ -242,13 +242,13 @@ def checked_relative_name(name: object, where: str) -> str:
 
 
 def check_hf_repo(repo: object, where: str) -> str:
-    if not isinstance(repo, str) or not REPO_RE.match(repo) or ".." in repo:
+    if not HubSpec.valid_repo(repo):
         raise FormatError(f"{where}: Hub repo {repo!r} is not of the form org/name")
     return repo
 
 
 def check_revision(revision: object, where: str) -> str:
-    if not isinstance(revision, str) or not REVISION_RE.match(revision) or ".." in revision:
+    if not HubSpec.valid_revision(revision):
         raise FormatError(f"{where}: Hub revision {revision!r} is not a commit hash or branch")
     return revision
 

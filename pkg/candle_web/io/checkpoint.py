@@ -313,13 +313,17 @@ def open_checkpoint(source, kind: str = "model", progress=None,
                  if item.name in SIDE_FILES and item.is_file()}
         files[path.name] = path
         return Checkpoint(files, str(path), kind)
-    spec = None if path.exists() else hub.HubSpec.parse(text)
-    if spec is not None and text not in hub.default_registry():
-        files = {name: hub.fetch_hf(spec.repo, spec.revision, name, progress=progress)
-                 for name in hub_files}
-        return Checkpoint(files, str(spec), kind)
-    return Checkpoint(hub.fetch_model(text, progress=progress), str(path) if path.exists()
-                      else text, kind)
+    registry = hub.default_registry()
+    if path.exists() or text in registry:
+        return Checkpoint(hub.fetch_model(text, progress=progress, registry=registry),
+                          str(path) if path.exists() else text, kind)
+    spec = hub.HubSpec.parse(text)
+    if spec is None:
+        raise ModelNotFound(f"{text!r} is not a folder, a registry model or a Hub "
+                            f"'org/name@revision' (registry models: {', '.join(registry.names())})")
+    files = {name: hub.fetch_hf(spec.repo, spec.revision, name, progress=progress)
+             for name in hub_files}
+    return Checkpoint(files, str(spec), kind)
 
 
 __all__ = ["Checkpoint", "open_checkpoint", "read_json_config", "weights_files",

@@ -15,6 +15,9 @@ from ..core.errors import ModelNotFound
 from ..io.checkpoint import Checkpoint, open_checkpoint
 
 DEFAULT_WHISPER = "whisper-tiny.en"
+# What a Hub "org/name@revision" that the registry does not list must hold for Whisper: a
+# faster-whisper CTranslate2 export (what the page loads too).
+WHISPER_HUB_FILES = ("model.bin", "config.json", "tokenizer.json")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,12 @@ class Loaded:
     checkpoint: Checkpoint = None
 
 
+def _loaded(model, checkpoint: Checkpoint) -> Loaded:
+    """The model with the checkpoint's tokenizer, read after the model: a file the model
+    refuses (an unsupported architecture) is named for that, not for a missing tokenizer."""
+    return Loaded(model, checkpoint.tokenizer, checkpoint)
+
+
 def model_folder(name_or_path, progress=None) -> Path:
     """The folder holding a model's files: fetched (and verified) for a registry name,
     as given for a local folder."""
@@ -40,13 +49,13 @@ def model_folder(name_or_path, progress=None) -> Path:
 
 
 def load_whisper(name_or_path=DEFAULT_WHISPER, progress=None, device=None) -> Loaded:
-    """Whisper from a registry name (e.g. 'whisper-tiny.en') or a folder with model.bin
-    (CTranslate2) or model.safetensors (HF) plus config.json and tokenizer.json."""
+    """Whisper from a registry name (e.g. 'whisper-tiny.en'), a folder with model.bin
+    (CTranslate2) or model.safetensors (HF) plus config.json and tokenizer.json, or a Hub
+    faster-whisper export "org/name@revision"."""
     from ..models.whisper import Whisper
 
-    checkpoint = open_checkpoint(name_or_path, "whisper", progress)
-    tokenizer = checkpoint.tokenizer  # first: a missing tokenizer fails before the weights load
-    return Loaded(Whisper.from_pretrained(checkpoint, device=device), tokenizer, checkpoint)
+    checkpoint = open_checkpoint(name_or_path, "whisper", progress, hub_files=WHISPER_HUB_FILES)
+    return _loaded(Whisper.from_pretrained(checkpoint, device=device), checkpoint)
 
 
 def load_llama(name_or_path, progress=None, device=None, mode: str = "auto") -> Loaded:
@@ -57,8 +66,7 @@ def load_llama(name_or_path, progress=None, device=None, mode: str = "auto") -> 
     from ..models.llama import Llama
 
     checkpoint = open_checkpoint(name_or_path, "llama", progress)
-    tokenizer = checkpoint.tokenizer
-    return Loaded(Llama.from_pretrained(checkpoint, device, mode), tokenizer, checkpoint)
+    return _loaded(Llama.from_pretrained(checkpoint, device, mode), checkpoint)
 
 
 # -- T5 and BERT ---------------------------------------------------------------------------
@@ -86,9 +94,8 @@ def load_t5(name_or_path=DEFAULT_T5, progress=None, device=None, mode: str = "au
         if local:
             raise
         raise ModelNotFound(f"T5 {error}. {T5_WITHOUT_THE_HUB}") from None
-    tokenizer = checkpoint.tokenizer
-    return Loaded(T5ForConditionalGeneration.from_pretrained(checkpoint, device, mode),
-                  tokenizer, checkpoint)
+    return _loaded(T5ForConditionalGeneration.from_pretrained(checkpoint, device, mode),
+                   checkpoint)
 
 
 def bert_tokenizer_from_vocab(folder: Path):
@@ -104,5 +111,4 @@ def load_bert(name_or_path=DEFAULT_BERT, progress=None, device=None) -> Loaded:
     from ..models.bert import BertModel
 
     checkpoint = open_checkpoint(name_or_path, "bert", progress)
-    tokenizer = checkpoint.tokenizer
-    return Loaded(BertModel.from_pretrained(checkpoint, device), tokenizer, checkpoint)
+    return _loaded(BertModel.from_pretrained(checkpoint, device), checkpoint)
