@@ -121,8 +121,13 @@ class TextScheduler:
         self.active: list = []
         self._condition = threading.Condition()
         self._stopped = False
-        self.rounds = 0  # scheduler rounds run (tests and the bench read it)
+        # What tests and the bench read: rounds run, the most sequences one round advanced,
+        # requests finished, requests dropped because their client went away, tokens made.
+        self.rounds = 0
         self.max_active_seen = 0
+        self.finished = 0
+        self.cancelled = 0
+        self.tokens = 0
         self._thread = threading.Thread(target=self._run, name=f"candle-web-slots-{name}",
                                         daemon=True)
         self._thread.start()
@@ -142,7 +147,9 @@ class TextScheduler:
     def load(self) -> dict:
         with self._condition:
             return {"active": len(self.active), "waiting": len(self.waiting),
-                    "parallel": self.parallel, "queue": self.queue_size}
+                    "parallel": self.parallel, "queue": self.queue_size,
+                    "finished": self.finished, "cancelled": self.cancelled,
+                    "tokens": self.tokens}
 
     def stop(self) -> None:
         with self._condition:
@@ -162,16 +169,22 @@ class TextScheduler:
                     return
                 while self.waiting and len(self.active) < self.parallel:
                     request = self.waiting.popleft()
-                    if not request.cancelled:
+                    if request.cancelled:
+                        self.cancelled += 1
+                    else:
                         self.active.append(request)
                 self.max_active_seen = max(self.max_active_seen, len(self.active))
                 round_members = list(self.active)
             for request in round_members:
                 finished = True
                 try:
-                    if not request.cancelled:
+                    if request.cancelled:
+                        self.cancelled += 1
+                        request._steps = None  # drops its KV cache now
+                    else:
                         with self.compute:
                             finished = self._advance(request)
+                        self.finished += finished
                 except Exception as error:  # noqa: BLE001  (reported to that request only)
                     request.emit("error", error)
                 if finished:
@@ -209,6 +222,7 @@ class TextScheduler:
             request.reason = STOP_EOS
             return self._finish(request)
         request.generated.append(token)
+        self.tokens += 1
         text = request._stops.feed(request._stream.next_token(token))
         request.emit("token", {"id": token, "text": text})
         if request._stops.stopped:
