@@ -1,14 +1,17 @@
-"""SmolLM2-135M-Instruct text generation speed: candle-web (numpy and numba backends) next to
-PyTorch eager (transformers) and llama.cpp, in one script.
+"""SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct text generation speed: candle-web
+(numpy and numba backends) next to PyTorch eager (transformers) and llama.cpp, in one script.
 
-    .venv/bin/python bench/llama.py [--quants Q4_1,Q8_0,Q4_0,F32] [--prompt-tokens 128]
+    .venv/bin/python bench/llama.py [--quants Q4_1,Q8_0,Q4_0,F32,qwen] [--prompt-tokens 128]
                                     [--decode-tokens 64] [--threads 2] [--repeat 1]
                                     [--backends numpy,numba] [--no-torch] [--no-llama-cpp]
 
 Models: the real Q4_1 GGUF; Q8_0 and Q4_0 GGUFs re-quantized (QTensor.from_float) from its
 dequantized weights and written to a temp folder; F32: the dequantized weights as an HF
 safetensors checkpoint (tests/reference/record_llama.py builds it), which is also what PyTorch
-runs. llama.cpp runs the very same GGUF files (F32 as a float GGUF): in process through
+runs. qwen: the registry's Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF as published (Q5_0, Q8_0,
+Q4_K, Q6_K; QKV bias), with its own tokenizer for the prompt; it has no PyTorch row (the
+PyTorch peer is SmolLM2's F32 model; transformers would run it dequantized to 2 GB of f32).
+llama.cpp runs the very same GGUF files (F32 as a float GGUF): in process through
 llama-cpp-python when importable, else as llama.cpp's own `llama-bench` (built by
 scripts/build_llama_cpp.sh, which `make bench` runs; $LLAMA_BENCH names another binary), run
 in each model's rounds: prompt at depth 0, decode of --decode-tokens at depth --prompt-tokens
@@ -40,9 +43,12 @@ sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO / "tests" / "r
 
 MODEL = "smollm2-135m-instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+QWEN = "qwen"  # the --quants name of the Qwen2.5 file
+QWEN_MODEL = "qwen2.5-coder-0.5b-instruct"
+QWEN_GGUF_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                     "NUMBA_NUM_THREADS")
-QUANTS = ("Q4_1", "Q8_0", "Q4_0", "F32")
+QUANTS = ("Q4_1", "Q8_0", "Q4_0", "F32", QWEN)
 # Text repeated until the prompt has the requested number of tokens.
 PROMPT_TEXT = ("The history of the printing press begins in the fifteenth century, when "
                "movable type changed how books were made, sold and read across Europe. ")
@@ -83,7 +89,8 @@ def _requantized_gguf(source, target: str, path: Path) -> Path:
 
 
 def prepare_models(quants, work: Path) -> dict:
-    """{quant: {"gguf": path, "hf": folder (F32 only)}} for the requested quants."""
+    """{quant: {"gguf": path, "hf": folder (F32 only)}} for the requested quants (QWEN: the
+    Qwen2.5 file itself)."""
     from record_llama import read_with_candle_web, write_hf_checkpoint
 
     from candle_web import hub
@@ -96,6 +103,8 @@ def prepare_models(quants, work: Path) -> dict:
         started = time.perf_counter()
         if quant == "Q4_1":
             models[quant] = {"gguf": original}
+        elif quant == QWEN:
+            models[quant] = {"gguf": hub.fetch(QWEN_MODEL, QWEN_GGUF_NAME)}
         else:
             models[quant] = {"gguf": _requantized_gguf(source, quant, work / f"{quant}.gguf")}
         if quant == "F32":
@@ -246,12 +255,12 @@ def first_difference(ids, reference):
     return "same"
 
 
-def prompt_token_ids(count: int) -> list:
+def prompt_token_ids(count: int, gguf: Path) -> list:
+    """PROMPT_TEXT repeated and cut to `count` tokens by the tokenizer in `gguf`."""
     from candle_web.io.gguf import GgufFile
     from candle_web.tokenizers import Tokenizer
-    from candle_web import hub
 
-    tokenizer = Tokenizer.from_gguf_metadata(GgufFile(hub.fetch(MODEL, GGUF_NAME)).metadata)
+    tokenizer = Tokenizer.from_gguf_metadata(GgufFile(gguf).metadata)
     ids = []
     while len(ids) < count:
         ids += tokenizer.encode(PROMPT_TEXT, add_special_tokens=False).ids
@@ -299,7 +308,7 @@ def main(argv=None) -> int:
     use_cpp = not args.no_llama_cpp and llama_cpp_available()
     bench_binary = None if args.no_llama_cpp or use_cpp else llama_bench_binary()
     load = os.getloadavg()
-    print(f"SmolLM2-135M-Instruct: {args.prompt_tokens}-token prompt, {args.decode_tokens} "
+    print(f"{args.prompt_tokens}-token prompt, {args.decode_tokens} "
           f"greedy tokens, {args.threads} threads, median of {args.repeat}; load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
     if bench_binary is not None:
@@ -307,21 +316,22 @@ def main(argv=None) -> int:
     elif not use_cpp and not args.no_llama_cpp:
         print("llama.cpp: neither llama-cpp-python nor llama-bench found (run "
               "scripts/build_llama_cpp.sh); its column is left empty")
-    prompt_ids = prompt_token_ids(args.prompt_tokens)
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="candle-web-bench-llama-") as work:
-        models = prepare_models(sorted(set(quants) | ({"F32"} if not args.no_torch else set()),
+        # One PyTorch model (SmolLM2's dequantized f32 checkpoint) measured again inside
+        # every SmolLM2 model's rounds, so each row's ratio compares runs made under the same load.
+        use_torch = not args.no_torch and any(quant != QWEN for quant in quants)
+        models = prepare_models(sorted(set(quants) | ({"F32"} if use_torch else set()),
                                        key=QUANTS.index), Path(work))
-        # One PyTorch model (the dequantized f32 checkpoint) measured again inside every
-        # model's rounds, so each row's ratio compares runs made under the same load.
-        torch_engine = None if args.no_torch else TorchEngine(models["F32"]["hf"], args.threads)
+        torch_engine = TorchEngine(models["F32"]["hf"], args.threads) if use_torch else None
         for quant in quants:
             files = models[quant]
+            prompt_ids = prompt_token_ids(args.prompt_tokens, files["gguf"])
             engines = [CandleEngine(b, files.get("hf", files["gguf"])) for b in backends]
             if use_cpp:
                 engines.append(LlamaCppEngine(files["gguf"], args.threads))
-            if torch_engine is not None:
+            if torch_engine is not None and quant != QWEN:
                 engines.append(torch_engine)
             for engine in engines:  # warm-up: numba compiles (or loads its cache) on first use
                 measure(engine, prompt_ids[:8], 2)
