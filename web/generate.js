@@ -38,61 +38,68 @@ export function readOptions(doc = document) {
   return options;
 }
 
-export function setUpGenerate(client, ready) {
-  const $ = (id) => document.getElementById(id);
-  const ui = {
-    modelSelect: $("generate-model"),
-    modelNote: $("generate-model-note"),
-    prompt: $("generate-prompt"),
-    chat: $("generate-chat"),
-    button: $("generate-button"),
-    stop: $("generate-stop"),
-    output: $("generate-output"),
-    stats: $("generate-stats"),
-    statTokens: $("generate-stat-tokens"),
-    statSpeed: $("generate-stat-speed"),
-    statPrompt: $("generate-stat-prompt"),
-  };
-  const status = new JobStatus({ job: $("generate-job"), progress: $("generate-progress"), phase: $("generate-phase"), error: $("generate-error") });
+const STOP_REASONS = {
+  eos: "the model ended its answer",
+  stop_string: "a stop string",
+  max_tokens: "the token limit",
+  context_length: "the model's context length",
+};
 
-  // What the tests (and the curious) can read: window.candleWeb.generate.
-  const state = {
-    runtimeReady: false,
-    busy: false,
-    loadedModel: null,
-    lastLoad: null,
-    lastResult: null,
-    lastError: null,
-    events: [],
-    streamed: { tokens: 0, text: "" }, // the token events of the last run
-    jobId: null,
-    runs: 0,
-  };
+const UI_IDS = {
+  modelSelect: "generate-model", modelNote: "generate-model-note", prompt: "generate-prompt",
+  chat: "generate-chat", button: "generate-button", stop: "generate-stop", output: "generate-output",
+  stats: "generate-stats", statTokens: "generate-stat-tokens", statSpeed: "generate-stat-speed",
+  statPrompt: "generate-stat-prompt",
+};
 
-  function refreshButtons() {
+class GenerateView {
+  constructor(client) {
+    const $ = (id) => document.getElementById(id);
+    this.client = client;
+    this.ui = Object.fromEntries(Object.entries(UI_IDS).map(([name, id]) => [name, $(id)]));
+    this.status = new JobStatus({ job: $("generate-job"), progress: $("generate-progress"), phase: $("generate-phase"), error: $("generate-error") });
+    // What the tests (and the curious) can read: window.candleWeb.generate.
+    this.state = {
+      runtimeReady: false,
+      busy: false,
+      loadedModel: null,
+      lastLoad: null,
+      lastResult: null,
+      lastError: null,
+      events: [],
+      streamed: { tokens: 0, text: "" }, // the token events of the last run
+      jobId: null,
+      runs: 0,
+    };
+    this.jobs = new ViewJobs({ client, status: this.status, state: this.state, refresh: () => this.refreshButtons() });
+  }
+
+  refreshButtons() {
+    const { ui, state } = this;
     ui.button.disabled = state.busy || !state.runtimeReady;
     ui.stop.disabled = !state.busy;
     ui.modelSelect.disabled = state.busy;
   }
 
-  const jobs = new ViewJobs({ client, status, state, refresh: refreshButtons });
-
-  async function ensureModel(model, track) {
+  async ensureModel(model, track) {
+    const { state } = this;
     if (state.loadedModel === model) return;
-    const reply = await loadModel(client, KIND, { model }, status, { label: MODEL_LABELS[model] || model, track, events: state.events });
+    const reply = await loadModel(this.client, KIND, { model }, this.status, { label: MODEL_LABELS[model] || model, track, events: state.events });
     state.lastLoad = reply;
     state.loadedModel = reply.key;
-    ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).`;
+    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).`;
   }
 
-  function showSpeed(tokens, tokensPerSecond) {
+  showSpeed(tokens, tokensPerSecond) {
+    const { ui } = this;
     ui.statTokens.textContent = String(tokens);
     ui.statSpeed.textContent = tokensPerSecond > 0 ? `${tokensPerSecond.toFixed(1)} tok/s` : "–";
     ui.stats.hidden = false;
   }
 
   // Progress events of one generation: the prompt pass, then one event per token.
-  function onGenerateProgress(maxTokens) {
+  onProgress(maxTokens) {
+    const { ui, state, status } = this;
     let firstTokenAt = null;
     return (message) => {
       if (message.phase !== "generate") return;
@@ -110,38 +117,37 @@ export function setUpGenerate(client, ready) {
         if (firstTokenAt === null) firstTokenAt = now;
         // Decode speed: tokens after the first, over the time since the first arrived.
         const seconds = (now - firstTokenAt) / 1000;
-        showSpeed(state.streamed.tokens, seconds > 0 ? (state.streamed.tokens - 1) / seconds : 0);
+        this.showSpeed(state.streamed.tokens, seconds > 0 ? (state.streamed.tokens - 1) / seconds : 0);
         status.fraction(state.streamed.tokens / maxTokens);
         status.phase.textContent = `Writing: ${state.streamed.tokens} tokens so far…`;
       }
     };
   }
 
-  const STOP_REASONS = {
-    eos: "the model ended its answer",
-    stop_string: "a stop string",
-    max_tokens: "the token limit",
-    context_length: "the model's context length",
-  };
-
-  // The form's prompt and options as a job for `jobs`, or null after saying what is wrong.
-  function prepare() {
+  // The form's prompt and options, or null after saying what is wrong.
+  #readForm() {
+    const { ui, status } = this;
     const prompt = ui.prompt.value;
     if (prompt.trim() === "") {
       status.showError("Type a prompt first: a question (chat) or a text to continue.");
       ui.prompt.focus();
       return null;
     }
-    let options;
     try {
-      options = readOptions();
+      return { prompt, options: readOptions(), model: ui.modelSelect.value, chat: ui.chat.checked };
     } catch (error) {
       if (!(error instanceof OptionError)) throw error;
       status.showError(error.message);
       return null;
     }
-    const model = ui.modelSelect.value;
-    const chat = ui.chat.checked;
+  }
+
+  // The form as a job for `jobs`, or null after saying what is wrong.
+  prepare() {
+    const { ui, state } = this;
+    const form = this.#readForm();
+    if (form === null) return null;
+    const { prompt, options, model, chat } = form;
     return {
       reset: () => {
         state.streamed = { tokens: 0, text: "" };
@@ -149,27 +155,30 @@ export function setUpGenerate(client, ready) {
         ui.stats.hidden = true;
         ui.statPrompt.textContent = "–";
       },
-      load: (track) => ensureModel(model, track),
+      load: (track) => this.ensureModel(model, track),
       running: { text: "Reading the prompt…" },
       command: "generate",
       fields: () => ({ model, prompt, chat, options }),
-      onProgress: onGenerateProgress(options.maxTokens),
+      onProgress: this.onProgress(options.maxTokens),
       done: (result) => {
         state.lastResult = { ...result, model, prompt, chat, options };
         ui.output.textContent = result.text; // the final text (a held-back stop string removed)
-        showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
+        this.showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
         return `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.`;
       },
       cancelled: () => `Stopped after ${state.streamed.tokens} tokens.`,
     };
   }
+}
 
-  const run = () => jobs.run(prepare);
+export function setUpGenerate(client, ready) {
+  const view = new GenerateView(client);
+  const { ui, jobs } = view;
+  const run = () => jobs.run(() => view.prepare());
   const stop = () => jobs.stop();
-
   ui.button.addEventListener("click", run);
   ui.stop.addEventListener("click", stop);
   runOnCtrlEnter(ui.prompt, run);
   jobs.whenReady(ready, "generated", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS));
-  return { state, run, stop };
+  return { state: view.state, run, stop };
 }

@@ -26,48 +26,103 @@ function shortLabel(text) {
   return text.length > LABEL_CHARS ? `${text.slice(0, LABEL_CHARS - 1)}…` : text;
 }
 
-export function setUpSimilarity(client, ready) {
-  const $ = (id) => document.getElementById(id);
-  const ui = {
-    modelSelect: $("similarity-model"),
-    modelNote: $("similarity-model-note"),
-    input: $("similarity-input"),
-    button: $("similarity-button"),
-    notice: $("similarity-notice"),
-    matrix: $("similarity-matrix"),
-    summary: $("similarity-summary"),
-  };
-  const status = new JobStatus({ job: $("similarity-job"), progress: $("similarity-progress"), phase: $("similarity-phase"), error: $("similarity-error") });
+const UI_IDS = {
+  modelSelect: "similarity-model", modelNote: "similarity-model-note", input: "similarity-input",
+  button: "similarity-button", notice: "similarity-notice", matrix: "similarity-matrix",
+  summary: "similarity-summary",
+};
 
-  // What the tests (and the curious) can read: window.candleWeb.similarity.
-  const state = {
-    runtimeReady: false,
-    busy: false,
-    loadedModel: null,
-    lastLoad: null,
-    lastResult: null, // the worker's reply + {sentences, model}; vectors as a Float32Array
-    lastError: null,
-    events: [],
-    jobId: null,
-    runs: 0,
-  };
+const plural = (count) => `${count} sentence${count === 1 ? "" : "s"}`;
 
-  function refreshButtons() {
-    ui.button.disabled = state.busy || !state.runtimeReady;
-    ui.modelSelect.disabled = state.busy;
+// The matrix's head row: an empty corner, then the sentences' numbers.
+function matrixHead(sentences) {
+  const head = document.createElement("tr");
+  head.append(document.createElement("td"));
+  sentences.forEach((text, index) => {
+    const th = document.createElement("th");
+    th.scope = "col";
+    th.textContent = String(index + 1);
+    th.title = text;
+    head.append(th);
+  });
+  const thead = document.createElement("thead");
+  thead.append(head);
+  return thead;
+}
+
+// One row of the matrix: the sentence (shortened), then its similarity to each sentence.
+function matrixRow(result, sentences, row, i) {
+  const tr = document.createElement("tr");
+  const th = document.createElement("th");
+  th.scope = "row";
+  th.textContent = `${i + 1}. ${shortLabel(sentences[i])}`;
+  th.title = sentences[i];
+  if (result.truncated[i]) th.classList.add("truncated");
+  tr.append(th);
+  row.forEach((value, j) => {
+    const td = document.createElement("td");
+    td.className = "similarity-cell";
+    td.dataset.row = String(i);
+    td.dataset.col = String(j);
+    td.dataset.value = String(value);
+    td.textContent = value.toFixed(2);
+    td.style.background = cellBackground(value);
+    td.setAttribute("aria-label", `sentence ${i + 1} and sentence ${j + 1}: ${value.toFixed(3)}`);
+    tr.append(td);
+  });
+  return tr;
+}
+
+// The closest pair of different sentences, said in words.
+function closestPair(result, sentences) {
+  let best = null;
+  for (let i = 0; i < sentences.length; i += 1) {
+    for (let j = i + 1; j < sentences.length; j += 1) {
+      if (best === null || result.similarity[i][j] > best.value) best = { i, j, value: result.similarity[i][j] };
+    }
+  }
+  return best === null
+    ? "Add a second line to compare sentences."
+    : `Closest pair: ${best.i + 1} and ${best.j + 1} (${best.value.toFixed(2)}).`;
+}
+
+class SimilarityView {
+  constructor(client) {
+    const $ = (id) => document.getElementById(id);
+    this.client = client;
+    this.ui = Object.fromEntries(Object.entries(UI_IDS).map(([name, id]) => [name, $(id)]));
+    this.status = new JobStatus({ job: $("similarity-job"), progress: $("similarity-progress"), phase: $("similarity-phase"), error: $("similarity-error") });
+    // What the tests (and the curious) can read: window.candleWeb.similarity.
+    this.state = {
+      runtimeReady: false,
+      busy: false,
+      loadedModel: null,
+      lastLoad: null,
+      lastResult: null, // the worker's reply + {sentences, model}; vectors as a Float32Array
+      lastError: null,
+      events: [],
+      jobId: null,
+      runs: 0,
+    };
+    this.jobs = new ViewJobs({ client, status: this.status, state: this.state, refresh: () => this.refreshButtons() });
   }
 
-  const jobs = new ViewJobs({ client, status, state, refresh: refreshButtons });
+  refreshButtons() {
+    this.ui.button.disabled = this.state.busy || !this.state.runtimeReady;
+    this.ui.modelSelect.disabled = this.state.busy;
+  }
 
-  async function ensureModel(model, track) {
+  async ensureModel(model, track) {
+    const { state } = this;
     if (state.loadedModel === model) return;
-    const reply = await loadModel(client, KIND, { model }, status, { label: MODEL_LABELS[model] || model, track, events: state.events });
+    const reply = await loadModel(this.client, KIND, { model }, this.status, { label: MODEL_LABELS[model] || model, track, events: state.events });
     state.lastLoad = reply;
     state.loadedModel = reply.key;
-    ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).`;
+    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).`;
   }
 
-  function showNotice(result) {
+  showNotice(result) {
+    const { ui } = this;
     const cut = [];
     result.truncated.forEach((truncated, index) => {
       if (truncated) cut.push(`sentence ${index + 1} has ${result.inputTokenCounts[index]} tokens`);
@@ -81,63 +136,21 @@ export function setUpSimilarity(client, ready) {
     ui.notice.hidden = false;
   }
 
-  function showMatrix(result, sentences) {
+  showMatrix(result, sentences) {
     const table = document.createElement("table");
     table.className = "similarity-table";
     const caption = document.createElement("caption");
     caption.textContent = "Cosine similarity of the sentence embeddings (1 = same meaning)";
-    const head = document.createElement("tr");
-    head.append(document.createElement("td"));
-    sentences.forEach((text, index) => {
-      const th = document.createElement("th");
-      th.scope = "col";
-      th.textContent = String(index + 1);
-      th.title = text;
-      head.append(th);
-    });
-    const thead = document.createElement("thead");
-    thead.append(head);
     const tbody = document.createElement("tbody");
-    result.similarity.forEach((row, i) => {
-      const tr = document.createElement("tr");
-      const th = document.createElement("th");
-      th.scope = "row";
-      th.textContent = `${i + 1}. ${shortLabel(sentences[i])}`;
-      th.title = sentences[i];
-      if (result.truncated[i]) th.classList.add("truncated");
-      tr.append(th);
-      row.forEach((value, j) => {
-        const td = document.createElement("td");
-        td.className = "similarity-cell";
-        td.dataset.row = String(i);
-        td.dataset.col = String(j);
-        td.dataset.value = String(value);
-        td.textContent = value.toFixed(2);
-        td.style.background = cellBackground(value);
-        td.setAttribute("aria-label", `sentence ${i + 1} and sentence ${j + 1}: ${value.toFixed(3)}`);
-        tr.append(td);
-      });
-      tbody.append(tr);
-    });
-    table.append(caption, thead, tbody);
-    ui.matrix.replaceChildren(table);
-
-    // The closest pair of different sentences, said in words.
-    let best = null;
-    for (let i = 0; i < sentences.length; i += 1) {
-      for (let j = i + 1; j < sentences.length; j += 1) {
-        if (best === null || result.similarity[i][j] > best.value) best = { i, j, value: result.similarity[i][j] };
-      }
-    }
-    ui.summary.textContent = best === null
-      ? "Add a second line to compare sentences."
-      : `Closest pair: ${best.i + 1} and ${best.j + 1} (${best.value.toFixed(2)}).`;
+    result.similarity.forEach((row, i) => tbody.append(matrixRow(result, sentences, row, i)));
+    table.append(caption, matrixHead(sentences), tbody);
+    this.ui.matrix.replaceChildren(table);
+    this.ui.summary.textContent = closestPair(result, sentences);
   }
 
-  const plural = (count) => `${count} sentence${count === 1 ? "" : "s"}`;
-
   // The sentences and model as a job for `jobs`, or null after saying what is wrong.
-  function prepare() {
+  prepare() {
+    const { ui, state, status } = this;
     const sentences = sentencesFrom(ui.input.value);
     if (sentences.length === 0) {
       status.showError("Type at least one sentence to embed, one per line.");
@@ -150,26 +163,29 @@ export function setUpSimilarity(client, ready) {
     }
     const model = ui.modelSelect.value;
     return {
-      load: (track) => ensureModel(model, track),
+      load: (track) => this.ensureModel(model, track),
       running: { text: `Embedding ${plural(sentences.length)}…` },
       command: "embed",
       fields: () => ({ model, sentences }),
       done: (reply) => {
         const vectors = new Float32Array(reply.vectors);
         state.lastResult = { ...reply, vectors, sentences, model };
-        showNotice(reply);
-        showMatrix(reply, sentences);
+        this.showNotice(reply);
+        this.showMatrix(reply, sentences);
         return `Embedded ${plural(reply.count)} (${reply.dims} dimensions) in ${formatSeconds(reply.elapsedMs / 1000)}.`;
       },
       // Nothing stops an embedding (no Stop button), but the worker may still say Cancelled.
       cancelled: () => "Cancelled.",
     };
   }
+}
 
-  const compare = () => jobs.run(prepare);
-
+export function setUpSimilarity(client, ready) {
+  const view = new SimilarityView(client);
+  const { ui, jobs } = view;
+  const compare = () => jobs.run(() => view.prepare());
   ui.button.addEventListener("click", compare);
   runOnCtrlEnter(ui.input, compare);
   jobs.whenReady(ready, "embedded", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS));
-  return { state, compare };
+  return { state: view.state, compare };
 }

@@ -47,70 +47,90 @@ function showWithCode(element, text) {
   });
 }
 
-export function setUpText2text(client, ready) {
-  const $ = (id) => document.getElementById(id);
-  const ui = {
-    source: $("t2t-source"),
-    hubFields: $("t2t-hub-fields"),
-    repo: $("t2t-repo"),
-    revision: $("t2t-revision"),
-    folderFields: $("t2t-folder-fields"),
-    folder: $("t2t-folder"),
-    hint: $("t2t-hint"),
-    modelNote: $("t2t-model-note"),
-    task: $("t2t-task"),
-    input: $("t2t-input"),
-    maxTokens: $("t2t-max-tokens"),
-    button: $("t2t-button"),
-    stop: $("t2t-stop"),
-    notice: $("t2t-notice"),
-    output: $("t2t-output"),
-    stats: $("t2t-stats"),
-    statInput: $("t2t-stat-input"),
-    statSpeed: $("t2t-stat-speed"),
-  };
-  const status = new JobStatus({ job: $("t2t-job"), progress: $("t2t-progress"), phase: $("t2t-phase"), error: $("t2t-error") });
+const UI_IDS = {
+  source: "t2t-source", hubFields: "t2t-hub-fields", repo: "t2t-repo", revision: "t2t-revision",
+  folderFields: "t2t-folder-fields", folder: "t2t-folder", hint: "t2t-hint", modelNote: "t2t-model-note",
+  task: "t2t-task", input: "t2t-input", maxTokens: "t2t-max-tokens", button: "t2t-button", stop: "t2t-stop",
+  notice: "t2t-notice", output: "t2t-output", stats: "t2t-stats", statInput: "t2t-stat-input",
+  statSpeed: "t2t-stat-speed",
+};
 
-  // What the tests (and the curious) can read: window.candleWeb.text2text.
-  const state = {
-    runtimeReady: false,
-    busy: false,
-    loadedSource: null, // identity of the loaded model's source (see sourceFields)
-    loadedKey: null,
-    lastLoad: null,
-    lastResult: null,
-    lastError: null,
-    events: [],
-    streamed: { tokens: 0, text: "" },
-    jobId: null,
-    runs: 0,
-    hint: null, // how to get a T5, from the worker
-    registryModels: [],
-    demoServed: null, // whether this server has the demo model (null until asked)
-    demoTraining: null, // the demo model's training progress while it is being trained
-    userEdited: false, // model, task or input changed by the user: a late demo model must not switch them
-  };
-  // Where the demo model's training progress is shown; only this view needs it, so it is made here.
-  const trainingNote = document.createElement("p");
-  trainingNote.id = "t2t-demo-training";
-  trainingNote.className = "note";
-  trainingNote.setAttribute("role", "status");
-  trainingNote.hidden = true;
-  ui.modelNote.after(trainingNote);
+// Is the demo model served here? A HEAD request for its config (404 when it is not).
+async function demoServed() {
+  try {
+    const response = await fetch(DEMO.folder + "config.json", { method: "HEAD", cache: "no-store" });
+    return response.ok;
+  } catch (error) {
+    return false;
+  }
+}
 
-  function refreshButtons() {
+// The demo model's training progress, or null when no training is going on (404).
+async function demoProgress() {
+  try {
+    const response = await fetch(DEMO.progress, { cache: "no-store" });
+    return response.ok ? await response.json() : null;
+  } catch (error) {
+    return null;
+  }
+}
+
+// Where the demo model's training progress is shown; only this view needs it, so it is made here.
+function makeTrainingNote(after) {
+  const note = document.createElement("p");
+  note.id = "t2t-demo-training";
+  note.className = "note";
+  note.setAttribute("role", "status");
+  note.hidden = true;
+  after.after(note);
+  return note;
+}
+
+class Text2textView {
+  constructor(client) {
+    const $ = (id) => document.getElementById(id);
+    this.client = client;
+    this.ui = Object.fromEntries(Object.entries(UI_IDS).map(([name, id]) => [name, $(id)]));
+    this.status = new JobStatus({ job: $("t2t-job"), progress: $("t2t-progress"), phase: $("t2t-phase"), error: $("t2t-error") });
+    // What the tests (and the curious) can read: window.candleWeb.text2text.
+    this.state = {
+      runtimeReady: false,
+      busy: false,
+      loadedSource: null, // identity of the loaded model's source (see sourceFields)
+      loadedKey: null,
+      lastLoad: null,
+      lastResult: null,
+      lastError: null,
+      events: [],
+      streamed: { tokens: 0, text: "" },
+      jobId: null,
+      runs: 0,
+      hint: null, // how to get a T5, from the worker
+      registryModels: [],
+      demoServed: null, // whether this server has the demo model (null until asked)
+      demoTraining: null, // the demo model's training progress while it is being trained
+      userEdited: false, // model, task or input changed by the user: a late demo model must not switch them
+    };
+    this.trainingNote = makeTrainingNote(this.ui.modelNote);
+    this.jobs = new ViewJobs({ client, status: this.status, state: this.state, refresh: () => this.refreshButtons() });
+  }
+
+  refreshButtons() {
+    const { ui, state } = this;
     ui.button.disabled = state.busy || !state.runtimeReady;
     ui.stop.disabled = !state.busy;
     ui.source.disabled = state.busy;
   }
 
-  function showSourceFields() {
+  showSourceFields() {
+    const { ui } = this;
     ui.hubFields.hidden = ui.source.value !== SOURCE_HUB;
     ui.folderFields.hidden = ui.source.value !== SOURCE_FOLDER;
   }
 
   // {fields for the worker's load, label} of the chosen source; throws with a message to show.
-  function sourceFields() {
+  sourceFields() {
+    const { ui } = this;
     if (ui.source.value === SOURCE_HUB) {
       const repo = ui.repo.value.trim();
       const revision = ui.revision.value.trim();
@@ -127,21 +147,21 @@ export function setUpText2text(client, ready) {
     return { fields: { model: ui.source.value }, label: ui.source.value };
   }
 
-  const jobs = new ViewJobs({ client, status, state, refresh: refreshButtons });
-
-  async function ensureModel({ fields, label }, track) {
+  async ensureModel({ fields, label }, track) {
+    const { state } = this;
     const identity = JSON.stringify(fields);
     if (state.loadedSource === identity) return state.loadedKey;
-    const reply = await loadModel(client, KIND, fields, status, { label, track, events: state.events });
+    const reply = await loadModel(this.client, KIND, fields, this.status, { label, track, events: state.events });
     state.lastLoad = reply;
     state.loadedSource = identity;
     state.loadedKey = reply.key;
     const m = reply.model;
-    ui.modelNote.textContent = `${label} loaded: T5 with ${m.encoderLayers}+${m.decoderLayers} layers, d_model ${m.dModel}${m.gated ? ", gated FF (v1.1)" : ""} (${describeLoad(reply)}).`;
+    this.ui.modelNote.textContent = `${label} loaded: T5 with ${m.encoderLayers}+${m.decoderLayers} layers, d_model ${m.dModel}${m.gated ? ", gated FF (v1.1)" : ""} (${describeLoad(reply)}).`;
     return reply.key;
   }
 
-  function showNotice(result) {
+  showNotice(result) {
+    const { ui } = this;
     if (!result.truncated) {
       ui.notice.hidden = true;
       ui.notice.textContent = "";
@@ -151,7 +171,8 @@ export function setUpText2text(client, ready) {
     ui.notice.hidden = false;
   }
 
-  function onProgress(maxTokens) {
+  onProgress(maxTokens) {
+    const { ui, state, status } = this;
     return (message) => {
       if (message.phase !== "text2text" || message.event !== "token") return;
       const data = message.data;
@@ -163,7 +184,8 @@ export function setUpText2text(client, ready) {
     };
   }
 
-  function readMaxTokens() {
+  readMaxTokens() {
+    const { ui } = this;
     const value = Number(ui.maxTokens.value);
     if (!Number.isInteger(value) || value < 1 || value > MAX_TOKENS_LIMIT) {
       throw new Error(`Max tokens must be a whole number from 1 to ${MAX_TOKENS_LIMIT}, got “${ui.maxTokens.value}”.`);
@@ -172,13 +194,15 @@ export function setUpText2text(client, ready) {
   }
 
   // What an error means here, besides the worker's own message: offline, where to get a T5.
-  function errorHelp(error) {
+  errorHelp(error) {
+    const { ui, state } = this;
     if (!OFFLINE_ERRORS.has(error.name) || !state.hint) return "";
     return ui.hint.hidden ? `\n${state.hint.replaceAll("`", "")}` : "\nThe note above says how to get a T5 here.";
   }
 
   // The form's model, task and input as a job for `jobs`, or null after saying what is wrong.
-  function prepare() {
+  prepare() {
+    const { ui, state, status } = this;
     const text = ui.input.value;
     if (text.trim() === "") {
       status.showError("Type a text first: it is sent with the task prefix chosen above.");
@@ -188,8 +212,8 @@ export function setUpText2text(client, ready) {
     let source;
     let maxTokens;
     try {
-      source = sourceFields();
-      maxTokens = readMaxTokens();
+      source = this.sourceFields();
+      maxTokens = this.readMaxTokens();
     } catch (error) {
       status.showError(error.message);
       return null;
@@ -201,82 +225,61 @@ export function setUpText2text(client, ready) {
         ui.output.textContent = "";
         ui.stats.hidden = true;
       },
-      load: (track) => ensureModel(source, track),
+      load: (track) => this.ensureModel(source, track),
       running: { text: "Encoding the input…" },
       command: "text2text",
       fields: (model) => ({ model, prompt, options: { maxTokens } }),
-      onProgress: onProgress(maxTokens),
+      onProgress: this.onProgress(maxTokens),
       done: (result, model) => {
         state.lastResult = { ...result, model, prompt };
         ui.output.textContent = result.text;
-        showNotice(result);
+        this.showNotice(result);
         ui.statInput.textContent = `${result.inputTokens} tokens`;
         ui.statSpeed.textContent = `${result.timings.tokensPerSecond.toFixed(1)} tok/s`;
         ui.stats.hidden = false;
         return `Done: ${result.tokenIds.length} tokens in ${formatSeconds(result.timings.elapsedMs / 1000)}.`;
       },
       cancelled: () => `Stopped after ${state.streamed.tokens} tokens.`,
-      errorHelp,
+      errorHelp: (error) => this.errorHelp(error),
     };
   }
 
-  const run = () => jobs.run(prepare);
-  const stop = () => jobs.stop();
-
-  // Is the demo model served here? A HEAD request for its config (404 when it is not).
-  async function demoServed() {
-    try {
-      const response = await fetch(DEMO.folder + "config.json", { method: "HEAD", cache: "no-store" });
-      return response.ok;
-    } catch (error) {
-      return false;
-    }
-  }
-
-  // The demo model's training progress, or null when no training is going on (404).
-  async function demoProgress() {
-    try {
-      const response = await fetch(DEMO.progress, { cache: "no-store" });
-      return response.ok ? await response.json() : null;
-    } catch (error) {
-      return null;
-    }
-  }
-
-  function showTraining(progress) {
-    state.demoTraining = progress;
+  showTraining(progress) {
+    this.state.demoTraining = progress;
     const percent = Math.floor((100 * progress.step) / progress.steps);
     const detail = progress.phase === "evaluating"
       ? `measuring its held-out accuracy: ${progress.checked} of ${progress.held_out} numbers`
       : `step ${progress.step} of ${progress.steps}`;
-    trainingNote.textContent = `Demo model still training: ${percent}% (${detail}); it will be offered in the Model list when done.`;
-    trainingNote.hidden = false;
+    this.trainingNote.textContent = `Demo model still training: ${percent}% (${detail}); it will be offered in the Model list when done.`;
+    this.trainingNote.hidden = false;
   }
 
   // Polls while the demo model trains, until it is served (then offers it) or the training
   // stops without it. The progress is asked first: the trainer renames the finished folder
   // into place before it removes its progress, so no progress and no folder after it means
   // the run ended without a model.
-  async function followTraining(progress) {
+  async followTraining(progress) {
+    const { state } = this;
     while (progress) {
-      showTraining(progress);
+      this.showTraining(progress);
       await new Promise((resolve) => setTimeout(resolve, TRAINING_POLL_MS));
       progress = await demoProgress();
       if (await demoServed()) {
         state.demoServed = true;
         state.demoTraining = null;
-        trainingNote.hidden = true;
-        offerDemo(state.registryModels.length === 0 && !state.busy && !state.userEdited);
-        showSourceFields();
+        this.trainingNote.hidden = true;
+        this.offerDemo(state.registryModels.length === 0 && !state.busy && !state.userEdited);
+        this.showSourceFields();
         return;
       }
     }
     state.demoTraining = null;
-    showWithCode(trainingNote, "The demo model's training stopped before it finished: the terminal that runs `make demo` says why.");
+    showWithCode(this.trainingNote, "The demo model's training stopped before it finished: the terminal that runs `make demo` says why.");
   }
 
   // The demo model as a source option, selected with its task when nothing better is there.
-  function offerDemo(selectIt) {
+  offerDemo(selectIt) {
+    const { ui } = this;
     const option = document.createElement("option");
     option.value = SOURCE_DEMO;
     option.textContent = DEMO.label;
@@ -292,10 +295,11 @@ export function setUpText2text(client, ready) {
     ui.modelNote.textContent = DEMO.note;
   }
 
-  async function showModels() {
+  async showModels() {
+    const { ui, state } = this;
     // All asked at once; the page changes only when all answered, in one go.
     const [reply, demo, progress] = await Promise.all(
-      [fillModelSelect(client, KIND, ui.source), demoServed(), demoProgress()]);
+      [fillModelSelect(this.client, KIND, ui.source), demoServed(), demoProgress()]);
     state.registryModels = reply.models.map((model) => model.name);
     state.hint = reply.hint || null;
     state.demoServed = demo;
@@ -304,25 +308,31 @@ export function setUpText2text(client, ready) {
     for (const name of [...state.registryModels].reverse()) {
       ui.source.prepend(ui.source.querySelector(`option[value="${CSS.escape(name)}"]`));
     }
-    if (demo) offerDemo(state.registryModels.length === 0);
+    if (demo) this.offerDemo(state.registryModels.length === 0);
     if (state.registryModels.length > 0) {
       ui.source.value = state.registryModels[0];
     } else {
       showWithCode(ui.hint, state.hint);
       ui.hint.hidden = false;
     }
-    showSourceFields();
-    if (!demo && progress) followTraining(progress);
+    this.showSourceFields();
+    if (!demo && progress) this.followTraining(progress);
   }
+}
 
-  ui.source.addEventListener("change", showSourceFields);
+export function setUpText2text(client, ready) {
+  const view = new Text2textView(client);
+  const { ui, state, jobs } = view;
+  const run = () => jobs.run(() => view.prepare());
+  const stop = () => jobs.stop();
+  ui.source.addEventListener("change", () => view.showSourceFields());
   for (const [element, event] of [[ui.source, "change"], [ui.task, "change"], [ui.input, "input"]]) {
     element.addEventListener(event, () => { state.userEdited = true; });
   }
   ui.button.addEventListener("click", run);
   ui.stop.addEventListener("click", stop);
   runOnCtrlEnter(ui.input, run);
-  showSourceFields();
-  jobs.whenReady(ready, "generated", showModels);
+  view.showSourceFields();
+  jobs.whenReady(ready, "generated", () => view.showModels());
   return { state, run, stop };
 }

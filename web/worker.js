@@ -39,6 +39,14 @@
  *       -> {text, segments: [{id, start, end, text, tokens}], exports: {txt, srt, vtt, json},
  *           timings: {elapsedMs, rtf, encodeMs, decodeMs, ...}, input: {samples, sha256},
  *           heap: {startBytes, endBytes}}
+ *   transcribe {model, live: {recording, action: "start"|"pass"|"stop"}, options?, samples?,
+ *               offset?}   a step of a live recording (the page's live mode; the policy is
+ *       candle_web.pipelines.transcribe.LiveTranscriber): "start" (options, no samples) begins
+ *       recording `recording`; "pass" sends the audio heard from `offset` seconds on (the
+ *       open window's start) and runs a pass when enough is new; "stop" sends the rest and
+ *       returns the whole recording's transcript. Every reply carries live: {passes, commits,
+ *       windowStart, passEnd, heard, nextPassAt (seconds to wait for before the next pass),
+ *       final, partial (segments), ran, history (what this step's pass did, or null)}
  *   Every run command's progress carries heapBytes and its result heap: the size of the
  *   worker's WebAssembly heap (where Python and numpy keep everything) then.
  *   embed {model, sentences: [string]}
@@ -265,10 +273,10 @@ function checkSamples(m) {
 const RUN_COMMANDS = {
   transcribe: {
     kind: "whisper",
-    check: checkSamples,
+    check: (m) => { if (m.live?.action !== "start") checkSamples(m); },
     request: (m) => ({ options: m.options || null, profile: m.profile === true,
-                       offset: m.offset ?? null, prior: m.prior ?? null }),
-    samples: true,
+                       offset: m.offset ?? null, prior: m.prior ?? null, live: m.live ?? null }),
+    samples: (m) => m.samples !== undefined,
   },
   embed: {
     kind: "bert",
@@ -305,7 +313,7 @@ async function handleRun(message) {
     const startBytes = wasmHeapBytes();
     try {
       request = runtime.pyodide.toPy(command.request(message));
-      if (command.samples) {
+      if (command.samples?.(message)) {
         samples = samplesIntoPython(session, message.samples);
         request.set("samples", samples);
       }

@@ -170,6 +170,12 @@ def test_view_controls_are_labelled_and_reachable_by_keyboard(ready_page):
     # Keyboard: focus the drop zone, Enter opens the file chooser; the clip becomes current.
     zone.focus()
     with page.expect_file_chooser() as chooser:
+        # Waiting for the chooser turns Playwright's file-chooser interception on, in a message
+        # it does not wait for; on a loaded machine the key press could reach the browser before
+        # it and the chooser would open and close unseen (a 30 s timeout). This round trip to the
+        # page is answered only after the interception is in place, and checks that the
+        # keyboard focus is still on the zone when Enter is pressed.
+        assert page.evaluate("() => document.activeElement.id") == "drop-zone"
         page.keyboard.press("Enter")
     chooser.value.set_files(str(SAMPLES_DIR / "goforward.wav"))
     wait_for_clip(page, "goforward.wav")

@@ -1,0 +1,220 @@
+// The Transcribe view's transcript: the segments (final and partial), the stats and the
+// exports of the entry shown, the player that follows the segments, and the progress line of
+// a running transcription, all rendered from what the worker sends.
+
+import { formatBytes, formatSeconds } from "../view_common.js";
+import {
+  EXPORT_FORMATS, EXPORT_TYPES, WINDOW_SECONDS, fileBase, formatAmount, formatClock, formatLeft, languageName,
+} from "./format.js";
+
+function segmentElement(segment, partial) {
+  const row = document.createElement("li");
+  row.className = partial ? "segment partial" : "segment";
+  row.dataset.start = String(segment.start);
+  row.dataset.end = String(segment.end);
+  const time = document.createElement("button");
+  time.type = "button";
+  time.className = "segment-time";
+  time.textContent = `${formatClock(segment.start)} → ${formatClock(segment.end)}`;
+  time.setAttribute("aria-label", `Play from ${formatClock(segment.start)}`);
+  const text = document.createElement("span");
+  text.className = "segment-text";
+  text.textContent = segment.text.trim();
+  row.append(time, text);
+  return row;
+}
+
+function describeLanguage(item) {
+  const language = item.result?.language;
+  if (!language || item.result.multilingual === false) return null;
+  const name = `${languageName(language)} (${language})`;
+  if (item.detected && item.detected.language === language) {
+    return `${name}, detected ${(item.detected.probability * 100).toFixed(0)}%`;
+  }
+  return item.result.task === "translate" ? `${name} → English` : name;
+}
+
+export class TranscriptView {
+  constructor({ ui, state, $ }) {
+    this.ui = ui;
+    this.state = state;
+    this.$ = $;
+    this.exportUrls = [];
+    this.following = false; // the player was started or sought: highlight its segment
+    this.#followPlayer();
+  }
+
+  renderSegments(item) {
+    const rows = item.segments.filter((s) => s.text.trim()).map((s) => segmentElement(s, false));
+    rows.push(...item.partial.filter((s) => s.text.trim()).map((s) => segmentElement(s, true)));
+    this.ui.segments.replaceChildren(...rows);
+    this.highlightPlaying();
+  }
+
+  // The whole transcript of an entry: its segments, and its stats and exports once done.
+  render(item) {
+    const { ui } = this;
+    this.renderSegments(item);
+    ui.liveText.textContent = "";
+    ui.copyStatus.textContent = "";
+    this.clearExports();
+    if (item.result) {
+      this.showResult(item);
+    } else {
+      ui.stats.hidden = true;
+      ui.exports.hidden = true;
+    }
+  }
+
+  append(item, segment) {
+    item.segments.push(segment);
+    if (this.state.clip === item && segment.text.trim()) {
+      this.ui.segments.append(segmentElement(segment, false));
+      this.highlightPlaying();
+    }
+  }
+
+  clearExports() {
+    for (const url of this.exportUrls) URL.revokeObjectURL(url);
+    this.exportUrls = [];
+  }
+
+  showResult(item) {
+    const { $ } = this;
+    const { result } = item;
+    const { timings } = result;
+    $("stat-elapsed").textContent = formatSeconds(timings.elapsedMs / 1000);
+    $("stat-audio").textContent = formatSeconds(timings.audioSeconds);
+    $("stat-rtf").textContent = timings.rtf === null ? "–" : `${timings.rtf.toFixed(2)}×`;
+    $("stat-rtf").title = "processing time ÷ audio duration (below 1 is faster than real time)";
+    const language = describeLanguage(item);
+    $("stat-language-box").hidden = language === null;
+    $("stat-language").textContent = language || "";
+    $("stat-memory").textContent = result.heap ? formatBytes(result.heap.endBytes) : "–";
+    $("stat-memory").title = "the worker's WebAssembly heap when the transcription ended";
+    this.ui.stats.hidden = false;
+    this.clearExports();
+    for (const format of EXPORT_FORMATS) {
+      const link = $(`download-${format}`);
+      const url = URL.createObjectURL(new Blob([result.exports[format]], { type: EXPORT_TYPES[format] }));
+      this.exportUrls.push(url);
+      link.href = url;
+      link.download = `${fileBase(item.name)}.${format}`;
+      link.setAttribute("aria-label", `Download the transcript of ${item.name} as ${format.toUpperCase()}`);
+    }
+    this.ui.exports.hidden = false;
+  }
+
+  // Highlights the segment at the player's position once the audio has been played or sought
+  // (a player that was never started points at no line).
+  highlightPlaying() {
+    const { ui, state } = this;
+    const time = ui.player.currentTime;
+    const playable = this.following && state.clip !== null && state.clip.url !== null && ui.player.src !== "";
+    let current = null;
+    for (const row of ui.segments.children) {
+      const inside = playable && !row.classList.contains("partial")
+        && Number(row.dataset.start) <= time && time < Number(row.dataset.end);
+      row.classList.toggle("playing", inside);
+      if (inside) {
+        row.setAttribute("aria-current", "true");
+        current = row;
+      } else {
+        row.removeAttribute("aria-current");
+      }
+    }
+    state.playingSegment = current === null ? null : [...ui.segments.children].indexOf(current);
+  }
+
+  // Audio you can follow: click a segment to play from it; the playing one is highlighted.
+  #followPlayer() {
+    const { ui, state } = this;
+    ui.segments.addEventListener("click", (event) => {
+      const row = event.target.closest("li.segment");
+      if (!row || row.classList.contains("partial") || !state.clip?.url) return;
+      this.following = true;
+      ui.player.currentTime = Number(row.dataset.start);
+      this.highlightPlaying();
+      ui.player.play().catch(() => {}); // a browser may refuse to start sound; the seek stands
+    });
+    for (const type of ["play", "seeking"]) {
+      ui.player.addEventListener(type, () => { this.following = true; });
+    }
+    ui.player.addEventListener("emptied", () => { this.following = false; });
+    for (const type of ["timeupdate", "seeked", "play", "pause", "emptied"]) {
+      ui.player.addEventListener(type, () => this.highlightPlaying());
+    }
+  }
+}
+
+// Counts a progress message in the view's state: the streamed events and the worker's heap.
+function countProgress(state, message) {
+  if (typeof message.heapBytes === "number" && state.heap !== null) {
+    state.heap.lastBytes = message.heapBytes;
+    if (message.event === "window") {
+      if (state.heap.firstWindowBytes === null) state.heap.firstWindowBytes = message.heapBytes;
+      state.heap.windows.push(message.heapBytes); // at each window's start
+    }
+  }
+  if (message.event === "window") state.streamed.windows += 1;
+  if (message.event === "token") state.streamed.tokens += 1;
+  if (message.event === "segment") state.streamed.segments += 1;
+}
+
+// The progress handler of one transcription: "2.5 of 10.0 min · about 6 min left", then what
+// the current window is doing; tokens appear as they come, segments join the transcript.
+// `offset` places the samples in a longer recording (a live pass).
+export function transcribeProgress({ ui, state, transcript }, item, totalSeconds, offset = 0) {
+  let reached = 0;
+  let tokens = 0;
+  let windowText = "";
+  let firstWindowAt = null;
+  state.progress = { doneSeconds: 0, totalSeconds, leftSeconds: null };
+  const shown = () => state.clip === item;
+  const line = (what) => {
+    let left = "";
+    if (firstWindowAt !== null && reached > 0 && reached < totalSeconds) {
+      const rate = (performance.now() - firstWindowAt) / 1000 / reached;
+      state.progress.leftSeconds = rate * (totalSeconds - reached);
+      left = ` · ${formatLeft(state.progress.leftSeconds)}`;
+    }
+    state.progress.doneSeconds = reached;
+    ui.phase.textContent = `${formatAmount(reached, totalSeconds)} transcribed${left} — ${windowText}: ${what}`;
+    ui.progress.value = totalSeconds > 0 ? Math.min(reached / totalSeconds, 1) : 0;
+  };
+  const events = {
+    language: (data) => {
+      item.detected = { language: data.language, probability: data.probability };
+      ui.phase.textContent = `Detected language: ${languageName(data.language)} (${data.language}, ${(data.probability * 100).toFixed(0)}%)`;
+    },
+    window: (data) => {
+      if (firstWindowAt === null) firstWindowAt = performance.now();
+      const start = data.seek_seconds;
+      reached = Math.max(reached, start);
+      const end = Math.min(start + WINDOW_SECONDS, totalSeconds);
+      windowText = `window ${formatClock(offset + start)}–${formatClock(offset + end)}`;
+      tokens = 0;
+      if (shown()) ui.liveText.textContent = "";
+      line("encoding the audio…");
+    },
+    token: (data) => {
+      tokens += 1;
+      if (shown()) {
+        if (data.step === 0) ui.liveText.textContent = ""; // a new (or retried) window
+        ui.liveText.textContent += data.text;
+      }
+      line(`decoding, ${tokens} tokens`);
+    },
+    segment: (data) => {
+      if (item.status !== "live") transcript.append(item, data);
+      reached = Math.max(reached, data.end - offset);
+      if (shown()) ui.liveText.textContent = "";
+      line(`decoding, ${tokens} tokens`);
+    },
+  };
+  return (message) => {
+    if (message.phase !== "transcribe") return;
+    countProgress(state, message);
+    events[message.event]?.(message.data);
+  };
+}
