@@ -91,6 +91,36 @@ def test_template_renders_as_transformers(name, model_file):
             assert template.render(messages, add_generation_prompt) == expected, case
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city «now».",
+    "parameters": {"type": "object", "required": ["city"],
+                   "properties": {"city": {"type": "string", "description": "The city"}}}}}
+COHERE_TOOL = {"name": "internet_search", "description": "Search the web",
+               "parameter_definitions": {"query": {"type": "str", "description": "the query",
+                                                   "required": True}}}
+
+
+@pytest.mark.parametrize("name, tool", [
+    ("CohereForAI-c4ai-command-r-plus-tool_use.jinja", COHERE_TOOL),
+    ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", WEATHER_TOOL),
+    ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", WEATHER_TOOL),
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", WEATHER_TOOL),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", WEATHER_TOOL),
+])
+def test_tool_templates_with_tools_render_as_transformers(name, tool, model_file):
+    """The tool-use templates transformers cannot render without tools, given one."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    source = model_file(MODEL, f"templates/{name}").read_text(encoding="utf-8")
+    messages = CONVERSATIONS["system + user"]
+    rendered, _ = render_jinja_template([messages], tools=[tool], chat_template=source,
+                                        add_generation_prompt=True, bos_token=BOS,
+                                        eos_token=EOS)
+    ours = load_chat_template(source, BOS, EOS).render(messages, tools=[tool])
+    assert ours == rendered[0]
+    assert "get_weather" in ours or "internet_search" in ours  # the tool is in the prompt
+
+
 # -- the environment transformers gives templates ------------------------------------------------
 
 def render(source: str, messages=None, **variables) -> str:

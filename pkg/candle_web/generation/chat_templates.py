@@ -354,14 +354,18 @@ class JinjaChatTemplate:
         self.format = recognised.format if recognised is not None else "jinja"
         self.default_system = recognised.default_system if recognised is not None else None
 
-    def render(self, messages, add_generation_prompt: bool = True, **variables) -> str:
-        """Render `messages` (dicts with role/content, or (role, content) pairs). Extra
-        `variables` (JSON data) are passed to the template, as apply_chat_template's kwargs."""
+    def render(self, messages, add_generation_prompt: bool = True, tools: list = None,
+               documents: list = None, **variables) -> str:
+        """Render `messages` (dicts with role/content, or (role, content) pairs). `tools`
+        (JSON schemas) and `documents` (dicts) as apply_chat_template takes them; extra
+        `variables` (JSON data) are passed to the template, as its kwargs."""
         from jinja2.exceptions import TemplateError
 
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token,
                    **_checked_data(variables, "chat template variables"),
-                   "messages": _jinja_messages(messages), "tools": None, "documents": None,
+                   "messages": _jinja_messages(messages),
+                   "tools": _checked_data(tools, "chat template tools"),
+                   "documents": _checked_data(documents, "chat template documents"),
                    "add_generation_prompt": bool(add_generation_prompt)}
         try:
             return _bounded_render(self.compiled, context)
