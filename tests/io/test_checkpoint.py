@@ -155,6 +155,34 @@ def test_a_weights_file_given_alone_brings_its_side_files_only(tmp_path):
     assert sorted(open_checkpoint(tmp_path).weights.names()) == ["v", "w"]
 
 
+def test_shards_are_one_namespace_from_a_folder_or_received_bytes(tmp_path):
+    """Two torch.save shards (the sharded pytorch_model-0000k-of-00002.bin layout) and two
+    safetensors shards, each read back against the arrays that were saved."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    arrays = {f"layer.{i}.weight": rng.standard_normal((3, 4)).astype(np.float32)
+              for i in range(4)}
+    names = sorted(arrays)
+    pytorch_folder, safetensors_folder = tmp_path / "pt", tmp_path / "st"
+    pytorch_folder.mkdir()
+    safetensors_folder.mkdir()
+    for shard, part in enumerate((names[:2], names[2:]), start=1):
+        torch.save({name: torch.from_numpy(arrays[name]) for name in part},
+                   pytorch_folder / f"pytorch_model-0000{shard}-of-00002.bin")
+        save_file({name: arrays[name] for name in part},
+                  str(safetensors_folder / f"model-0000{shard}-of-00002.safetensors"))
+    for folder, kind in ((pytorch_folder, "pytorch"), (safetensors_folder, "safetensors")):
+        files = sorted(path.name for path in folder.iterdir())
+        for checkpoint in (open_checkpoint(folder), open_checkpoint(received(folder, files))):
+            assert checkpoint.format == kind and checkpoint.weight_files == files
+            assert sorted(checkpoint.weights.names()) == names
+            for name in names:
+                np.testing.assert_array_equal(checkpoint.weights.tensor(name).to_numpy(),
+                                              arrays[name])
+
+
 # -- side files, read when asked -------------------------------------------------------------
 def test_chat_template_and_generation_config_of_an_hf_folder(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")  # never read below

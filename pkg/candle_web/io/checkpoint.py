@@ -162,16 +162,16 @@ class Checkpoint:
 
     @cached_property
     def weights(self):
-        from .weights import Ct2Weights, open_weights
+        from .weights import Ct2Weights, PytorchWeights, SafetensorsWeights, open_weights
 
         kind, names = self._weights_choice
         data = [self._file(name) for name in names]
-        if kind == "ct2":
+        if kind == "ct2":  # open_weights cannot tell a model.bin's bytes from others
             return Ct2Weights(data[0])
-        if kind == "safetensors" and len(data) > 1:
-            return open_weights([os.fspath(d) if not isinstance(d, memoryview) else d
-                                 for d in data])
-        return open_weights(data[0])
+        if len(data) == 1:
+            return open_weights(data[0])
+        # Shards (paths or bytes) as one namespace.
+        return (PytorchWeights if kind == "pytorch" else SafetensorsWeights)(data)
 
     @property
     def gguf(self):
