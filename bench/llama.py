@@ -257,10 +257,9 @@ def first_difference(ids, reference):
 
 def prompt_token_ids(count: int, gguf: Path) -> list:
     """PROMPT_TEXT repeated and cut to `count` tokens by the tokenizer in `gguf`."""
-    from candle_web.io.gguf import GgufFile
-    from candle_web.tokenizers import Tokenizer
+    from candle_web.io.checkpoint import open_checkpoint
 
-    tokenizer = Tokenizer.from_gguf_metadata(GgufFile(gguf).metadata)
+    tokenizer = open_checkpoint(gguf, "llama").tokenizer
     ids = []
     while len(ids) < count:
         ids += tokenizer.encode(PROMPT_TEXT, add_special_tokens=False).ids
