@@ -1,4 +1,5 @@
-"""File formats: safetensors, npy/npz, GGUF, CTranslate2 model.bin and WAV; audio decoding (any
+"""File formats: safetensors, npy/npz, GGUF, CTranslate2 model.bin, PyTorch checkpoints (pytorch,
+read by its own pickle interpreter pickle_vm, never by Python's pickle) and WAV; audio decoding (any
 container, to Whisper's 16 kHz mono) and its resampler; weights by name over any of them
 (weights.py) and one opener for a model's files (checkpoint.py).
 
@@ -8,5 +9,6 @@ Submodules are imported on demand (`from candle_web.io import safetensors`, or
 from ..core._lazy import lazy_submodules
 
 __getattr__, __dir__ = lazy_submodules(__name__, ("safetensors", "npz", "gguf", "ct2", "wav",
-                                                  "audio", "resample", "weights", "checkpoint"),
+                                                  "audio", "resample", "weights", "checkpoint",
+                                                  "pytorch", "pickle_vm"),
                                        globals())
