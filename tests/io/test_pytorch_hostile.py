@@ -25,9 +25,11 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 # -- writing checkpoints by hand ----------------------------------------------------------------
 def integer(value: int) -> bytes:
-    """LONG1: any int, negative and huge ones included (what a lying file can write)."""
+    """LONG1 (LONG4 past 255 bytes): any int, negative and huge ones included (what a lying
+    file can write)."""
     length = max(1, (value.bit_length() + 8) // 8)
-    return b"\x8a" + bytes([length]) + value.to_bytes(length, "little", signed=True)
+    head = b"\x8a" + bytes([length]) if length < 256 else b"\x8b" + struct.pack("<i", length)
+    return head + value.to_bytes(length, "little", signed=True)
 
 
 def text(value: str) -> bytes:
@@ -283,6 +285,12 @@ LIES = {
     "sizes whose product overflows": (
         [Entry("t", "0", 4, 0, (2**40, 2**40), (0, 0))], {"0": (4, FLOATS[:4].tobytes())},
         "too large"),
+    "an empty tensor numpy cannot shape": (
+        [Entry("t", "0", 4, 0, (0, 2**61, 2**61), (1, 1, 1))], {"0": (4, FLOATS[:4].tobytes())},
+        "too large"),
+    "a size of a million bits": (
+        [Entry("t", "0", 4, 0, (2**(10**6),), (1,))], {"0": (4, FLOATS[:4].tobytes())},
+        "of 1000001 bits"),
     "a huge stride": ([Entry("t", "0", 4, 0, (2,), (2**61,))], {"0": (4, FLOATS[:4].tobytes())},
                       "past the 4"),
     "a float size": ([Entry("t", "0", 4, 0, b"(G@\x00\x00\x00\x00\x00\x00\x00t", (1,))],

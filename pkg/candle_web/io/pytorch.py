@@ -163,7 +163,8 @@ def _checked_int(value, what: str, where: str, lowest: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise FormatError(f"{where}: {what} is a {type(value).__name__}, expected an int")
     if not lowest <= value < MAX_ELEMENTS:
-        raise FormatError(f"{where}: {what} {value} is outside [{lowest}, 2**62)")
+        shown = value if value.bit_length() <= 128 else f"of {value.bit_length()} bits"
+        raise FormatError(f"{where}: {what} {shown} is outside [{lowest}, 2**62)")
     return value
 
 
@@ -404,10 +405,11 @@ class TorchCheckpoint:
         if len(shape) != len(strides):
             raise FormatError(f"{where}: size {list(shape)} and stride {list(strides)} differ "
                               "in rank")
-        count = 1
+        count, nonzero = 1, 1  # numpy needs the product of the non-zero dims to fit too
         for dim in shape:
             count = min(count * dim, MAX_ELEMENTS)
-        if count * storage.type.itemsize >= MAX_ELEMENTS:
+            nonzero = min(nonzero * max(dim, 1), MAX_ELEMENTS)
+        if nonzero * storage.type.itemsize >= MAX_ELEMENTS:
             raise FormatError(f"{where}: size {list(shape)} is too large")
         if count == 0:
             last = offset  # an empty tensor only needs its offset inside the storage
