@@ -549,6 +549,7 @@ def import_server_stack():
 def _protocol_base():
     """uvicorn's httptools protocol with this server's bounds (built on first use: uvicorn is
     a native-only dependency, never imported by the page)."""
+    import httptools  # noqa: PLC0415
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
 
     class BoundedProtocol(HttpToolsProtocol):
@@ -562,6 +563,7 @@ def _protocol_base():
         _refused = False
         _idle_timer = None
         _stalled_buffer = None
+        _upgrade_body_left = None  # bytes of body still due after a refused Upgrade
 
         def connection_made(self, transport) -> None:
             if len(self.connections) >= self.max_connections:
@@ -585,7 +587,45 @@ def _protocol_base():
             if self._refused:
                 return
             self._arm_idle_timer()
-            super().data_received(data)
+            if self._upgrade_body_left is not None:
+                self._take_upgrade_body(data)
+                return
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.send_400_response("Invalid HTTP request received.")
+            except httptools.HttpParserUpgrade as upgrade:
+                self._refuse_upgrade(data[upgrade.args[0]:] if upgrade.args else b"")
+
+        def _refuse_upgrade(self, rest: bytes) -> None:
+            """An `Upgrade:` this server does not speak (h2c, which Java's default HttpClient
+            asks for on every http:// request; websockets): llhttp ended the message at its
+            headers, so the body, if any, follows as plain bytes. Read it by Content-Length,
+            answer in HTTP/1.1 and close (the parser cannot go on after an upgrade)."""
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:
+                self.transport.close()
+                return
+            cycle.keep_alive = False
+            headers = dict(self.headers or ())
+            if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+                self.send_400_response("chunked body with an Upgrade header")
+                return
+            length = headers.get(b"content-length", b"0")
+            self._upgrade_body_left = int(length) if length.isdigit() else 0
+            cycle.more_body = self._upgrade_body_left > 0
+            self._take_upgrade_body(rest)
+
+        def _take_upgrade_body(self, data: bytes) -> None:
+            cycle = self.cycle
+            taken = data[:self._upgrade_body_left]
+            self._upgrade_body_left -= len(taken)
+            if taken and not cycle.response_complete:
+                cycle.body += taken
+            if self._upgrade_body_left == 0:
+                cycle.more_body = False
+            cycle.message_event.set()
 
         def send_400_response(self, msg: str) -> None:
             body = b"400 Bad Request\n"
