@@ -315,11 +315,12 @@ def _parse_tensor_infos(cursor: _Cursor, n_tensors: int):
 
 
 def _check_data_offset(data_offset: int, alignment: int, cursor: _Cursor,
-                       n_tensors: int) -> None:
+                       may_end_at_header: bool) -> None:
     # Writers pad the header to the alignment, so a data section that starts past the end
-    # means a lying alignment or a cut-off file; except that a file with no tensors may end
-    # right after its header (llama.cpp's vocabulary-only ggml-vocab-*.gguf files do).
-    if n_tensors == 0 and cursor.pos == len(cursor.view):
+    # means a lying alignment or a cut-off file; except that a file with no tensors and the
+    # default alignment may end right after its header (llama.cpp's vocabulary-only
+    # ggml-vocab-*.gguf files do).
+    if may_end_at_header and cursor.pos == len(cursor.view):
         return
     if data_offset > len(cursor.view):
         raise cursor.fail(f"the data section would start at byte {data_offset} (tensor infos "
@@ -442,7 +443,8 @@ class GgufFile:
         self.alignment = _alignment(self.metadata, self.metadata_types, cursor)
         infos = _parse_tensor_infos(cursor, n_tensors)
         self.data_offset = _align(cursor.pos, self.alignment)
-        _check_data_offset(self.data_offset, self.alignment, cursor, n_tensors)
+        _check_data_offset(self.data_offset, self.alignment, cursor,
+                           n_tensors == 0 and ALIGNMENT_KEY not in self.metadata)
         self.tensors = _locate_tensors(infos, self.data_offset, self.alignment, cursor)
 
     def _info(self, name: str) -> GgufTensorInfo:
