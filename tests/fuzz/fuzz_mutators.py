@@ -418,3 +418,57 @@ def case_rng(run_seed: int, target: str, case: int) -> random.Random:
     """The generator of one case: each case is reproducible on its own."""
     return random.Random(f"{run_seed}:{target}:{case}")
 
+
+
+# -- issue 28: texts, patterns and vocabularies built to cost -----------------------------------
+# Patterns whose backtracking is a power of the text length (adjacent repeats over shared
+# characters): refused at load since issue 28, so they must stay refused.
+POLYNOMIAL_PATTERNS = (".*.*.*.*.*=", "\\s*\\s*\\s*\\s*\\s*\\s*\\s*x", "a*a*b", ".*=.*=",
+                       "(a*)(a*)b", "\\s*,?\\s*x", "[ab]*[bc]+d", "(?:a*|b)a*c")
+HOSTILE_PATTERNS = HOSTILE_PATTERNS + POLYNOMIAL_PATTERNS
+# Characters a text mutation splices in: invalid UTF-8 (lone surrogates once decoded with
+# surrogateescape, as Python decodes argv), encoded lone surrogates, whitespace, marks.
+HOSTILE_TEXT_PIECES = (b"\xff", b"\xfe\xff", b"\xc3", b"\xed\xa0\x80", b"\xed\xb3\xbf",
+                       b"\x80", b"\xe2\x96\x81", " \t\r\n".encode(), "\u00a0\u3000".encode(),
+                       "e\u0301".encode(), "\U0001F600".encode(), b"\x00")
+MAX_HOSTILE_RUN = 12_000
+
+
+def hostile_text(rng: random.Random, base: bytes = b"") -> bytes:
+    """A text for encode(): `base` with hostile pieces spliced in, or long runs of one
+    character (a word WordPiece or BPE must split, whitespace a regex must skip)."""
+    choice = rng.random()
+    if choice < 0.4:
+        run = rng.choice((b"a", b" ", b"=", b"ab", b"\xc3\xa9", b"\n", b"1"))
+        return run * rng.randint(1, MAX_HOSTILE_RUN // len(run))
+    data = bytearray(base or b"Hello world")
+    for _ in range(rng.randint(1, 6)):
+        at = rng.randrange(len(data) + 1)
+        data[at:at] = rng.choice(HOSTILE_TEXT_PIECES) * rng.choice((1, 1, 2, 50))
+    return bytes(data)
+
+
+def blow_up_vocabulary(rng: random.Random) -> dict:
+    """GGUF tokenizer metadata (as JSON values) whose derived tables blow up when built
+    naively: every piece a prefix of the next ('a' ... 'a' * N: N^2 / 2 SentencePiece
+    merges), pieces of many distinct lengths, or pieces made of two halves of each other."""
+    count = rng.choice((10, 100, 1000, 1800, 3000))
+    shape = rng.random()
+    if shape < 0.5:
+        letter = rng.choice("ab\u2581")
+        pieces = [letter * length for length in range(1, count + 1)]
+    elif shape < 0.8:
+        pieces = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 64)))
+                  for _ in range(count)]
+    else:
+        half = ["a" * length for length in range(1, int(count ** 0.5) + 2)]
+        pieces = sorted({left + "b" + right for left in half for right in half})[:count]
+    tokens = ["<unk>", "<s>", "</s>"] + pieces
+    model = rng.choice(("llama", "llama", "gpt2", "bert"))
+    metadata = {"tokenizer.ggml.model": model, "tokenizer.ggml.tokens": tokens,
+                "tokenizer.ggml.scores": [0.0, 0.0, 0.0] + [-float(len(p)) for p in pieces],
+                "tokenizer.ggml.token_type": [2, 3, 3] + [1] * len(pieces),
+                "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+    if model == "gpt2":
+        metadata["tokenizer.ggml.merges"] = [f"{p[:1]} {p[1:]}" for p in pieces if len(p) > 1]
+    return metadata

@@ -901,3 +901,75 @@ SEED_BUILDERS = {"tokenizer": tokenizer_seeds, "config": config_seeds, "gguf": g
                  "ct2": ct2_seeds, "safetensors": safetensors_seeds, "npy": npy_seeds,
                  "npz": npz_seeds, "wav": wav_seeds, "pytorch": pytorch_seeds}
 
+
+
+# -- issue 28: texts, regex patterns, vocabularies built to blow up, special files -------------
+SEED_TEXTS = ("Hello world! It's 2024: na\u00efve caf\u00e9, \u65e5\u672c\u8a9e, emoji \U0001F600.",
+              "def f(x):\n    return x  # code\n\n\n", "unaffable " * 50, " " * 300 + "x",
+              "\u0645\u0631\u062d\u0628\u0627 \u0928\u092e\u0938\u094d\u0924\u0947 "
+              "\u0417\u0434\u0440\u0430\u0432\u0441\u0442\u0432\u0443\u0439\u0442\u0435")
+
+
+def text_seeds() -> list:
+    """Texts for the real tokenizers' encode: rebuilt with hostile pieces (invalid UTF-8,
+    lone surrogates, long runs) most of the time."""
+    from fuzz_mutators import hostile_text
+
+    return [Seed(f"text {index}", text.encode(),
+                 rebuild=functools.partial(hostile_text, base=text.encode()))
+            for index, text in enumerate(SEED_TEXTS)]
+
+
+def regex_seeds() -> list:
+    """Patterns of real files and hostile ones (exponential, polynomial, unparsable); the
+    rebuild joins two of them, inside a repeat or side by side."""
+    from candle_web.tokenizers import gguf_vocab
+    from fuzz_mutators import HOSTILE_PATTERNS
+
+    real = [value for name, value in vars(gguf_vocab).items()
+            if name.endswith("_PATTERN") and isinstance(value, str)]
+    real.append("'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+"
+                "|\\s+(?!\\S)|\\s+")
+    patterns = real + list(HOSTILE_PATTERNS)
+
+    def rebuild(rng):
+        left, right = rng.choice(patterns), rng.choice(patterns)
+        joined = rng.choice((left + right, f"(?:{left})*{right}", f"{left}|{right}",
+                             f"(?:{left}){right}", left))
+        return joined.encode("utf-8", "surrogatepass")
+
+    return [Seed(f"pattern {index}", pattern.encode("utf-8", "surrogatepass"), rebuild=rebuild)
+            for index, pattern in enumerate(patterns)]
+
+
+def vocab_seeds() -> list:
+    """GGUF tokenizer metadata as JSON (the target turns arrays into what the GGUF reader
+    gives), built to blow up derived tables; JSON-mutated or rebuilt."""
+    import random
+
+    from fuzz_mutators import blow_up_vocabulary
+
+    def rebuild(rng):
+        return json.dumps(blow_up_vocabulary(rng)).encode()
+
+    seeds = []
+    for index in range(4):
+        data = json.dumps(blow_up_vocabulary(random.Random(index))).encode()
+        seeds.append(Seed(f"vocabulary {index}", data, json_span=(0, len(data)),
+                          rebuild=rebuild))
+    return seeds
+
+
+# What a command-line path can name besides a regular file (fuzz_targets.SPECIAL_PATHS).
+SPECIAL_FILE_KINDS = ("/dev/zero", "/dev/urandom", "/dev/null", "fifo", "directory",
+                      "symlink to /dev/zero", "socket", "regular")
+
+
+def special_file_seeds() -> list:
+    """One byte per case: which kind of path (SPECIAL_FILE_KINDS), then which reader."""
+    return [Seed(kind, bytes([index, reader])) for index, kind in enumerate(SPECIAL_FILE_KINDS)
+            for reader in range(6)]
+
+
+SEED_BUILDERS.update({"text": text_seeds, "regex": regex_seeds, "vocab": vocab_seeds,
+                      "special-file": special_file_seeds})

@@ -290,3 +290,160 @@ BROKEN_TARGETS = {t.name: t for t in (
 
 def find(name: str) -> Target:
     return TARGETS.get(name) or BROKEN_TARGETS[name]
+
+
+# -- issue 28: ordinary hostile input: texts, patterns, vocabularies, special files -----------
+# Texts of this many characters run through each accepted pattern: a polynomial pattern that
+# slipped through the load-time check takes seconds here (a*a*b: 31 s), a hang for the harness.
+PATTERN_PROBE_CHARS = 3000
+PATTERN_PROBES = ("a" * PATTERN_PROBE_CHARS, " " * PATTERN_PROBE_CHARS,
+                  "=a" * (PATTERN_PROBE_CHARS // 2), "ab " * (PATTERN_PROBE_CHARS // 3))
+
+
+@functools.lru_cache(maxsize=1)
+def _real_tokenizers() -> tuple:
+    """The cached models' tokenizers (BPE, WordPiece, Unigram, SentencePiece GGUF), built once
+    per child."""
+    import fuzz_seeds
+    from candle_web.io.gguf import GgufFile
+    from candle_web.tokenizers import Tokenizer
+
+    import json
+
+    found = []
+    for model in fuzz_seeds.TOKENIZER_MODELS:
+        path = fuzz_seeds.cached(model, "tokenizer.json")
+        if path is None:
+            continue
+        if path.stat().st_size <= fuzz_seeds.MAX_WHOLE_TOKENIZER_BYTES:
+            found.append(Tokenizer.from_file(path))
+        else:  # e5's 17 MB: its normalizer (a precompiled charsmap) with a cut vocabulary
+            found.append(Tokenizer.from_dict(fuzz_seeds.reduce_tokenizer(
+                json.loads(path.read_bytes()))))
+    for index, (model, filename) in enumerate(fuzz_seeds.GGUF_FILES):
+        path = fuzz_seeds.cached(model, filename)
+        if path is not None:
+            metadata = GgufFile(path).metadata
+            if index:  # Gemma's 262k pieces take seconds: cut
+                metadata = fuzz_seeds._small_vocab_metadata(metadata)
+            found.append(Tokenizer.from_gguf_metadata(metadata))
+    return tuple(found)
+
+
+def tokenizer_text(data: bytes) -> None:
+    """Encode a text as the CLI gets it (argv bytes decoded with surrogateescape) with one of
+    the real tokenizers, alone and as a pair; then the worker's text check."""
+    import zlib
+
+    from candle_web.worker.session import checked_text
+
+    text = data.decode("utf-8", "surrogateescape")
+    tokenizers = _real_tokenizers()
+    if tokenizers:  # one per case, chosen by the input (cases stay reproducible and short)
+        tokenizer = tokenizers[zlib.crc32(data) % len(tokenizers)]
+        encoding = tokenizer.encode(text)
+        tokenizer.decode(encoding.ids)
+        tokenizer.encode(SAMPLE_PAIR, text)
+    if text.strip():
+        checked_text(text, "generate: the prompt", 1 << 20)
+
+
+def tokenizer_regex(data: bytes) -> None:
+    """A pattern as a Split pre-tokenizer and a Replace normalizer of a tokenizer.json; when it
+    loads, encode long runs that a polynomial pattern backtracks on."""
+    import json
+
+    from candle_web.tokenizers import Tokenizer
+
+    pattern = data.decode("utf-8", "surrogateescape")
+    config = {"version": "1.0", "added_tokens": [], "post_processor": None, "decoder": None,
+              "normalizer": {"type": "Replace", "pattern": {"Regex": pattern}, "content": "a"},
+              "pre_tokenizer": {"type": "Split", "pattern": {"Regex": pattern},
+                                "behavior": "Isolated", "invert": False},
+              "model": {"type": "WordLevel", "vocab": {"a": 0, "<unk>": 1},
+                        "unk_token": "<unk>"}}
+    tokenizer = Tokenizer.from_bytes(json.dumps(config).encode("utf-8", "surrogatepass"))
+    for text in PATTERN_PROBES:
+        tokenizer.encode(text)
+
+
+def gguf_vocabulary(data: bytes) -> None:
+    """GGUF tokenizer metadata (JSON; numeric arrays as numpy, as the GGUF reader gives them):
+    build the tokenizer, encode long runs of its own pieces' letters."""
+    import json
+
+    from candle_web.core.errors import FormatError
+    from candle_web.tokenizers import Tokenizer
+
+    try:
+        metadata = json.loads(data)
+    except (ValueError, RecursionError) as error:  # the harness's own JSON, not a GGUF file
+        raise FormatError(f"not JSON: {error}") from None
+    if not isinstance(metadata, dict):
+        raise FormatError("not a JSON object")
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        value = metadata.get(key)
+        if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                           for v in value):
+            metadata[key] = np.array(value, np.float32 if key.endswith("scores") else np.int32)
+    tokenizer = Tokenizer.from_gguf_metadata(metadata)
+    use_tokenizer(tokenizer)
+    for text in ("a" * 2000, "ab" * 1000, "\u2581a" * 1000, "a b " * 500):
+        tokenizer.encode(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _special_paths() -> dict:
+    """kind -> a path of that kind (fuzz_seeds.SPECIAL_FILE_KINDS), made once per child."""
+    import socket
+
+    folder = _scratch_folder()
+    fifo = folder / "fifo.wav"
+    os.mkfifo(fifo)
+    link = folder / "zero.wav"
+    link.symlink_to("/dev/zero")
+    regular = folder / "regular.wav"
+    regular.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt ")
+    bound = socket.socket(socket.AF_UNIX)
+    sock = folder / "socket.wav"
+    bound.bind(str(sock))
+    _special_paths.keep = bound  # the socket file lives as long as the child
+    return {"/dev/zero": "/dev/zero", "/dev/urandom": "/dev/urandom", "/dev/null": "/dev/null",
+            "fifo": str(fifo), "directory": str(folder), "symlink to /dev/zero": str(link),
+            "socket": str(sock), "regular": str(regular)}
+
+
+SPECIAL_FILE_READERS = ("load_audio", ".gguf", ".safetensors", ".bin", ".npz", ".pt")
+
+
+def special_file(data: bytes) -> None:
+    """A path the CLI may be given that is not a regular file, through the reader the CLI
+    uses for it (load_audio for `transcribe FILE`, open_weights for a weights file)."""
+    import fuzz_seeds
+    from candle_web.io.audio import load_audio
+    from candle_web.io.weights import open_weights
+
+    data = bytes(data) + b"\0\0"  # a mutation may have cut the two bytes off
+    kind = fuzz_seeds.SPECIAL_FILE_KINDS[data[0] % len(fuzz_seeds.SPECIAL_FILE_KINDS)]
+    reader = SPECIAL_FILE_READERS[data[1] % len(SPECIAL_FILE_READERS)]
+    path = _special_paths()[kind]
+    if reader == "load_audio":
+        load_audio(path)
+        return
+    # Weights: the reader is chosen by suffix; a link with that suffix points at the path.
+    alias = _scratch_folder() / f"weights-{kind.replace('/', '_').replace(' ', '_')}{reader}"
+    if not alias.is_symlink():
+        alias.symlink_to(path)
+    open_weights(str(alias))
+
+
+TARGETS.update({t.name: t for t in (
+    Target("tokenizer.text", tokenizer_text, "text",
+           "real tokenizers' encode on hostile texts (lone surrogates, long runs)"),
+    Target("tokenizer.regex", tokenizer_regex, "regex",
+           "Split/Replace patterns (exponential, polynomial) + encode of 3,000-char runs"),
+    Target("gguf.vocab", gguf_vocabulary, "vocab",
+           "GGUF tokenizer metadata built to blow up merges and lookups"),
+    Target("cli.special-file", special_file, "special-file",
+           "/dev/zero, FIFOs, folders, sockets through load_audio and open_weights"),
+)})

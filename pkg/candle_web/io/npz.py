@@ -15,9 +15,10 @@ numpy's limit (64 dims), and the data size it implies against the bytes actually
 Zip members are read lazily, one per request. Stored members are zero-copy views of the archive
 buffer (checked against their CRC) when their data is aligned, as ``save`` arranges (np.savez
 does not align, so its members are copied). Before a deflated member is inflated, its declared
-size is checked against ``max_member_bytes`` and against what deflate can possibly produce from
-its compressed size, and the npy header inside it must agree with that size: a zip bomb is
-refused before its output is allocated.
+size is checked against ``max_member_bytes``, against what deflate can possibly produce from
+its compressed size and against ``max_deflate_ratio`` (past a 64 MiB allowance per archive),
+and the npy header inside it must agree with that size: a zip bomb is refused before its output
+is allocated (README, "Bounds").
 
 Arrays come back in native byte order; Fortran-ordered data comes back as a Fortran-ordered view.
 As Tensors, dtypes convert as in safetensors: bool -> u8, int8/16/32 -> i64, uint16 -> u32,
@@ -63,6 +64,14 @@ DEFAULT_MAX_MEMBER_BYTES = 2**31  # one array in wasm32 must stay below 2 GiB
 # is lying about its size.
 DEFLATE_MAX_RATIO = 1032
 _DEFLATE_SLACK_BYTES = 1024
+# Real tensors deflate by 1.1-2x; only near-constant data (zeros, masks) deflates by more than
+# 100x. An archive may inflate such members up to HIGHLY_COMPRESSED_ALLOWANCE bytes in all
+# (GPT-2's twelve 4 MB causal masks: 48 MB); past that every member must keep within
+# max_deflate_ratio. So reading an archive of S bytes inflates at most
+# max_deflate_ratio * S + 64 MiB (time linear in it), not 1032 * S: a 1.94 MB file whose one
+# member inflates to 1.9 GB of zeros is refused before inflating (it took 43 s and 1.98 GB).
+DEFAULT_MAX_DEFLATE_RATIO = 100
+HIGHLY_COMPRESSED_ALLOWANCE = 64 << 20
 _ZIP_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 _ZIP_LOCAL_SIGNATURE = b"PK\x03\x04"
 _ZIP_ENCRYPTED_FLAG = 0x1
@@ -373,14 +382,20 @@ class NpzFile:
     """A validated npz archive whose members are read one at a time on request.
 
     ``source``: bytes-like or a path. ``max_member_bytes`` caps the declared uncompressed size
-    of any member; ``verify_crc`` checks stored members' CRC-32 (deflated ones always are).
+    of any member; ``max_deflate_ratio`` caps how much a deflated member may expand once the
+    archive's HIGHLY_COMPRESSED_ALLOWANCE is spent (raise it for a file known to hold large
+    near-constant arrays); ``verify_crc`` checks stored members' CRC-32 (deflated ones always
+    are).
     """
 
     def __init__(self, source, *, max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
-                 verify_crc: bool = True):
+                 max_deflate_ratio: float = DEFAULT_MAX_DEFLATE_RATIO, verify_crc: bool = True):
         self._buffer, self.source_name, self._mapped = _buffer_and_name(source, "npz")
         self.max_member_bytes = max_member_bytes
+        self.max_deflate_ratio = max_deflate_ratio
         self.verify_crc = verify_crc
+        # Bytes inflated so far from members above max_deflate_ratio (each member counted once).
+        self._highly_compressed = {}
         try:
             self._zip = zipfile.ZipFile(_BufferReader(self._buffer))
             infos = self._zip.infolist()
@@ -444,6 +459,18 @@ class NpzFile:
         if info.file_size > info.compress_size * DEFLATE_MAX_RATIO + _DEFLATE_SLACK_BYTES:
             raise FormatError(f"npz {where}: declares {info.file_size} bytes from "
                               f"{info.compress_size} compressed, more than deflate can produce")
+        if info.compress_type == zipfile.ZIP_DEFLATED \
+                and info.file_size > info.compress_size * self.max_deflate_ratio:
+            spent = sum(size for key, size in self._highly_compressed.items() if key != name)
+            if spent + info.file_size > HIGHLY_COMPRESSED_ALLOWANCE:
+                ratio = info.file_size / max(info.compress_size, 1)
+                raise FormatError(
+                    f"npz {where}: inflates {info.compress_size} bytes to {info.file_size} "
+                    f"({ratio:.0f}x); members above {self.max_deflate_ratio:g}x may inflate "
+                    f"{HIGHLY_COMPRESSED_ALLOWANCE >> 20} MiB in all per archive "
+                    f"({spent} bytes already): a deflate bomb, or near-constant data; pass "
+                    f"NpzFile(..., max_deflate_ratio=...) to read it")
+            self._highly_compressed[name] = info.file_size
 
     def _stored_view(self, name: str, info: zipfile.ZipInfo) -> memoryview:
         """The bytes of a stored member, located through its local header, without copying."""

@@ -375,6 +375,11 @@ def open_weights(source) -> Weights:
         return source
     if isinstance(source, dict):
         return DictWeights(source)
+    # Before anything opens a path (the PyTorch sniff reads its first bytes): /dev/zero, a
+    # FIFO or a folder are refused here, naming the path, instead of hanging a reader.
+    for path in (source if isinstance(source, (list, tuple)) else (source,)):
+        if isinstance(path, (str, os.PathLike)) and os.path.exists(path):
+            check_regular_file(path, "a weights file")
     if isinstance(source, (list, tuple)) and source and all(
             isinstance(s, (str, os.PathLike)) and Path(s).suffix.lower() in PYTORCH_SUFFIXES
             for s in source):
@@ -396,8 +401,6 @@ def open_weights(source) -> Weights:
         if suffix not in kinds:
             raise FormatError(f"{source}: cannot tell the weights format from the suffix "
                               f"{suffix!r}; expected one of {sorted(kinds)}")
-        if os.path.exists(source):  # a missing file keeps its reader's own message
-            check_regular_file(source, "a weights file")  # not /dev/zero, a FIFO, a folder
         return kinds[suffix](source)
     try:
         head = bytes(memoryview(source)[:9])

@@ -11,6 +11,7 @@ Each model caches the result per word: words repeat a lot in real text.
 from __future__ import annotations
 
 import bisect
+import heapq
 
 from ..core.errors import FormatError, UnsupportedError
 from .fields import MAX_COUNT, MAX_ID, Fields, as_int, as_list, as_number, as_string, describe
@@ -147,22 +148,47 @@ class BPE(Model):
         return symbols
 
     def _merge_word(self, word: str) -> list:
+        """Merge the adjacent pair of lowest rank, leftmost first, until none is left: HF's
+        order (a priority queue keyed by (rank, position)). A heap of candidate pairs over a
+        linked list of symbols makes a word of n symbols cost O(n log n); rescanning every
+        pair after each merge cost O(n^2), which a SentencePiece vocabulary (no pre-tokenizer:
+        the whole text is one word) turned into minutes for a 32,000-character prompt."""
         symbols = self._initial_symbols(word)
+        count = len(symbols)
+        if count < 2:
+            return symbols
         merge_ranks = self.merge_ranks
-        # Repeatedly merge the adjacent pair of lowest rank, leftmost first: the same order as
-        # HF's priority queue keyed by (rank, position).
-        while len(symbols) > 1:
-            best = None
-            best_position = -1
-            for position in range(len(symbols) - 1):
-                candidate = merge_ranks.get((symbols[position], symbols[position + 1]))
-                if candidate is not None and (best is None or candidate[0] < best[0]):
-                    best = candidate
-                    best_position = position
-            if best is None:
-                break
-            symbols[best_position:best_position + 2] = [best[1]]
-        return symbols
+        following = list(range(1, count)) + [-1]
+        preceding = list(range(-1, count - 1))
+        heap = []
+        for position in range(count - 1):
+            found = merge_ranks.get((symbols[position], symbols[position + 1]))
+            if found is not None:
+                heap.append((found[0], position, symbols[position], symbols[position + 1],
+                             found[1]))
+        heapq.heapify(heap)
+        while heap:
+            _, position, left, right, merged = heapq.heappop(heap)
+            after = following[position]
+            # An entry is stale once either symbol has merged since: skip it.
+            if symbols[position] != left or after < 0 or symbols[after] != right:
+                continue
+            symbols[position] = merged
+            symbols[after] = None  # gone
+            after = following[position] = following[after]
+            if after >= 0:
+                preceding[after] = position
+                found = merge_ranks.get((merged, symbols[after]))
+                if found is not None:
+                    heapq.heappush(heap, (found[0], position, merged, symbols[after],
+                                          found[1]))
+            before = preceding[position]
+            if before >= 0:
+                found = merge_ranks.get((symbols[before], merged))
+                if found is not None:
+                    heapq.heappush(heap, (found[0], before, symbols[before], merged,
+                                          found[1]))
+        return [symbol for symbol in symbols if symbol is not None]
 
 
 class Unigram(Model):
