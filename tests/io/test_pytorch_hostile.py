@@ -390,6 +390,18 @@ def test_lying_lengths_and_broken_pickles_fail_before_allocating(payload, named)
         TorchCheckpoint(zip_file(payload))
 
 
+def test_dict_keys_that_would_collide_are_refused():
+    """Multiples of 2**61 - 1 (as ints or floats) all hash alike: 100 000 of them would make
+    the dict quadratic (minutes). Refused at the first one, naming the key."""
+    keys = b"".join(integer(k * (2**61 - 1)) + b"N" for k in range(1, 100_000))
+    with pytest.raises(FormatError, match="a dict key int of 61 bits"):
+        TorchCheckpoint(zip_file(b"\x80\x02}(" + keys + b"u."))
+    with pytest.raises(FormatError, match="a dict key of type float"):
+        TorchCheckpoint(zip_file(b"\x80\x02}(G" + struct.pack(">d", 2.0**61) + b"Nu."))
+    small = b"\x80\x02}(" + b"".join(integer(k) + b"N" for k in (-5, 0, 2**60)) + b"u."
+    assert TorchCheckpoint(zip_file(small)).keys() == []
+
+
 def test_deep_nesting_and_cycles_are_bounded():
     deep = b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"."
     with pytest.raises(FormatError, match="nested more than 32 deep"):

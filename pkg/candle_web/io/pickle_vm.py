@@ -31,7 +31,8 @@ import struct
 from ..core.errors import FormatError
 
 MAX_MEMO_ENTRIES = 1 << 24  # a state dict has a few entries per tensor
-MAX_TEXT_INT_DIGITS = 4000  # INT/LONG written as text: below Python's int-from-str limit
+MAX_TEXT_INT_DIGITS = 4000
+MAX_INT_KEY = 1 << 60  # dict keys: see _hashable  # INT/LONG written as text: below Python's int-from-str limit
 # The placeholder names listed in one error message (the rest are counted).
 MAX_NAMED_GLOBALS = 24
 
@@ -296,11 +297,17 @@ def _appends(m):
 
 
 def _hashable(m, key):
-    if not isinstance(key, (str, bytes, int, float, bool, type(None), tuple)):
-        raise m.fail(f"a dict key of type {type(key).__name__}")
+    """Keys whose hashes a file cannot make collide: str and bytes (randomised hashes), ints
+    up to 2**60 (hashed as themselves), None, and tuples of those. Huge ints and floats are
+    refused: multiples of 2**61 - 1 all hash alike, which turns n insertions into n**2 work."""
     if isinstance(key, tuple):
         for part in key:
             _hashable(m, part)
+        return
+    if isinstance(key, int) and not -MAX_INT_KEY <= key <= MAX_INT_KEY:
+        raise m.fail(f"a dict key int of {key.bit_length()} bits")
+    if not isinstance(key, (str, bytes, int, type(None))):
+        raise m.fail(f"a dict key of type {type(key).__name__}")
 
 
 def _set_items(m, target, items):
