@@ -228,18 +228,24 @@ def _first(subpattern, ignorecase: bool):
 
 
 def _item_first(op, av, ignorecase: bool):
+    return _item_set(op, av, ignorecase, _first)
+
+
+def _item_set(op, av, ignorecase: bool, sequence_set):
+    """The characters of one item, where `sequence_set` (_first: what can begin a match;
+    _sequence_alphabet: everything it can consume) gives those of a sequence inside it."""
     if op in SINGLE_CHARACTER:
         return _character_set(op, av, ignorecase)
     if op in REPEATS:
-        return EMPTY if av[1] == 0 else _first(av[2], ignorecase)
+        return EMPTY if av[1] == 0 else sequence_set(av[2], ignorecase)
     if op is sre_parse.SUBPATTERN:
-        return _first(av[3], _group_flags(av, ignorecase))
+        return sequence_set(av[3], _group_flags(av, ignorecase))
     if op is ATOMIC_GROUP:
-        return _first(av, ignorecase)
+        return sequence_set(av, ignorecase)
     if op is sre_parse.BRANCH:
         found = EMPTY
         for branch in av[1]:
-            found = _union(found, _first(branch, ignorecase))
+            found = _union(found, sequence_set(branch, ignorecase))
         return found
     if op is sre_parse.GROUPREF or op is sre_parse.GROUPREF_EXISTS:
         return UNKNOWN
@@ -351,22 +357,7 @@ def _flatten(subpattern, ignorecase: bool) -> list:
 
 def _alphabet(op, av, ignorecase: bool):
     """Every character the item can consume (lookarounds consume none)."""
-    if op in SINGLE_CHARACTER:
-        return _character_set(op, av, ignorecase)
-    if op in REPEATS:
-        return EMPTY if av[1] == 0 else _sequence_alphabet(av[2], ignorecase)
-    if op is sre_parse.SUBPATTERN:
-        return _sequence_alphabet(av[3], _group_flags(av, ignorecase))
-    if op is ATOMIC_GROUP:
-        return _sequence_alphabet(av, ignorecase)
-    if op is sre_parse.BRANCH:
-        found = EMPTY
-        for branch in av[1]:
-            found = _union(found, _sequence_alphabet(branch, ignorecase))
-        return found
-    if op is sre_parse.GROUPREF or op is sre_parse.GROUPREF_EXISTS:
-        return UNKNOWN
-    return EMPTY
+    return _item_set(op, av, ignorecase, _sequence_alphabet)
 
 
 def _sequence_alphabet(subpattern, ignorecase: bool):
