@@ -398,6 +398,10 @@ def test_dict_keys_that_would_collide_are_refused():
         TorchCheckpoint(zip_file(b"\x80\x02}(" + keys + b"u."))
     with pytest.raises(FormatError, match="a dict key of type float"):
         TorchCheckpoint(zip_file(b"\x80\x02}(G" + struct.pack(">d", 2.0**61) + b"Nu."))
+    pairs = b"".join(integer(k * (2**61 - 1)) + b"N\x86" for k in range(1, 1000))
+    with pytest.raises(FormatError, match="OrderedDict: a dict key int of 61 bits"):
+        TorchCheckpoint(zip_file(b"\x80\x02" + global_("collections", "OrderedDict") + b"(]("
+                                 + pairs + b"etR."))
     small = b"\x80\x02}(" + b"".join(integer(k) + b"N" for k in (-5, 0, 2**60)) + b"u."
     assert TorchCheckpoint(zip_file(small)).keys() == []
 

@@ -296,18 +296,24 @@ def _appends(m):
     target.extend(items)
 
 
-def _hashable(m, key):
-    """Keys whose hashes a file cannot make collide: str and bytes (randomised hashes), ints
-    up to 2**60 (hashed as themselves), None, and tuples of those. Huge ints and floats are
-    refused: multiples of 2**61 - 1 all hash alike, which turns n insertions into n**2 work."""
+def key_problem(key):
+    """Why `key` may not be a dict key here, or None. Allowed: keys whose hashes a file cannot
+    make collide: str and bytes (randomised hashes), ints up to 2**60 (hashed as themselves),
+    None, and tuples of those. Huge ints and floats are refused: multiples of 2**61 - 1 all
+    hash alike, which turns n insertions into n**2 work."""
     if isinstance(key, tuple):
-        for part in key:
-            _hashable(m, part)
-        return
+        return next((problem for problem in map(key_problem, key) if problem), None)
     if isinstance(key, int) and not -MAX_INT_KEY <= key <= MAX_INT_KEY:
-        raise m.fail(f"a dict key int of {key.bit_length()} bits")
+        return f"a dict key int of {key.bit_length()} bits"
     if not isinstance(key, (str, bytes, int, type(None))):
-        raise m.fail(f"a dict key of type {type(key).__name__}")
+        return f"a dict key of type {type(key).__name__}"
+    return None
+
+
+def _hashable(m, key):
+    problem = key_problem(key)
+    if problem:
+        raise m.fail(problem)
 
 
 def _set_items(m, target, items):
@@ -453,4 +459,4 @@ def run_pickle(data, start: int = 0, **options):
     return PickleMachine(data, start, **options).run()
 
 
-__all__ = ["PickleMachine", "Refused", "run_pickle"]
+__all__ = ["PickleMachine", "Refused", "key_problem", "run_pickle"]

@@ -65,7 +65,7 @@ import numpy as np
 from ..core.errors import CandleError, FormatError, ModelNotFound, UnsupportedError
 from .npz import (_ZIP_ERRORS, _ZIP_FEATURE_ERRORS, _ZIP_LOCAL_HEADER, _ZIP_LOCAL_SIGNATURE,
                   _BufferReader, _buffer_and_name)
-from .pickle_vm import Refused, run_pickle
+from .pickle_vm import Refused, key_problem, run_pickle
 from .safetensors import MAX_NUMPY_DIMS, _make_tensor, to_candle_storage
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -336,7 +336,7 @@ class TorchCheckpoint:
     # -- what the pickle may use -------------------------------------------------------------
     def _globals(self) -> dict:
         allowed = {
-            "collections.OrderedDict": collections.OrderedDict,
+            "collections.OrderedDict": _ordered_dict,
             "torch._utils._rebuild_tensor_v2": self._rebuild_tensor,
             "torch._utils._rebuild_parameter": _rebuild_parameter,
             "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
@@ -502,6 +502,21 @@ class TorchCheckpoint:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _ordered_dict(items=()):
+    """`collections.OrderedDict(pairs)` for the keys the pickle interpreter allows."""
+    if isinstance(items, dict):
+        items = list(items.items())
+    if not isinstance(items, (list, tuple)):
+        raise FormatError(f"OrderedDict of a {type(items).__name__}")
+    for pair in items:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise FormatError("OrderedDict of something other than (key, value) pairs")
+        problem = key_problem(pair[0])
+        if problem:
+            raise FormatError(f"OrderedDict: {problem}")
+    return collections.OrderedDict(items)
 
 
 def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, state=None):
