@@ -378,6 +378,7 @@ def test_torchscript_and_broken_zips_are_typed():
     (b"\x80\x02L" + b"9" * 100_000 + b"L\n.", "no end of line"),
     (b"\x80\x02I" + b"9" * 4_100 + b"\n.", "text integer of 4100 digits"),
     (b"\x80\x02h\x07.", "memo key 7 was never stored"),
+    (b"\x80\x02Np" + str(2**61 - 1).encode() + b"\n.", "memo key of 61 bits"),
     (b"\x80\x02a.", "pops an empty stack"),
     (b"\x80\x02N(\x85.", "pops an empty stack"),
     (b"\x80\x02e.", "needs a MARK"),

@@ -121,6 +121,8 @@ class PickleMachine:
         return self.stack[-1]
 
     def memo_put(self, key: int) -> None:
+        if not 0 <= key < 1 << 32:  # what the binary opcodes can write; no colliding hashes
+            raise self.fail(f"memo key of {key.bit_length()} bits")
         if len(self.memo) >= MAX_MEMO_ENTRIES and key not in self.memo:
             raise self.fail(f"more than {MAX_MEMO_ENTRIES} memo entries")
         self.memo[key] = self.top()
