@@ -40,6 +40,9 @@ DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 16
 # Seconds a client that got 429 is told to wait before trying again.
 RETRY_AFTER_S = 1
+# The long prompt of the warm-up: past backend/parts.py's FUSED_PROMPT_TOKENS (8), so the
+# model's batched prompt pass is warmed up too.
+WARM_UP_PROMPT_TOKENS = 24
 
 
 class FairLock:
@@ -410,8 +413,25 @@ class ModelPool:
             if served.kind == TEXT_KIND:
                 served.scheduler = TextScheduler(name, loaded, self.compute, self.parallel,
                                                  self.queue_size)
+                with self.compute:
+                    self._warm_up_text(served.scheduler)
             served.loaded = loaded
         return served
+
+    @staticmethod
+    def _warm_up_text(scheduler: TextScheduler) -> None:
+        """A two-token prompt and one step through a throwaway slot, so that the kernels'
+        first-call costs (numba's cached machine code, the fused part's weight layout) are
+        paid at start, not by the first request."""
+        model = scheduler.model
+        bos = model.config.bos_token_id if getattr(model.config, "bos_token_id", None) is not None \
+            else 0
+        # Both prompt paths: a few tokens (the fused step, token by token) and a longer one
+        # (the model's batched forward); then a decode step.
+        for length in (2, WARM_UP_PROMPT_TOKENS):
+            lm = SlotLM(model, scheduler.steps, length + 1)
+            logits = lm.start([[int(bos)] * length])
+            lm.step([int(logits[0].argmax())])
 
     def close(self) -> None:
         for served in self.models.values():
