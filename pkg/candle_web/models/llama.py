@@ -248,7 +248,7 @@ class LlamaConfig:
         """From an HF config.json object; `source` names the file in errors."""
         fields = ConfigFields(cfg, source)
         model_type = cfg.get("model_type")
-        if model_type not in HF_FAMILIES:
+        if not isinstance(model_type, str) or model_type not in HF_FAMILIES:
             raise UnsupportedError(f"{source}: model_type {model_type!r} is not supported "
                                    f"by the llama model; supported: {SUPPORTED_HF_MODEL_TYPES}")
         family = HF_FAMILIES[model_type]
@@ -309,7 +309,7 @@ class LlamaConfig:
         """From a GgufFile's metadata (`<arch>.*` keys) and tensor names and shapes."""
         meta = gguf.metadata
         arch = meta.get("general.architecture")
-        if arch not in GGUF_FAMILIES:
+        if not isinstance(arch, str) or arch not in GGUF_FAMILIES:
             raise UnsupportedError(f"GGUF {gguf.source}: general.architecture {arch!r} is not "
                                    f"supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}")
         source = f"GGUF {gguf.source}"
