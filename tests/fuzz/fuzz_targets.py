@@ -385,7 +385,11 @@ def gguf_vocabulary(data: bytes) -> None:
         value = metadata.get(key)
         if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                            for v in value):
-            metadata[key] = np.array(value, np.float32 if key.endswith("scores") else np.int32)
+            try:  # as the reader gives them; what no GGUF array can hold stays a list
+                metadata[key] = np.array(value, np.float32 if key.endswith("scores")
+                                         else np.int32)
+            except (OverflowError, ValueError):
+                pass
     tokenizer = Tokenizer.from_gguf_metadata(metadata)
     use_tokenizer(tokenizer)
     for text in ("a" * 2000, "ab" * 1000, "\u2581a" * 1000, "a b " * 500):

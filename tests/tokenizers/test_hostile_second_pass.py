@@ -214,6 +214,20 @@ def test_other_polynomial_shapes_are_refused(pattern):
         compile_pattern(pattern, "field")
 
 
+@pytest.mark.parametrize("pattern, work", [
+    ("(?:){99999}", 99999), ("(?:(?:){300}){300}", 90300), ("(?:\\b){2000}", 2000),
+])
+def test_required_empty_iterations_are_refused(pattern, work):
+    """Found by the fuzz target tokenizer.regex: a part that matches nothing, repeated a
+    required number of times, runs that count at every position (19 s on 3,000 characters);
+    it has no backtracking at all, so neither rule above saw it."""
+    from candle_web.tokenizers.unicode_classes import compile_pattern
+
+    with pytest.raises(UnsupportedError, match=rf"\({work} iterations at every position"):
+        compile_pattern(pattern, "field")
+    compile_pattern(pattern.replace("{", "{0,"), "field")  # optional counts stop at once
+
+
 @pytest.mark.parametrize("pattern", [
     "a*a*", "a*b*c", "a*ba*c", ".*", "\\s*[\\r\\n]+", "a*+a*b", "\\p{N}{1,3}\\p{N}{1,3}x",
     "(?i:'s|'t)|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{M}]*[\\p{Ll}\\p{M}]+(?i:'s|'t)?",

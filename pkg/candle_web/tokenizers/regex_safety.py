@@ -80,6 +80,12 @@ def check_pattern(translated: str, pattern: str, where: str) -> None:
             f"time on some inputs): {exc}. Refused: no variable repeat inside a repeat unless "
             f"a delimiter follows it, no alternatives that start alike inside a repeat"
         ) from None
+    work = _empty_loop_work(parsed)
+    if work > MAX_EMPTY_LOOP_WORK:
+        raise UnsupportedError(
+            f"{where}: regex {pattern[:200]!r} repeats a part that can match nothing a "
+            f"required number of times ({work} iterations at every position of the text, "
+            f"at most {MAX_EMPTY_LOOP_WORK}): `(?:){{99999}}` took 19 s on 3,000 characters")
     try:
         _sequence_polynomial(_flatten(parsed, ignorecase), False)
     except CatastrophicPattern as exc:
@@ -470,3 +476,34 @@ def _intersection(left, right):
         else:
             j += 1
     return tuple(found)
+
+
+# ---- required iterations of parts that can match nothing -------------------------------------
+
+# `(?:){99999}` or `(?:b?){5000}` must run their minimum count at every position of the text,
+# consuming nothing (3-19 s on 3,000 characters); an iteration that consumes is bounded by the
+# text. Real patterns need a handful (`\\p{N}{1,3}` consumes).
+MAX_EMPTY_LOOP_WORK = 1000
+
+
+def _empty_loop_work(subpattern) -> int:
+    """Iterations run at one position by repeats whose body can match nothing, nested ones
+    multiplied (the minimum counts: past it the engine stops at an empty iteration)."""
+    work = 0
+    for op, av in subpattern:
+        if op in REPEATS:
+            inner = _empty_loop_work(av[2])
+            work += av[0] * (1 + inner) if _nullable(av[2]) else inner
+        elif op is sre_parse.SUBPATTERN:
+            work += _empty_loop_work(av[3])
+        elif op is ATOMIC_GROUP:
+            work += _empty_loop_work(av)
+        elif op is sre_parse.BRANCH:
+            work += sum(_empty_loop_work(branch) for branch in av[1])
+        elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+            work += _empty_loop_work(av[1])
+        elif op is sre_parse.GROUPREF_EXISTS:
+            work += sum(_empty_loop_work(branch) for branch in av[1:] if branch is not None)
+        if work > MAX_EMPTY_LOOP_WORK:
+            return work  # enough to refuse; the products can get huge
+    return work
