@@ -288,7 +288,8 @@ def cmd_serve(args) -> int:
     argv += ["--api"] if args.api else []
     for model in args.model:
         argv += ["--model", model]
-    for flag, value in (("--parallel", args.parallel), ("--queue", args.queue)):
+    for flag, value in (("--parallel", args.parallel), ("--queue", args.queue),
+                        ("--ray-address", args.ray_address), ("--replicas", args.replicas)):
         if value is not None:
             argv += [flag, str(value)]
     if args.api_key:

@@ -881,6 +881,13 @@ def add_api_arguments(parser) -> None:
                         help="slots per text model: requests decoded together (default 4)")
     parser.add_argument("--queue", type=_count, default=None, metavar="N",
                         help="requests waiting beyond the slots before 429 (default 16)")
+    parser.add_argument("--ray-address", default=None, metavar="HEAD:PORT",
+                        help="with --api: serve the API from replicas on this Ray cluster "
+                             "behind Ray Serve's proxy on --host:--port (the cluster extra; the "
+                             "page is not served); 'auto' for $RAY_ADDRESS or a local cluster")
+    parser.add_argument("--replicas", type=_positive_int, default=1, metavar="N",
+                        help="with --ray-address: replicas of the API, each holding the models "
+                             "(default 1)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on /v1 (default: "
                              f"${API_KEY_ENV_VAR} when set; prefer it, argv is visible to "
@@ -889,6 +896,25 @@ def add_api_arguments(parser) -> None:
 
 def api_key_from(args) -> Optional[str]:
     return args.api_key or os.environ.get(API_KEY_ENV_VAR) or None
+
+
+def _serve_on_ray(args) -> int:
+    """`--ray-address`: the API from replicas on a Ray cluster (candle_web.api.ray_serve)."""
+    try:
+        from .api import ray_serve  # noqa: PLC0415
+        import ray.serve  # noqa: F401, PLC0415
+    except ImportError as error:
+        print(f"candle-web serve: --ray-address needs Ray Serve (pip install "
+              f"'candle-web[cluster]'): {error}", file=sys.stderr)
+        return 1
+    from . import api  # noqa: PLC0415
+
+    ray_serve.run(args.ray_address, args.model, args.replicas,
+                  args.parallel or api.DEFAULT_PARALLEL,
+                  api.DEFAULT_QUEUE if args.queue is None else args.queue, args.host,
+                  args.port, api_key=api_key_from(args),
+                  announce=lambda line: print(line, flush=True))
+    return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -920,6 +946,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         local_model_map(args.local_model)
     except ValueError as error:
         parser.error(str(error))
+    if args.ray_address:
+        return _serve_on_ray(args)
     api = None
     if args.api or args.model:
         from .core.errors import CandleError  # noqa: PLC0415
