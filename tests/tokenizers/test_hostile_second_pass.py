@@ -216,6 +216,7 @@ def test_other_polynomial_shapes_are_refused(pattern):
 
 @pytest.mark.parametrize("pattern, work", [
     ("(?:){99999}", 99999), ("(?:(?:){300}){300}", 90300), ("(?:\\b){2000}", 2000),
+    ("(?:(?:){99999})*a", 100000),  # the outer * still tries one iteration
 ])
 def test_required_empty_iterations_are_refused(pattern, work):
     """Found by the fuzz target tokenizer.regex: a part that matches nothing, repeated a
@@ -225,7 +226,8 @@ def test_required_empty_iterations_are_refused(pattern, work):
 
     with pytest.raises(UnsupportedError, match=rf"\({work} iterations at every position"):
         compile_pattern(pattern, "field")
-    compile_pattern(pattern.replace("{", "{0,"), "field")  # optional counts stop at once
+    if not pattern.endswith("*a"):
+        compile_pattern(pattern.replace("{", "{0,"), "field")  # optional counts stop at once
 
 
 @pytest.mark.parametrize("pattern", [
