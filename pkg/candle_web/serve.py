@@ -120,6 +120,9 @@ GRACEFUL_SHUTDOWN_S = 3
 STARTUP_WAIT_S = 30.0
 # `candle-web serve --api`: the OpenAI-compatible routes live under this prefix (candle_web.api).
 API_PREFIX = "/v1"
+MISDIRECTED_JSON = (b'{"error": {"message": "Host: not this server\'s address or a loopback name '
+                    b'(DNS rebinding is refused)", "type": "invalid_request_error", "param": '
+                    b'null, "code": "misdirected_request"}}')
 
 # Explicit table rather than the `mimetypes` module, whose answers depend on the host's
 # /etc/mime.types (some map .js to application/x-javascript; few know .wasm).
@@ -499,20 +502,27 @@ class SiteApp:
         method = scope["method"]
         send_body = method != "HEAD"
         bound = (scope.get("server") or (DEFAULT_HOST, 0))[0]
-        if not host_allowed(request_headers(scope).get("host"), bound):
-            await refuse(send_with_headers, HTTPStatus.MISDIRECTED_REQUEST, send_body,
-                         headers=[("Connection", "close")])
-            return
         url_path = (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1")
-        if self.api is not None and (url_path == API_PREFIX or url_path.startswith(API_PREFIX + "/")):
+        to_api = self.api is not None and (url_path == API_PREFIX
+                                           or url_path.startswith(API_PREFIX + "/"))
+        if not host_allowed(request_headers(scope).get("host"), bound):
+            if to_api:  # API clients get OpenAI's error shape for this refusal too
+                await respond(send_with_headers, HTTPStatus.MISDIRECTED_REQUEST,
+                              [("Content-Type", "application/json"), ("Connection", "close")],
+                              MISDIRECTED_JSON, send_body)
+            else:
+                await refuse(send_with_headers, HTTPStatus.MISDIRECTED_REQUEST, send_body,
+                             headers=[("Connection", "close")])
+            return
+        if to_api:
             await self.api(scope, receive, send_with_headers)
             return
         if method not in ("GET", "HEAD"):
             await respond(send_with_headers, HTTPStatus.METHOD_NOT_ALLOWED,
                           {"Allow": "GET, HEAD", "Content-Length": "0"})
             return
-        if self.site.verbose:
-            print(f"{method} {url_path}", file=sys.stderr, flush=True)
+        if self.site.verbose:  # ascii(): a path cannot write control characters to a terminal
+            print(f"{method} {ascii(url_path)[1:-1]}", file=sys.stderr, flush=True)
         await serve_file(self.site, scope, send_with_headers, url_path, send_body)
 
 
@@ -946,6 +956,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         local_model_map(args.local_model)
     except ValueError as error:
         parser.error(str(error))
+    if (args.api or args.model or args.ray_address) and not api_key_from(args) \
+            and args.host not in LOOPBACK_HOST_NAMES:
+        print(f"warning: the API on {args.host} answers anyone who can reach it; set "
+              f"${API_KEY_ENV_VAR} (or --api-key) to require a key", file=sys.stderr)
     if args.ray_address:
         return _serve_on_ray(args)
     api = None

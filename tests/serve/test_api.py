@@ -559,5 +559,7 @@ def test_a_body_that_stops_arriving_gets_408_after_the_idle_limit(small_url):
 
 
 def test_a_foreign_host_is_refused_on_the_api_too(server_url):
-    status, _, _ = raw_request(server_url, "GET", "/v1/models", headers={"Host": "evil.example"})
-    assert status == 421
+    status, _, body = raw_request(server_url, "GET", "/v1/models",
+                                  headers={"Host": "evil.example"})
+    assert assert_error_shape(status, body, None, 421)["code"] == "misdirected_request"
+    assert_still_serving(server_url)

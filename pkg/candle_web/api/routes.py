@@ -207,11 +207,10 @@ class OpenAiApi:
         from ..generation import GenerationOptions  # noqa: PLC0415
 
         context = scheduler.context_length
+        # max_completion_tokens is OpenAI's newer name; it wins when both are given.
         max_tokens = check.integer(body, "max_completion_tokens", minimum=0, maximum=context,
-                                   maximum_reason=f" (the model's context length)")
-        name = "max_completion_tokens"
+                                   maximum_reason=" (the model's context length)")
         if max_tokens is None:
-            name = "max_tokens"
             max_tokens = check.integer(body, "max_tokens", minimum=0, maximum=context,
                                        maximum_reason=" (the model's context length)")
         if len(prompt_ids) >= context:
@@ -238,7 +237,6 @@ class OpenAiApi:
             kwargs["seed"] = seed
         options = GenerationOptions(**kwargs)
         budget = min(max_tokens, context - len(prompt_ids))
-        del name
         return options, budget
 
     async def _run_text(self, request, body, served, prompt_ids, chat: bool):
