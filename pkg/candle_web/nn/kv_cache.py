@@ -85,6 +85,14 @@ class Cache:
         """The whole backend buffer (capacity >= length) for in-place writes, or None."""
         return self._buffer
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions (a chat rolled back to where a conversation
+        diverged); the buffer stays, so the next append writes over the dropped ones."""
+        if not 0 <= length <= self.current_seq_len:
+            raise ShapeMismatch(f"kv cache truncate: {length} is outside 0..{self.current_seq_len} "
+                                "(the cached positions)")
+        self.current_seq_len = length
+
     def reorder(self, indices) -> None:
         """Keep rows `indices` of dim 0 (beam search: each row follows its beam)."""
         if self._buffer is not None:
@@ -132,6 +140,14 @@ class KvCache:
     def reset(self) -> None:
         self.k.reset()
         self.v.reset()
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions of keys and values (both checked first)."""
+        if not 0 <= length <= min(self.k.current_seq_len, self.v.current_seq_len):
+            raise ShapeMismatch(f"kv cache truncate: {length} is outside 0..{self.length} "
+                                "(the cached positions)")
+        self.k.truncate(length)
+        self.v.truncate(length)
 
     def reorder(self, indices) -> None:
         """Keep batch rows `indices` (beam search), in both caches."""

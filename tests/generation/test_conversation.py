@@ -1,0 +1,162 @@
+"""Multi-turn chat with the KV cache carried over (generation/conversation.py), on the real
+SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct GGUFs.
+
+The reference for every turn is a fresh run: the model's caches cleared and the same
+conversation rendered by the same template, decoded greedily by `generate`. Reusing the cache
+must give the same ids; the prompt pass of a reused turn runs the new tokens only. (The two
+runs process the shared prefix in different chunks, so logits differ by float rounding; greedy
+ids over these short answers are expected to be identical, and the test would show otherwise.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from candle_web.core.errors import CandleError, FormatError, ShapeMismatch
+from candle_web.core.tensor import Tensor
+from candle_web.generation import GenerationOptions, generate
+from candle_web.generation.conversation import (STOP_CANCELLED, Conversation,
+                                                check_messages)
+from candle_web.nn.kv_cache import KvCache
+
+GREEDY = GenerationOptions(max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from candle_web.pipelines import load_llama
+
+    return load_llama("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from candle_web.pipelines import load_llama
+
+    return load_llama("qwen2.5-coder-0.5b-instruct")
+
+
+def fresh_ids(chat: Conversation, options=GREEDY) -> list:
+    """The answer a fresh run gives to the conversation before its last answer."""
+    history = chat.messages[chat.first:-1]
+    ids = chat.prompt_ids(history)
+    chat.model.clear_kv_cache()
+    opts = GenerationOptions(max_new_tokens=options.max_new_tokens, add_special_tokens=False)
+    return generate(chat.model, chat.tokenizer, ids, opts).token_ids
+
+
+def test_turn_two_reuses_turn_one_and_equals_a_fresh_run(smollm2):
+    chat = Conversation(smollm2.model, smollm2.tokenizer, system="You are a helpful assistant.")
+    seen = []
+    first = chat.send("My name is Ada. Say hello to me.", GREEDY,
+                      on_event=lambda kind, payload: seen.append((kind, payload)))
+    assert first.reused_tokens == 0 and first.new_tokens == first.prompt_tokens
+    prompt_event = [p for k, p in seen if k == "prompt"][0]
+    assert prompt_event["reused"] == 0 and prompt_event["new_tokens"] == first.prompt_tokens
+
+    second = chat.send("What is my name?", GREEDY)
+    # The whole of turn 1 (its prompt and the answer's fed ids) was in the cache.
+    assert second.reused_tokens >= first.prompt_tokens + len(first.token_ids) - 1
+    assert second.new_tokens == second.prompt_tokens - second.reused_tokens
+    assert second.new_tokens < 20
+    assert second.token_ids == fresh_ids(chat)
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"] * 2
+
+
+def test_regenerate_and_edit_roll_back_to_the_divergence(smollm2):
+    chat = Conversation(smollm2.model, smollm2.tokenizer)
+    first = chat.send("My name is Ada.", GREEDY)
+    second = chat.send("Tell me a fact about cats.", GREEDY)
+
+    again = chat.regenerate(GREEDY)
+    assert again.token_ids == second.token_ids  # greedy: the same answer
+    # Everything up to the last answer stays; only its generation prompt tail may run again.
+    assert again.reused_tokens == again.prompt_tokens - 1
+    assert len(chat.messages) == 4
+
+    edited = chat.edit(0, "My name is Bob.", GREEDY)
+    assert len(chat.messages) == 2 and chat.messages[0]["content"] == "My name is Bob."
+    # Rolled back to where "Ada" and "Bob" diverge: less than turn 1's prompt was kept.
+    assert 0 < edited.reused_tokens < first.prompt_tokens
+    assert edited.token_ids == fresh_ids(chat)
+    # ...and the caches hold exactly the ids the next turn compares with.
+    chat_again = chat.send("What is my name?", GREEDY)
+    assert chat_again.token_ids == fresh_ids(chat)
+
+
+def test_qwen_recalls_a_name_with_the_cache_carried_over(qwen):
+    chat = Conversation(qwen.model, qwen.tokenizer, system="You are a helpful assistant.")
+    first = chat.send("My name is Ada. Please remember it.", GREEDY)
+    second = chat.send("What is my name? Answer with the name only.", GREEDY)
+    assert "Ada" in second.text
+    assert second.reused_tokens >= first.prompt_tokens + len(first.token_ids) - 1
+    assert second.token_ids == fresh_ids(chat)
+
+
+def test_a_stopped_answer_is_kept_and_the_next_turn_still_matches(smollm2):
+    chat = Conversation(smollm2.model, smollm2.tokenizer)
+
+    def stop_after_three(kind, payload):
+        return not (kind == "token" and payload["index"] >= 2)
+
+    turn = chat.send("Write a long story about a dragon.", GREEDY, on_event=stop_after_three)
+    assert turn.stop_reason == STOP_CANCELLED and len(turn.token_ids) == 3
+    assert chat.messages[-1] == {"role": "assistant", "content": turn.text}
+    nxt = chat.send("Now a short one.", GREEDY)
+    assert nxt.reused_tokens > 0
+    assert nxt.token_ids == fresh_ids(chat)
+
+
+def test_context_overflow_drops_the_oldest_turns_and_keeps_the_system_prompt(smollm2):
+    system = "You are a pirate."
+    chat = Conversation(smollm2.model, smollm2.tokenizer, system=system, context_length=160)
+    options = GenerationOptions(max_new_tokens=40)
+    turns = [chat.send(text, options) for text in
+             ("Tell me about the sea.", "Tell me about ships.", "Tell me about parrots.")]
+    dropped = [t for t in turns if t.dropped_messages]
+    assert dropped, [t.prompt_tokens for t in turns]
+    last = dropped[0]
+    assert last.notice and "left the model's view" in last.notice and "160" in last.notice
+    assert last.prompt_tokens + options.max_new_tokens <= 160
+    # The model still sees the system prompt and the whole new message.
+    shown = chat.tokenizer.decode(chat.prompt_ids(chat.messages[chat.first:-1]),
+                                  skip_special_tokens=False)
+    assert system in shown and "Tell me about parrots." in shown
+    assert len(chat.messages) == 6  # the user still sees every message
+    assert turns[-1].token_ids == fresh_ids(chat, options)
+
+
+def test_a_message_too_long_for_the_context_is_refused_not_cut(smollm2):
+    chat = Conversation(smollm2.model, smollm2.tokenizer, context_length=64)
+    with pytest.raises(CandleError, match="context is 64"):
+        chat.send("word " * 200, GREEDY)
+
+
+def test_openai_messages_round_trip_and_bad_input(smollm2):
+    chat = Conversation(smollm2.model, smollm2.tokenizer, system="Be brief.")
+    chat.load_messages([{"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "Hi"},
+                        {"role": "assistant", "content": "Hello!"}])
+    assert json.loads(chat.to_json()) == chat.openai_messages()
+    assert chat.system == "Be brief." and len(chat.messages) == 2
+    for bad, field in (([{"role": "user"}], "content"), ([{"role": "robot", "content": ""}], "role"),
+                       ([{"role": "user", "content": 3}], "content"),
+                       ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
+                        "system")):
+        with pytest.raises(FormatError, match=field):
+            check_messages(bad)
+
+
+def test_kv_cache_truncate():
+    cache = KvCache(dim=2, initial_capacity=4)
+    for step in range(6):
+        t = Tensor.from_numpy(np.full((1, 2, 1, 3), step, np.float32))
+        cache.append(t, t)
+    cache.truncate(2)
+    k, _ = cache.append(*(Tensor.from_numpy(np.full((1, 2, 1, 3), 9, np.float32)),) * 2)
+    assert k.to_numpy()[0, 0, :, 0].tolist() == [0, 1, 9]
+    with pytest.raises(ShapeMismatch, match="truncate"):
+        cache.truncate(4)
