@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -111,6 +112,13 @@ def gguf_metadata(config: dict, arch: str = "llama") -> dict:
     extra = {f"{arch}.{key}": config[field] for field, key in optional.items()
              if config.get(field) is not None}
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if (config.get("rope_scaling") or {}).get("type") in ("longrope", "su"):
+        # Phi3MiniModel's keys (its factors go in tensors: to_gguf); attn_factor as it computes it.
+        scale = config["max_position_embeddings"] / config["original_max_position_embeddings"]
+        extra[f"{arch}.rope.scaling.original_context_length"] = \
+            config["original_max_position_embeddings"]
+        extra[f"{arch}.rope.scaling.attn_factor"] = math.sqrt(
+            1 + math.log(scale) / math.log(config["original_max_position_embeddings"]))
     return extra | {
         "general.architecture": arch,
         f"{arch}.block_count": config["num_hidden_layers"],
@@ -147,6 +155,10 @@ def to_gguf(state: dict, config: dict, path: Path, quantize_to=None, extra_metad
         if quantize_to is not None and values.ndim == 2:
             values = QTensor.from_float(values, quantize_to)
         tensors[gguf_name(name, arch)] = values
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("type") in ("longrope", "su"):
+        tensors["rope_factors_long.weight"] = np.array(scaling["long_factor"], np.float32)
+        tensors["rope_factors_short.weight"] = np.array(scaling["short_factor"], np.float32)
     tensors.update(extra_tensors or {})
     metadata = gguf_metadata(config, arch)
     metadata.update(extra_metadata or {})
@@ -190,32 +202,35 @@ def to_hf_folder(state: dict, config: dict, folder: Path) -> Path:
     return folder
 
 
-def transformers_model(config: dict):
-    """transformers' *ForCausalLM for config["model_type"] (eager attention), randomly
-    initialised by transformers."""
+def transformers_model(config: dict, state: dict = None, dtype=np.float32):
+    """transformers' *ForCausalLM for config["model_type"] (LlamaForCausalLM by default; eager
+    attention) in `dtype`, on the weights `state`, or randomly initialised by transformers."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
     cfg = AutoConfig.for_model(config.get("model_type", "llama"), **fields)
     cfg._attn_implementation = "eager"
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    if np.dtype(dtype) == np.float64:
+        model = model.double()
+    if state is not None:
+        weights = {k: torch.from_numpy(v.astype(dtype)) for k, v in state.items()}
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        # A tied head has no lm_head.weight of its own; nothing else may be missing.
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        if config.get("tie_word_embeddings"):
+            model.tie_weights()
+    return model
 
 
 def transformers_logits(config: dict, state: dict, ids, dtype=np.float32) -> np.ndarray:
     """All-position logits [t, vocab] of transformers' *ForCausalLM for config["model_type"]
-    (LlamaForCausalLM by default) on the same weights, computed in `dtype` (float64: the truth
-    f32 paths are measured against)."""
+    on the same weights, computed in `dtype` (float64: the truth f32 paths are measured
+    against)."""
     import torch
 
-    model = transformers_model(config)
-    if np.dtype(dtype) == np.float64:
-        model = model.double()
-    weights = {k: torch.from_numpy(v.astype(dtype)) for k, v in state.items()}
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    # A tied head has no lm_head.weight of its own; nothing else may be missing.
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    if config.get("tie_word_embeddings"):
-        model.tie_weights()
+    model = transformers_model(config, state, dtype)
     with torch.no_grad():
         return model(torch.tensor([list(ids)])).logits[0].numpy()
 

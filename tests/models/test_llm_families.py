@@ -48,6 +48,13 @@ FAMILIES = {
     "qwen3": dict(BASE, model_type="qwen3", head_dim=32),  # head_dim != d / heads
     "phi3": dict({k: v for k, v in BASE.items() if k != "head_dim"}, model_type="phi3",
                  sliding_window=5),
+    # longrope: the 10-token prompt within original_max_position_embeddings (short factors),
+    # the sequence past it from the 3rd new token (long factors; cos/sin scaled by 1.40).
+    "phi3_longrope": dict({k: v for k, v in BASE.items() if k != "head_dim"},
+                          model_type="phi3", original_max_position_embeddings=12,
+                          rope_scaling={"type": "longrope",
+                                        "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+                                        "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0]}),
     "gemma2": dict(BASE, model_type="gemma2", tie_word_embeddings=True, sliding_window=4,
                    query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
                    final_logit_softcapping=5.0, hidden_activation="gelu_pytorch_tanh"),
@@ -78,26 +85,33 @@ def make_family(name: str, seed: int = 0):
     return config, state, model
 
 
-def truth_greedy(config, state, prompt, steps, bound):
-    """float64 transformers' greedy ids, each step's top-2 margin checked against `bound`."""
-    ids = list(prompt)
-    for _ in range(steps):
-        logits = transformers_logits(config, state, ids, dtype=np.float64)[-1]
-        top = np.sort(logits)[-2:]
-        assert top[1] - top[0] > 2 * bound, "a near tie: the greedy ids would prove nothing"
-        ids.append(int(np.argmax(logits)))
-    return ids[len(prompt):]
+def transformers_greedy(config, state, prompt, steps, dtype, feed=None):
+    """transformers' greedy decoding through its KV cache (as `generate` runs it: longrope's
+    cached keys keep the rotation they had) in `dtype`: (ids, logits [steps, vocab] each id
+    was chosen from); `feed` replays given ids instead of the argmax."""
+    model = transformers_model(config, state, dtype)
+    ids, rows, cache, new = [], [], None, list(prompt)
+    with torch.no_grad():
+        for step in range(steps):
+            out = model(torch.tensor([new]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            rows.append(out.logits[0, -1].numpy())
+            ids.append(int(np.argmax(rows[-1])) if feed is None else feed[step])
+            new = ids[-1:]
+    return ids, np.stack(rows)
 
 
-def greedy(model, prompt, steps):
-    """Our greedy ids: the prompt in one pass, then one token at a time through the KV cache."""
+def greedy(model, prompt, steps, with_logits=False):
+    """Our greedy ids (and the logits each was chosen from): the prompt in one pass, then one
+    token at a time through the KV cache."""
     model.clear_kv_cache()
-    logits = model.forward([prompt]).to_numpy()[0]
+    rows = [model.forward([prompt]).to_numpy()[0]]
     out = []
-    for _ in range(steps):
-        out.append(int(np.argmax(logits)))
-        logits = model.forward([[out[-1]]]).to_numpy()[0]
-    return out
+    for step in range(steps):
+        out.append(int(np.argmax(rows[-1])))
+        if step + 1 < steps:
+            rows.append(model.forward([[out[-1]]]).to_numpy()[0])
+    return (out, np.stack(rows)) if with_logits else out
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -110,17 +124,29 @@ def family(request, tmp_path_factory):
     gguf = to_gguf(state, config, folder / f"{name}.gguf", arch=arch)
     truth = transformers_logits(config, state, PROMPT, dtype=np.float64)
     reference = transformers_logits(config, state, PROMPT)
-    expected = truth_greedy(config, state, PROMPT, NEW_TOKENS, measured_bound(reference, truth))
-    return name, folder / "hf", gguf, reference, truth, expected
+    expected, step_truth = transformers_greedy(config, state, PROMPT, NEW_TOKENS, np.float64)
+    _, step_reference = transformers_greedy(config, state, PROMPT, NEW_TOKENS, np.float32,
+                                            feed=expected)
+    bound = measured_bound(step_reference, step_truth)
+    for logits in step_truth:
+        top = np.sort(logits)[-2:]
+        assert top[1] - top[0] > 2 * bound, "a near tie: the greedy ids would prove nothing"
+    return (name, folder / "hf", gguf, (reference, truth),
+            (expected, step_reference, step_truth))
 
 
 @pytest.mark.parametrize("layout", ["hf", "gguf"])
 def test_logits_and_greedy_ids_equal_transformers(family, layout):
-    name, hf_folder, gguf, reference, truth, expected = family
+    """The prompt's logits at every position, then 8 greedy steps through the KV cache (the
+    sliding windows' cache reads, longrope's switch to its long factors): the same ids, and the
+    logits each was chosen from near transformers' float64 ones."""
+    name, hf_folder, gguf, (reference, truth), (expected, step_reference, step_truth) = family
     model = Llama.from_pretrained(hf_folder if layout == "hf" else gguf)
     got = model.forward([PROMPT], all_logits=True).to_numpy()[0]
     assert_near_truth(got, reference, truth, f"{name} {layout} logits")
-    assert greedy(model, PROMPT, NEW_TOKENS) == expected
+    ids, steps = greedy(model, PROMPT, NEW_TOKENS, with_logits=True)
+    assert ids == expected
+    assert_near_truth(steps, step_reference, step_truth, f"{name} {layout} decode steps")
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -154,7 +180,7 @@ def test_a_gguf_missing_a_required_key_names_it(tmp_path, name, missing, key):
         Llama.load(path)
 
 
-def test_unsupported_families_and_scalings_are_named(tmp_path):
+def test_unsupported_or_broken_families_and_scalings_are_named(tmp_path):
     from candle_web.core.errors import FormatError, UnsupportedError
     from candle_web.models.llama import LlamaConfig
 
@@ -162,12 +188,15 @@ def test_unsupported_families_and_scalings_are_named(tmp_path):
     path = to_gguf(state, config, tmp_path / "longrope.gguf", arch="phi3",
                    extra_tensors={"rope_factors_long.weight": np.ones(8, np.float32),
                                   "rope_factors_short.weight": np.ones(8, np.float32)})
-    with pytest.raises(UnsupportedError, match="longrope.*rope_factors_long"):
+    with pytest.raises(FormatError, match="'phi3.rope.scaling.original_context_length'"):
         Llama.load(path)
-    longrope = dict(config, rope_scaling={"type": "longrope", "short_factor": [1.0] * 8,
-                                          "long_factor": [1.0] * 8})
-    with pytest.raises(UnsupportedError, match="'longrope' is not supported"):
-        LlamaConfig.from_hf_config(longrope)
+    yarn = dict(config, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(UnsupportedError, match="'yarn' is not supported"):
+        LlamaConfig.from_hf_config(yarn)
+    short = dict(FAMILIES["phi3_longrope"])
+    short["rope_scaling"] = dict(short["rope_scaling"], short_factor=[1.0, "x"])
+    with pytest.raises(FormatError, match="short_factor"):
+        LlamaConfig.from_hf_config(short)
     with pytest.raises(UnsupportedError, match="partial_rotary_factor"):
         LlamaConfig.from_hf_config(dict(config, partial_rotary_factor=0.5))
     with pytest.raises(UnsupportedError, match=r"'falcon'.*supported: \('llama', 'mistral'"):

@@ -21,7 +21,7 @@ metadata and tensor list):
     qwen2    qkv_bias
     mistral  sliding_window on every layer (GGUF: the llama architecture)
     qwen3    qk_norm, head_dim not d / heads
-    phi3     Q/K/V and gate/up stored fused (names only; longrope scaling is refused)
+    phi3     Q/K/V and gate/up stored fused (names only), longrope RoPE scaling
     gemma2   embedding_scale, norm_weight_offset 1 (HF stores w, the norm multiplies by 1 + w;
              llama.cpp's converter stores 1 + w), post_norms, GELU-tanh, query_pre_attn_scalar,
              attention and final soft-capping, sliding window on every other layer
@@ -92,7 +92,7 @@ QK_NORM_FAMILIES = ("qwen3", "gemma3")
 # llama.cpp's converter permutes the Q/K rows (interleaved RoPE) for these architectures only;
 # the others keep HF's half-split layout (llama.cpp's NEOX rope type).
 GGUF_PERMUTED_QK_ARCHITECTURES = ("llama",)
-SUPPORTED_ROPE_SCALING = ("linear", "llama3")
+SUPPORTED_ROPE_SCALING = ("linear", "llama3", "longrope")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_RMS_NORM_EPS = 1e-5
@@ -122,7 +122,11 @@ class RopeScaling:
     linear: every frequency divided by `factor` (positions interpolated).
     llama3: long wavelengths divided by `factor`, short ones kept, a smooth blend between
     (Llama 3.1's scheme). freq_factors: each frequency divided by its own factor (how
-    llama.cpp stores llama3 scaling in GGUF: a `rope_freqs.weight` tensor)."""
+    llama.cpp stores llama3 scaling in GGUF: a `rope_freqs.weight` tensor). longrope (Phi-3,
+    formerly "su"): each frequency divided by its own short factor while the sequence is at most
+    original_max_position_embeddings long, by its long factor beyond (transformers' rule: the
+    tables switch when the sequence grows past it; cached keys keep their rotation), and cos/sin
+    multiplied by `attention_factor`."""
 
     kind: str
     factor: float = 1.0
@@ -130,15 +134,21 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     freq_factors: tuple = ()
+    long_factors: tuple = ()  # longrope's; freq_factors holds its short ones
+    attention_factor: float = 1.0  # cos and sin are multiplied by it (longrope)
 
-    def apply(self, inv_freq: np.ndarray) -> np.ndarray:
+    def uses_long_factors(self, positions: int) -> bool:
+        """Whether tables for a sequence of `positions` use longrope's long factors."""
+        return self.kind == "longrope" and positions > self.original_max_position_embeddings
+
+    def apply(self, inv_freq: np.ndarray, long: bool = False) -> np.ndarray:
         if self.kind == "linear":
             return inv_freq / self.factor
-        if self.kind == "freq_factors":
-            factors = np.asarray(self.freq_factors, dtype=np.float64)
+        if self.kind in ("freq_factors", "longrope"):
+            factors = np.asarray(self.long_factors if long else self.freq_factors, np.float64)
             if factors.shape != inv_freq.shape:
-                raise ShapeMismatch(f"rope_freqs: {factors.size} factors for {inv_freq.size} "
-                                    "rotary frequencies")
+                raise ShapeMismatch(f"rope scaling {self.kind}: {factors.size} factors for "
+                                    f"{inv_freq.size} rotary frequencies")
             return inv_freq / factors
         if self.kind == "llama3":
             return self._llama3(inv_freq)
@@ -157,9 +167,10 @@ class RopeScaling:
         return np.where(wavelen < high_freq_wavelen, inv_freq, out)
 
     @staticmethod
-    def from_hf(fields):
+    def from_hf(fields, top: ConfigFields = None):
         """From config.json's `rope_scaling` (or transformers 5's `rope_parameters`), as a
-        ConfigFields section (a plain dict is accepted too)."""
+        ConfigFields section (a plain dict is accepted too); `top`: the whole config (longrope
+        reads max_position_embeddings and original_max_position_embeddings there)."""
         if isinstance(fields, dict):
             fields = ConfigFields(fields, "config.json", label_prefix="rope_scaling.")
         if fields is None or not fields.mapping:
@@ -167,6 +178,8 @@ class RopeScaling:
         kind = fields.string("rope_type", fields.string("type", "default"))
         if kind == "default":
             return None
+        if kind in ("longrope", "su"):  # "su": Phi-3's first name for it
+            return RopeScaling._longrope(fields, top or fields)
         if kind not in SUPPORTED_ROPE_SCALING:
             raise UnsupportedError(f"{fields.source}: rope scaling {kind!r} is not supported; "
                                    f"supported: {SUPPORTED_ROPE_SCALING}")
@@ -176,6 +189,31 @@ class RopeScaling:
                            fields.number("low_freq_factor", 1.0, positive=True),
                            fields.number("high_freq_factor", 4.0, positive=True),
                            fields.positive_int("original_max_position_embeddings", 8192))
+
+    @staticmethod
+    def _longrope(fields: ConfigFields, top: ConfigFields) -> "RopeScaling":
+        original = fields.positive_int("original_max_position_embeddings", None) or \
+            top.positive_int("original_max_position_embeddings")
+        factor = fields.number("factor", None, positive=True) or \
+            top.positive_int("max_position_embeddings", 4096) / original
+        attention = fields.number("attention_factor", None, positive=True)
+        if attention is None:  # transformers' (and the LongRoPE paper's) default
+            attention = 1.0 if factor <= 1.0 else \
+                math.sqrt(1.0 + math.log(factor) / math.log(original))
+        return RopeScaling("longrope", factor, original_max_position_embeddings=original,
+                           freq_factors=_positive_numbers(fields, "short_factor"),
+                           long_factors=_positive_numbers(fields, "long_factor"),
+                           attention_factor=attention)
+
+
+def _positive_numbers(fields: ConfigFields, name: str) -> tuple:
+    """A required JSON list of positive finite numbers (longrope's per-frequency factors)."""
+    values = fields.raw(name)
+    if not isinstance(values, list) or not values or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for v in values):
+        raise fields.fail(name, "a list of positive finite numbers", values)
+    return tuple(float(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -287,7 +325,7 @@ class LlamaConfig:
             rms_norm_eps=fields.number("rms_norm_eps", DEFAULT_RMS_NORM_EPS, positive=True),
             rope_theta=theta,
             max_position_embeddings=fields.positive_int("max_position_embeddings", 4096),
-            rope_interleaved=False, rope_scaling=RopeScaling.from_hf(scaling),
+            rope_interleaved=False, rope_scaling=RopeScaling.from_hf(scaling, fields),
             tie_word_embeddings=fields.boolean("tie_word_embeddings", gemma),
             bos_token_id=fields.token_id("bos_token_id", vocab, None),
             eos_token_ids=fields.token_ids("eos_token_id", vocab),
@@ -326,11 +364,6 @@ class LlamaConfig:
         if rotary_dims != head_dim:
             raise UnsupportedError(f"GGUF {gguf.source}: partial rotary embeddings "
                                    f"({rotary_dims} of {head_dim} dims) are not supported")
-        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
-            if name in gguf.tensors:
-                raise UnsupportedError(f"GGUF {gguf.source}: {arch} longrope scaling ({name}) is "
-                                       f"not supported; supported: linear (and llama3 via "
-                                       f"rope_freqs.weight)")
         kv_heads = field.positive_int("attention.head_count_kv", heads)
         field.check_divides("attention.head_count_kv", kv_heads, "attention.head_count", heads)
         embed_info = gguf.tensors.get("token_embd.weight")
@@ -340,7 +373,8 @@ class LlamaConfig:
         end_ids = (tokens.token_id(name, vocab, None) for name in ("eos_token_id", "eot_token_id"))
         # Gemma's converter writes the window and Gemma 2's soft-caps: required there.
         required = REQUIRED if gemma else None
-        window = field.positive_int("attention.sliding_window", required)
+        # Phi-3's converter writes 0 for "no window".
+        window = field.integer("attention.sliding_window", required, minimum=0) or None
         pattern = SLIDING_WINDOW_PATTERN.get(arch)
         if pattern is not None:
             pattern = field.positive_int("attention.sliding_window_pattern", pattern)
@@ -414,13 +448,25 @@ def _hf_sliding_window(fields: ConfigFields, family: str, layers: int) -> tuple:
     return window, None  # mistral, phi3: every layer
 
 
+def _gguf_factors(gguf, name: str) -> tuple:
+    factors = gguf.qtensor(name).dequantize().reshape(-1)
+    if not (np.isfinite(factors).all() and (factors > 0).all()):
+        raise FormatError(f"GGUF {gguf.source}: {name} must hold positive finite factors")
+    return tuple(float(f) for f in factors)
+
+
 def _gguf_rope_scaling(gguf, arch: str, field: ConfigFields):
     if "rope_freqs.weight" in gguf.tensors:
-        factors = gguf.qtensor("rope_freqs.weight").dequantize().reshape(-1)
-        if not (np.isfinite(factors).all() and (factors > 0).all()):
-            raise FormatError(f"GGUF {gguf.source}: rope_freqs.weight must hold positive "
-                              "finite factors")
-        return RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in factors))
+        return RopeScaling("freq_factors", freq_factors=_gguf_factors(gguf, "rope_freqs.weight"))
+    if "rope_factors_long.weight" in gguf.tensors or "rope_factors_short.weight" in gguf.tensors:
+        # Phi-3's longrope as llama.cpp's converter writes it: both factor tensors, the
+        # original context length and the attention factor it computed.
+        original = field.positive_int("rope.scaling.original_context_length")
+        return RopeScaling("longrope", original_max_position_embeddings=original,
+                           freq_factors=_gguf_factors(gguf, "rope_factors_short.weight"),
+                           long_factors=_gguf_factors(gguf, "rope_factors_long.weight"),
+                           attention_factor=field.number("rope.scaling.attn_factor", 1.0,
+                                                         positive=True))
     kind = field.string("rope.scaling.type", "none")
     factor = field.number("rope.scaling.factor", None, positive=True)
     if factor is None:
@@ -430,7 +476,8 @@ def _gguf_rope_scaling(gguf, arch: str, field: ConfigFields):
     if kind in ("linear", "none") and factor is not None:
         return None if factor == 1.0 else RopeScaling("linear", factor)
     raise UnsupportedError(f"GGUF {gguf.source}: {arch}.rope.scaling.type {kind!r} is not "
-                           "supported; supported: linear (and llama3 via rope_freqs.weight)")
+                           "supported; supported: linear (llama3 via rope_freqs.weight, longrope "
+                           "via rope_factors_long/short.weight)")
 
 
 # -- modules in forward order -------------------------------------------------------------
@@ -469,17 +516,24 @@ class RotaryEmbedding:
         self.scaling = cfg.rope_scaling if scaling == "config" else scaling
         self.apply = rope_i if cfg.rope_interleaved else rope
         self.positions = 0
+        self.long = False  # built with longrope's long factors
         self.cos = self.sin = None
 
     def tables(self, start: int, length: int):
         """(cos, sin) for positions start .. start + length - 1, each [length, head_dim/2]."""
         needed = start + length
-        if needed > self.positions:
+        long = bool(self.scaling and self.scaling.uses_long_factors(needed))
+        if needed > self.positions or long != self.long:
             size = max(needed, 2 * self.positions, INITIAL_ROPE_POSITIONS)
-            scaling = self.scaling.apply if self.scaling else None
+            scaling = None
+            if self.scaling:
+                scaling = lambda inv_freq: self.scaling.apply(inv_freq, long)  # noqa: E731
             self.cos, self.sin = rope_frequencies(self.head_dim, size, self.theta, scaling,
                                                   self.device)
-            self.positions = size
+            if self.scaling and self.scaling.attention_factor != 1.0:
+                factor = self.scaling.attention_factor
+                self.cos, self.sin = self.cos.affine(factor, 0.0), self.sin.affine(factor, 0.0)
+            self.positions, self.long = size, long
         return self.cos.narrow(0, start, length), self.sin.narrow(0, start, length)
 
 
