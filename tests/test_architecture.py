@@ -139,7 +139,7 @@ def test_pkg_never_imports_native():
 # first op, the numpy backend's reference quantized kernels) runs on use and is not a layer edge.
 LAYERS = {"core": 0, "backend": 1, "nn": 2, "io": 2, "quantized": 2, "tokenizers": 2, "hub": 2,
           "generation": 3, "models": 3, "pipelines": 4, "worker": 5, "batch": 5, "cli": 5,
-          "serve": 5, "api": 5}
+          "serve": 5, "api": 5, "chat": 5}
 
 
 def _layer(module: str) -> int | None:

@@ -398,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     # `batch transcribe|embed`: the same model/decoding options on Ray (imported when run).
     from .batch.command import add_batch_command
     add_batch_command(sub, transcribe=t, embed=e, download_progress=_download_progress)
+    # `chat`: the interactive terminal chat (chat.py).
+    from .chat import add_chat_command
+    add_chat_command(sub, _sampling_arguments, text_argument, _download_progress)
     return parser
 
 
