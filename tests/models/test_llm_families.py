@@ -164,6 +164,34 @@ def test_weight_names_agree_with_the_gguf_package(name):
         assert weight_names(arch).translate(hf_name, "hf", "gguf") == expected, hf_name
 
 
+@pytest.mark.parametrize("model_type, fields", [
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2}),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 4}),
+    ("mistral", {"sliding_window": 4}),
+    ("gemma2", {"sliding_window": 4}),
+    ("gemma3_text", {"sliding_window": 4}),
+    ("gemma3_text", {"sliding_window": 4, "sliding_window_pattern": 3}),
+], ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={x}" for k, x in v.items()))
+def test_windowed_layers_without_layer_types_follow_transformers(model_type, fields):
+    """A config.json without `layer_types` (written before transformers 5): which layers slide
+    comes from each family's rule, as transformers derives its layer_types (7 layers, so a
+    pattern of 6 shows both kinds)."""
+    from transformers import AutoConfig
+
+    from candle_web.models.llama import LlamaConfig
+
+    config = dict(BASE, model_type=model_type, num_hidden_layers=7, **fields)
+    theirs = AutoConfig.for_model(model_type, **{k: v for k, v in config.items()
+                                                 if k != "model_type"})
+    ours = LlamaConfig.from_hf_config(config)
+    expected = [t == "sliding_attention" for t in getattr(theirs, "layer_types", None)
+                or ["sliding_attention" if theirs.sliding_window else "full_attention"] * 7]
+    assert [ours.window(i) is not None for i in range(7)] == expected
+    if any(expected):
+        assert ours.sliding_window == theirs.sliding_window
+
+
 # -- bad input -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, missing, key", [
     ("gemma2", "sliding_window", "gemma2.attention.sliding_window"),
