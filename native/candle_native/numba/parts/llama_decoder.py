@@ -2,15 +2,20 @@
 numba_kernels.decoder_step: one machine-code call per block plus one for the head, instead of
 a dozen tensor ops per block.
 
-It implements the part ``llama.decoder_step`` (candle_web.backend.parts): `FusedLlamaDecoder.build(weights)` takes the exported weights, each kept as unpackable quantized tensors
-(GGUF on the numba backend) or as f32 matrices (float checkpoints, or GGUF dequantized at
-load); it returns None when a layer is neither, or when the model uses a family field these
-kernels do not implement (IMPLEMENTED_FAMILY_FIELDS), and the model then keeps its generic path.
+It implements the part ``llama.decoder_step`` (candle_web.backend.parts):
+`FusedLlamaDecoder.build(weights)` takes the exported weights, each kept as unpackable quantized
+tensors (GGUF on the numba backend) or as f32 matrices (float checkpoints, or GGUF dequantized
+at load); it returns None when a layer is neither, or when the model uses a family field these
+kernels do not implement (IMPLEMENTED_FAMILY_FIELDS: qwen2's QKV bias is), and the model then
+keeps its generic path.
+
 A fused projection whose parts have different GGML types (Qwen2.5's Q4_K_M file: Q5_0 q/k
 with a Q8_0 v in half of its blocks) is joined into one kernel weight here: the parts' levels
 and scales stacked row-wise, 32-element groups split into two 16-element ones with the same
 scale where another part has 16-element groups (Q6_K), zero offsets for the parts without;
-every element's value stays scale * level + offset, so only the summation order changes. Float weights take the fused step too: on the generic path each token
+every element's value stays scale * level + offset, so only the summation order changes.
+
+Float weights take the fused step too: on the generic path each token
 is ~180 tensor ops that hand work back and forth between numba's OpenMP pool (rope, attention)
 and OpenBLAS's threads (every matvec); SmolLM2-135M F32 decoded at 3.5 tok/s that way, and
 1.1 tok/s against 6.1 fused in one process at load 6.5 on the 2 cores here.
