@@ -31,6 +31,8 @@ QUESTIONS = ["What is the capital of France?", "Name a primary colour.",
              "What is 2 + 2?", "Say hello in Spanish.", "What do bees make?",
              "Name a planet.", "What colour is the sky?", "Name a fruit."]
 LOAD_TOKENS = 12
+LONG_TOKENS = 400
+LONG_QUESTION = "Write a long story about a dragon and a knight, with many chapters."
 BOUNDED_WAIT_S = 120
 
 
@@ -117,8 +119,9 @@ class Stream:
         self.connection.close()
 
 
-def run_stream(url: str, question: str, hang_up_after_first: bool = False) -> dict:
-    stream = Stream(url, question)
+def run_stream(url: str, question: str, hang_up_after_first: bool = False,
+               max_tokens: int = LOAD_TOKENS) -> dict:
+    stream = Stream(url, question, max_tokens)
     outcome = {"status": stream.response.status, "text": "", "done": 0, "finish": [],
                "usage": None, "hung_up": False}
     if stream.response.status != 200:
@@ -188,8 +191,10 @@ def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_its_slot(tmp_path,
                                    max_new_tokens=LOAD_TOKENS)
         results = {}
         with pool.compute:
+            # Long enough that it cannot end before its client's hang-up is noticed.
             first = threading.Thread(target=lambda: results.update(
-                first=run_stream(url, QUESTIONS[0], hang_up_after_first=True)))
+                first=run_stream(url, LONG_QUESTION, hang_up_after_first=True,
+                                 max_tokens=LONG_TOKENS)))
             first.start()
             wait_until(lambda: scheduler.load()["active"] == 1, "the first request in its slot")
             second = threading.Thread(target=lambda: results.update(
