@@ -363,9 +363,14 @@ class OpenAiApi:
         if isinstance(template, Exception):
             raise bad_request(f"model: {served.name} has no usable chat template ({template}); "
                               "use /v1/completions", "model", "model_not_supported")
-        prompt = template.render(messages)
-        prompt_ids = served.loaded.tokenizer.encode(prompt, add_special_tokens=False).ids
-        return await self._run_text(request, body, served, list(prompt_ids), chat=True)
+        tokenizer = served.loaded.tokenizer
+
+        def encode() -> list:
+            return list(tokenizer.encode(template.render(messages), add_special_tokens=False).ids)
+
+        # In a thread: a long prompt must not stall the event loop (and every other stream).
+        prompt_ids = await asyncio.get_running_loop().run_in_executor(None, encode)
+        return await self._run_text(request, body, served, prompt_ids, chat=True)
 
     # -- POST /v1/completions --
     async def completions(self, request):
@@ -379,7 +384,9 @@ class OpenAiApi:
             if len(prompt) > self.limits.max_input_chars:
                 raise bad_request(f"prompt: longer than {self.limits.max_input_chars} characters",
                                   "prompt", "string_above_max_length")
-            ids = list(served.loaded.tokenizer.encode(prompt, add_special_tokens=True).ids)
+            tokenizer = served.loaded.tokenizer
+            ids = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: list(tokenizer.encode(prompt, add_special_tokens=True).ids))
         elif isinstance(prompt, list) and prompt and all(
                 isinstance(i, int) and not isinstance(i, bool) for i in prompt):
             if any(not 0 <= i < vocab for i in prompt):
