@@ -25,6 +25,9 @@ $(STAMP_DEV): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[dev,native]'
 	# openai-whisper is a test reference only; its declared deps pull triton, so skip them.
 	$(PY) -m pip install -q --no-deps openai-whisper==20250625
+	# silero-vad: the VAD test reference (its get_speech_timestamps on torch); its declared
+	# deps add torchaudio, which the reference does not use.
+	$(PY) -m pip install -q --no-deps silero-vad==6.2.3
 	touch $@
 
 $(STAMP_SYS): Makefile

@@ -35,6 +35,7 @@ DEFAULT_MODELS = (
     "rxnfp-bert-pretrained",
     "rxnmapper-albert",
     "whisperx-segmentation",
+    "silero-vad",
     "silero-vad-jit",
     "llama-cpp-test-data",
 )

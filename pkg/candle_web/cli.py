@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from .core import option_limits as limits
+from .generation import option_limits as limits
 from .core.errors import CandleError, check_text
 
 
@@ -72,15 +72,19 @@ def _download_progress():
 def cmd_transcribe(args) -> int:
     from .pipelines import subtitles
     from .io.audio import load_audio
-    from .models.whisper_decode import TranscribeOptions, transcribe
-    from .pipelines import load_whisper
+    from .models.whisper_decode import transcribe
+    from .pipelines import load_vad, load_whisper
+    from .pipelines.transcribe import options_from_args
 
+    try:
+        options = options_from_args(args)
+        cues = subtitles.CueOptions(args.max_line_width, args.max_line_count, args.highlight_words)
+    except (CandleError, ValueError) as error:
+        print(f"candle-web transcribe: {error}", file=sys.stderr)
+        return 2
     loaded = load_whisper(args.model, progress=_download_progress())
     model, tokenizer = loaded.model, loaded.tokenizer
-    temperatures = (0.0,) if args.no_fallback else TranscribeOptions().temperatures
-    options = TranscribeOptions(language=args.language, task=args.task, beam_size=args.beam_size,
-                                temperatures=temperatures, initial_prompt=args.initial_prompt,
-                                without_timestamps=args.without_timestamps)
+    vad_model = load_vad(progress=_download_progress()) if options.vad is not None else None
     output_dir = Path(args.output_dir) if args.output_dir else None
     if output_dir:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -102,11 +106,11 @@ def cmd_transcribe(args) -> int:
                 bar.update(payload["seek_seconds"], duration)
 
         started = time.perf_counter()
-        result = transcribe(model, tokenizer, samples, options, on_event=on_event)
+        result = transcribe(model, tokenizer, samples, options, on_event=on_event, vad_model=vad_model)
         bar.update(duration, duration)
         bar.close()
         elapsed = time.perf_counter() - started
-        rendered = subtitles.render(result, args.format)
+        rendered = subtitles.render(result, args.format, cues)
         if output_dir:
             target = output_dir / (Path(path).stem + "." + args.format)
             target.write_text(rendered, encoding="utf-8")
@@ -326,6 +330,73 @@ def text_argument(name: str):
     return check
 
 
+def _bool_argument(text: str) -> bool:
+    choices = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+    if text.lower() not in choices:
+        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+    return choices[text.lower()]
+
+
+def _optional(kind):
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
+
+
+def _long_form_arguments(t) -> None:
+    """openai-whisper's options for long audio, with its defaults (`none` turns a check off)."""
+    t.add_argument("--temperature", type=limits.TEMPERATURE.argparse_type(), default=0.0,
+                   help="temperature of the first decode of a window (default 0: greedy)")
+    t.add_argument("--temperature-increment-on-fallback", type=_optional(limits.Limit(False, 0.0, 1.0).argparse_type()),
+                   default=0.2, help="retry a window at temperatures up by this to 1.0 when it "
+                                     "fails the checks below (default 0.2; none: no retry)")
+    t.add_argument("--condition-on-previous-text", type=_bool_argument, default=True,
+                   metavar="{True,False}",
+                   help="prompt each window with the text before it (default True)")
+    t.add_argument("--compression-ratio-threshold", type=_optional(limits.THRESHOLD.argparse_type()),
+                   default=2.4, help="a window whose text gzips better than this is retried "
+                                     "(too repetitive; default 2.4)")
+    t.add_argument("--logprob-threshold", type=_optional(limits.THRESHOLD.argparse_type()), default=-1.0,
+                   help="a window whose mean token log-probability is below this is retried "
+                        "(default -1.0)")
+    t.add_argument("--no-speech-threshold", type=_optional(limits.THRESHOLD.argparse_type()), default=0.6,
+                   help="a window whose <|nospeech|> probability is above this, and whose "
+                        "log-probability is below --logprob-threshold, is silence (default 0.6)")
+
+
+def _word_arguments(t) -> None:
+    t.add_argument("--word-timestamps", action="store_true",
+                   help="per-word start, end and probability (JSON; SRT/VTT cues from words)")
+    t.add_argument("--prepend-punctuations", default="\"'“¿([{-", type=text_argument("--prepend-punctuations"),
+                   help="with --word-timestamps: these join the word after them")
+    t.add_argument("--append-punctuations", default="\"'.。,，!！?？:：”)]}、",
+                   type=text_argument("--append-punctuations"),
+                   help="with --word-timestamps: these join the word before them")
+    t.add_argument("--highlight-words", action="store_true",
+                   help="with --word-timestamps: SRT/VTT underline each word as it is spoken")
+    t.add_argument("--max-line-width", type=limits.Limit(True, 1, 10_000).argparse_type(), default=None,
+                   help="with --word-timestamps: characters per subtitle line")
+    t.add_argument("--max-line-count", type=limits.Limit(True, 1, 1000).argparse_type(), default=None,
+                   help="with --word-timestamps: lines per subtitle cue")
+
+
+def _vad_arguments(t) -> None:
+    """Silero VAD before Whisper, with faster-whisper's VadOptions names and defaults."""
+    t.add_argument("--vad", action="store_true",
+                   help="transcribe only the speech Silero VAD finds (times stay on the recording's)")
+    t.add_argument("--vad-threshold", type=limits.Limit(False, 0.0, 1.0).argparse_type(), default=0.5,
+                   help="with --vad: speech probability from which a chunk is speech (default 0.5)")
+    t.add_argument("--vad-min-speech-duration-ms", type=limits.Limit(True, 0, 3_600_000).argparse_type(),
+                   default=0, help="with --vad: drop speech shorter than this (default 0)")
+    t.add_argument("--vad-min-silence-duration-ms", type=limits.Limit(True, 0, 3_600_000).argparse_type(),
+                   default=2000, help="with --vad: silence that ends speech (default 2000)")
+    t.add_argument("--vad-speech-pad-ms", type=limits.Limit(True, 0, 60_000).argparse_type(),
+                   default=400, help="with --vad: audio kept each side of speech (default 400)")
+    t.add_argument("--vad-max-speech-duration-s", type=limits.Limit(False, 0.1, None).argparse_type(),
+                   default=float("inf"), help="with --vad: split longer speech (default: no limit)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="candle-web", description="Run published models with candle-web.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -345,7 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output-dir", default=None, help="write FILE.<format> here instead of stdout")
     t.add_argument("--initial-prompt", default=None, type=text_argument("--initial-prompt"))
     t.add_argument("--without-timestamps", action="store_true")
-    t.add_argument("--no-fallback", action="store_true", help="decode at temperature 0 only")
+    t.add_argument("--no-fallback", action="store_true", help="decode at --temperature only")
+    _long_form_arguments(t)
+    _word_arguments(t)
+    _vad_arguments(t)
     t.set_defaults(func=cmd_transcribe)
 
     g = sub.add_parser("generate", help="text generation with a LLaMA-family model")

@@ -12,7 +12,13 @@ import sys
 SHARED_EXCLUDED = {"help", "files", "texts", "format", "output_dir", "func"}
 # The transcribe options batch passes on; each is turned into TranscribeOptions below.
 TRANSCRIBE_OPTIONS = {"model", "language", "task", "beam_size", "initial_prompt",
-                      "without_timestamps", "no_fallback"}
+                      "without_timestamps", "no_fallback", "temperature",
+                      "temperature_increment_on_fallback", "condition_on_previous_text",
+                      "compression_ratio_threshold", "logprob_threshold", "no_speech_threshold",
+                      "word_timestamps", "prepend_punctuations", "append_punctuations",
+                      "highlight_words", "max_line_width", "max_line_count", "vad",
+                      "vad_threshold", "vad_min_speech_duration_ms", "vad_min_silence_duration_ms",
+                      "vad_speech_pad_ms", "vad_max_speech_duration_s"}
 EMBED_OPTIONS = {"model"}
 
 
@@ -103,12 +109,9 @@ def _positive_float(text: str) -> float:
 
 def transcribe_options(args):
     """TranscribeOptions from the shared transcribe arguments, as cmd_transcribe builds them."""
-    from ..models.whisper_decode import TranscribeOptions
+    from ..pipelines.transcribe import options_from_args
 
-    temperatures = (0.0,) if args.no_fallback else TranscribeOptions().temperatures
-    return TranscribeOptions(language=args.language, task=args.task, beam_size=args.beam_size,
-                             temperatures=temperatures, initial_prompt=args.initial_prompt,
-                             without_timestamps=args.without_timestamps)
+    return options_from_args(args)
 
 
 def _cluster(args):

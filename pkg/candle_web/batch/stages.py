@@ -162,16 +162,24 @@ class Transcriber:
         self.transcripts, self.formats = transcripts, tuple(formats)
         self.progress = progress
         self.loaded = None
+        self.vad_model = None
 
     def _model(self):
         if self.loaded is None:
             from ..models.whisper_decode import TranscribeOptions
             from ..pipelines import load_whisper
 
+            from ..models.silero_vad import VadOptions
+            from ..pipelines import load_vad
+
             options = dict(self.options_dict)
             options["temperatures"] = tuple(options["temperatures"])
+            if options.get("vad") is not None:  # --vad: asdict made its VadOptions a dict
+                options["vad"] = VadOptions(**options["vad"])
             loaded = load_whisper(self.model_spec)
-            self.loaded = (loaded.model, loaded.tokenizer, TranscribeOptions(**options))
+            options = TranscribeOptions(**options)
+            self.vad_model = load_vad() if options.vad is not None else None
+            self.loaded = (loaded.model, loaded.tokenizer, options)
         return self.loaded
 
     def __call__(self, batch):
@@ -190,7 +198,7 @@ class Transcriber:
             started = time.perf_counter()
             try:
                 samples = np.frombuffer(payload, dtype=np.float32)
-                result = transcribe(model, tokenizer, samples, options)
+                result = transcribe(model, tokenizer, samples, options, vad_model=self.vad_model)
                 row.update(status=DONE, text=result.text, language=result.language,
                            segments=[_segment_dict(segment) for segment in result.segments])
                 if self.transcripts and self.formats:

@@ -25,7 +25,7 @@ from ..core.errors import FormatError, ModelNotFound
 REGISTRY_ORG = "candle-web"
 REGISTRY_PATH = Path(__file__).with_name("registry.json")
 SUPPORTED_REGISTRY_SCHEMA = 1
-MODEL_KINDS = ("whisper", "llama", "bert", "t5", "test-input")
+MODEL_KINDS = ("whisper", "llama", "bert", "t5", "vad", "test-input")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9._-]+$")

@@ -140,6 +140,16 @@ class ResidualAttentionBlock:
         x = x.add(self.cross_attn.cross_attend(self.cross_ln(x), cross_k, cross_v))
         return x.add(self.mlp(self.mlp_ln(x)))
 
+    def decode_with_cross_scores(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, cache: KvCache):
+        """`decode`, also returning the cross-attention scores q k^T / sqrt(dh) [b, h, t, frames]
+        before the softmax: word timing reads the alignment heads' rows of them."""
+        x = x.add(self.attn.self_attend(self.attn_ln(x), cache, causal=True))
+        attn = self.cross_attn
+        q = attn._split_heads(attn.q(self.cross_ln(x)))  # [b, h, t, dh]
+        scores = q.matmul(cross_k.t()).affine(1.0 / float(np.sqrt(q.dims()[-1])), 0.0)
+        x = x.add(attn._merge(ops.softmax_last_dim(scores).matmul(cross_v)))
+        return x.add(self.mlp(self.mlp_ln(x))), scores
+
     def part_weights(self) -> parts.WhisperBlockWeights:
         """This block's tensors for the accelerated parts (self-attention with fused QKV)."""
         cross = self.cross_attn
@@ -276,6 +286,22 @@ class TextDecoder:
         return x.reshape(b * t, -1).matmul(self.token_embedding.t()).reshape(b, t, -1)
 
 
+    def cross_attention_scores(self, tokens: Tensor, audio_features: Tensor):
+        """One pass of a whole token sequence [1, t] over fresh caches (the reference path):
+        (logits [1, t, vocab], per block the cross-attention scores [1, h, t, frames] before
+        the softmax). Word timing (whisper_timing.py) aligns tokens to frames from these."""
+        state = self.start(audio_features)
+        b, t = tokens.dims()
+        self.check_positions(0, t)
+        x = self.token_embedding.embedding(tokens).broadcast_add(self.positions.narrow(0, 0, t))
+        scores = []
+        for block, (k, v), cache in zip(self.blocks, state.cross_kv, state.caches):
+            x, block_scores = block.decode_with_cross_scores(x, k, v, cache)
+            scores.append(block_scores)
+        x = self.ln(x)
+        return x.reshape(b * t, -1).matmul(self.token_embedding.t()).reshape(b, t, -1), scores
+
+
 class Whisper:
     def __init__(self, config: WhisperConfig, encoder: AudioEncoder, decoder: TextDecoder):
         self.config = config
@@ -301,6 +327,10 @@ class Whisper:
 
     def logits(self, tokens: Tensor, state, positions=None) -> Tensor:
         return state.logits(tokens, positions)
+
+    def cross_attention_scores(self, tokens: Tensor, audio_features: Tensor):
+        """(logits, per-block cross-attention scores) of one full pass: TextDecoder's."""
+        return self.decoder.cross_attention_scores(tokens, audio_features)
 
     # -- loading ----------------------------------------------------------------------------
     @staticmethod

@@ -21,6 +21,8 @@ from ..io import audio as audio_mod
 from ..generation import option_limits as limits
 from ..core.errors import Cancelled, CandleError, InvalidOption, UnsupportedError
 from ..core.tensor import Tensor
+from . import whisper_timing
+from .silero_vad import SpeechMap, VadOptions
 
 TIME_PRECISION = 0.02  # seconds per timestamp token: 30 s / 1500 encoder positions
 INPUT_STRIDE = 2  # mel frames per encoder position
@@ -510,6 +512,10 @@ class TranscribeOptions:
     initial_prompt: str = None
     without_timestamps: bool = False
     suppress_tokens: object = "-1"
+    word_timestamps: bool = False  # per-word start, end and probability (whisper_timing.py)
+    prepend_punctuations: str = whisper_timing.PREPEND_PUNCTUATIONS
+    append_punctuations: str = whisper_timing.APPEND_PUNCTUATIONS
+    vad: VadOptions = None  # transcribe only the speech Silero VAD finds (needs vad_model)
 
     def __post_init__(self):
         """Range checks at construction (CLI, browser worker and Python callers alike), so a
@@ -526,6 +532,14 @@ class TranscribeOptions:
             limits.THRESHOLD.check(getattr(self, name), name, optional=True)
         if self.task not in TASKS:
             raise InvalidOption(f"task must be one of {list(TASKS)}, got {self.task!r}")
+        if self.word_timestamps and self.without_timestamps:
+            raise InvalidOption("word_timestamps needs the timestamp tokens: it cannot be "
+                                "combined with without_timestamps")
+        if self.vad is not None and not isinstance(self.vad, VadOptions):
+            raise InvalidOption(f"vad must be a silero_vad.VadOptions or None, got {self.vad!r}")
+        for name in ("prepend_punctuations", "append_punctuations"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidOption(f"{name} must be a string, got {getattr(self, name)!r}")
         for name in ("language", "initial_prompt"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise InvalidOption(f"{name} must be a string, got {getattr(self, name)!r}")
@@ -543,6 +557,7 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    words: list = None  # whisper_timing.Word per word, with word_timestamps
 
 
 @dataclass
@@ -555,9 +570,14 @@ class Transcript:
 
 
 def transcribe(model, tokenizer, samples, options: TranscribeOptions = TranscribeOptions(),
-               on_event=None, should_continue=None) -> Transcript:
-    """Transcribe float32 16 kHz mono samples of any length."""
+               on_event=None, should_continue=None, vad_model=None) -> Transcript:
+    """Transcribe float32 16 kHz mono samples of any length. With `options.vad`, only the
+    speech `vad_model` (a silero_vad.SileroVad: pipelines.load_vad()) finds is decoded, joined
+    into one shorter recording; the times stay on the original timeline."""
     samples = np.asarray(samples, dtype=np.float32)
+    if options.vad is not None:
+        return _transcribe_speech(model, tokenizer, samples, options, on_event, should_continue,
+                                  vad_model)
     # Before any work: a beam width whose decoder state cannot fit fails now, not mid-way.
     check_decoder_rows(model.config, options.beam_size or 1, "beam_size")
     check_decoder_rows(model.config, options.best_of or 1, "best_of")
@@ -582,6 +602,7 @@ def transcribe(model, tokenizer, samples, options: TranscribeOptions = Transcrib
     all_segments = []
     windows = []
     prompt_reset_since = 0
+    last_speech_timestamp = 0.0
     if options.initial_prompt:
         all_tokens.extend(tk.encode(" " + options.initial_prompt.strip()))
     while seek < content_frames:
@@ -604,10 +625,23 @@ def transcribe(model, tokenizer, samples, options: TranscribeOptions = Transcrib
                 seek += segment_size
                 continue
         current, seek = _split_segments(tk, result, seek, segment_size, segment_duration, time_offset)
+        if options.word_timestamps:
+            whisper_timing.add_word_timestamps(
+                current, model, tk, features, segment_size, last_speech_timestamp, tk.language,
+                options.prepend_punctuations, options.append_punctuations)
+            ts = [t >= tk.timestamp_begin for t in result.tokens[-2:]]
+            single_timestamp_ending = ts == [False, True]
+            word_end = whisper_timing.last_word_end(current)
+            if not single_timestamp_ending and word_end is not None and word_end > time_offset:
+                seek = round(word_end * audio_mod.SAMPLE_RATE / audio_mod.HOP_LENGTH)
+            if word_end is not None:
+                last_speech_timestamp = word_end
         for segment in current:
             if segment.start == segment.end or not segment.text.strip():
                 segment.text = ""
                 segment.tokens = []
+                if segment.words is not None:
+                    segment.words = []
         for segment in current:
             segment.id = len(all_segments)
             all_segments.append(segment)
@@ -618,6 +652,38 @@ def transcribe(model, tokenizer, samples, options: TranscribeOptions = Transcrib
     text = tk.decode([t for s in all_segments for t in s.tokens])
     return Transcript(text=text, segments=all_segments, language=language or "en",
                       duration=duration, windows=windows)
+
+
+def _transcribe_speech(model, tokenizer, samples, options, on_event, should_continue, vad_model):
+    """transcribe() over the speech only: the VAD's segments joined, transcribed, and every
+    segment and word time mapped back onto the recording (as faster-whisper's vad_filter)."""
+    from dataclasses import replace
+
+    if vad_model is None:
+        raise InvalidOption("vad: options.vad needs a vad_model (pipelines.load_vad())")
+    if samples.ndim != 1:
+        raise CandleError(f"transcribe: expected mono samples [n], got shape {list(samples.shape)}")
+    speech = SpeechMap(vad_model.speech_timestamps(samples, options.vad))
+    _emit(on_event, "vad", {"segments": [dict(s) for s in speech.segments],
+                            "speech_seconds": speech.joined_samples / audio_mod.SAMPLE_RATE,
+                            "duration": len(samples) / audio_mod.SAMPLE_RATE})
+    inner = replace(options, vad=None)
+    duration = len(samples) / audio_mod.SAMPLE_RATE
+    if not speech.segments:
+        multilingual = model.config.is_multilingual
+        language = options.language or "en"
+        return Transcript(text="", segments=[], language=language if multilingual else "en",
+                          duration=duration)
+    result = transcribe(model, tokenizer, speech.join(samples), inner, on_event, should_continue)
+    for segment in result.segments:
+        segment.start = round(speech.original_time(segment.start), 3)
+        segment.end = round(speech.original_time(segment.end, is_end=True), 3)
+        if segment.words:
+            segment.words = [replace(w, start=round(speech.original_time(w.start), 3),
+                                     end=round(speech.original_time(w.end, is_end=True), 3))
+                             for w in segment.words]
+    result.duration = duration
+    return result
 
 
 def _emit(on_event, kind, payload):

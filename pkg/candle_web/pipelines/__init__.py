@@ -58,6 +58,27 @@ def load_whisper(name_or_path=DEFAULT_WHISPER, progress=None, device=None) -> Lo
     return _loaded(Whisper.from_pretrained(checkpoint, device=device), checkpoint)
 
 
+DEFAULT_VAD = "silero-vad"
+VAD_FILE = "silero_vad_16k.safetensors"
+
+
+def load_vad(name_or_path=DEFAULT_VAD, progress=None):
+    """Silero VAD (models/silero_vad.py) from the registry ('silero-vad', fetched and
+    verified) or a path to its safetensors file; one instance per source and process."""
+    from ..models.silero_vad import SileroVad
+
+    key = str(name_or_path)
+    if key not in _VAD_MODELS:
+        path = Path(key)
+        if not path.is_file():
+            path = hub.fetch(key, VAD_FILE, progress=progress)
+        _VAD_MODELS[key] = SileroVad.load(str(path))
+    return _VAD_MODELS[key]
+
+
+_VAD_MODELS = {}
+
+
 def load_llama(name_or_path, progress=None, device=None, mode: str = "auto") -> Loaded:
     """A LLaMA-family model from a registry name (e.g. 'smollm2-135m-instruct'), a .gguf
     file (tokenizer and chat template from its metadata) or an HF folder (config.json,

@@ -46,7 +46,7 @@ def placed_transcript(transcript, tokenizer, offset: float, prior: list):
     from ..models.whisper_decode import Transcript
 
     moved = [replace(s, id=len(prior) + i, start=round(s.start + offset, 3),
-                     end=round(s.end + offset, 3))
+                     end=round(s.end + offset, 3), words=_moved_words(s.words, offset))
              for i, s in enumerate(transcript.segments)]
     segments = list(prior) + moved
     eot = tokenizer.token_to_id("<|endoftext|>")
@@ -54,6 +54,52 @@ def placed_transcript(transcript, tokenizer, offset: float, prior: list):
                             skip_special_tokens=True)
     return Transcript(text=text, segments=segments, language=transcript.language,
                       duration=offset + transcript.duration, windows=transcript.windows)
+
+
+def _moved_words(words, offset: float):
+    if words is None:
+        return None
+    return [replace(w, start=round(w.start + offset, 3), end=round(w.end + offset, 3)) for w in words]
+
+
+def options_from_args(args):
+    """TranscribeOptions from the `transcribe` command's arguments (the CLI and `batch
+    transcribe` share them). The temperatures are openai-whisper's: `--temperature` then up by
+    `--temperature-increment-on-fallback` to 1.0 (`--no-fallback`: `--temperature` only)."""
+    from ..models.whisper_decode import TranscribeOptions
+
+    from ..core.errors import InvalidOption
+
+    start, step = args.temperature, args.temperature_increment_on_fallback
+    if step and step < 0.01:
+        raise InvalidOption(f"temperature_increment_on_fallback must be 0, none or at least 0.01 "
+                            f"(at most 100 retries a window), got {step}")
+    if args.no_fallback or not step:
+        temperatures = (start,)
+    else:
+        temperatures = tuple(round(float(t), 6) for t in np.arange(start, 1.0 + 1e-6, step)) or (start,)
+    return TranscribeOptions(
+        language=args.language, task=args.task, beam_size=args.beam_size,
+        temperatures=temperatures, initial_prompt=args.initial_prompt,
+        without_timestamps=args.without_timestamps, word_timestamps=args.word_timestamps,
+        prepend_punctuations=args.prepend_punctuations, append_punctuations=args.append_punctuations,
+        condition_on_previous_text=args.condition_on_previous_text,
+        compression_ratio_threshold=args.compression_ratio_threshold,
+        logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
+        vad=vad_options_from_args(args))
+
+
+def vad_options_from_args(args):
+    """silero_vad.VadOptions from `--vad` and its `--vad-*` options, None without `--vad`."""
+    from ..models.silero_vad import VadOptions
+
+    if not args.vad:
+        return None
+    return VadOptions(threshold=args.vad_threshold,
+                      min_speech_duration_ms=args.vad_min_speech_duration_ms,
+                      min_silence_duration_ms=args.vad_min_silence_duration_ms,
+                      speech_pad_ms=args.vad_speech_pad_ms,
+                      max_speech_duration_s=args.vad_max_speech_duration_s)
 
 
 def transcribe_placed(model, tokenizer, samples, options=None, offset: float = 0.0,
