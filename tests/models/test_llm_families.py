@@ -192,6 +192,20 @@ def test_windowed_layers_without_layer_types_follow_transformers(model_type, fie
         assert ours.sliding_window == theirs.sliding_window
 
 
+def test_gemma2_soft_caps_default_only_where_absent():
+    """transformers' Gemma2Config defaults (50, 30) apply to a config.json without the keys; an
+    explicit null turns the cap off, as in transformers."""
+    from candle_web.models.llama import LlamaConfig
+
+    config = {k: v for k, v in FAMILIES["gemma2"].items()
+              if k not in ("attn_logit_softcapping", "final_logit_softcapping")}
+    absent = LlamaConfig.from_hf_config(config)
+    assert (absent.attn_logit_softcap, absent.final_logit_softcap) == (50.0, 30.0)
+    off = LlamaConfig.from_hf_config(dict(config, attn_logit_softcapping=None,
+                                          final_logit_softcapping=None))
+    assert (off.attn_logit_softcap, off.final_logit_softcap) == (None, None)
+
+
 # -- bad input -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, missing, key", [
     ("gemma2", "sliding_window", "gemma2.attention.sliding_window"),

@@ -314,7 +314,9 @@ class LlamaConfig:
         if not fields.has("head_dim"):
             fields.check_divides("num_attention_heads", heads, "hidden_size", hidden)
         window, sliding_layers = _hf_sliding_window(fields, family, layers)
-        softcaps = GEMMA2_SOFTCAPS if family == "gemma2" else (None, None)
+        # Gemma 2's defaults only where the key is absent: an explicit null means no cap.
+        softcaps = [cap if family == "gemma2" and key not in cfg else None for cap, key in
+                    zip(GEMMA2_SOFTCAPS, ("attn_logit_softcapping", "final_logit_softcapping"))]
         act = fields.string("hidden_activation", None) or fields.string(
             "hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
         return LlamaConfig(
