@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from candle_web.core.errors import CandleError, FormatError, ModelNotFound
-from candle_web.worker.session import Session, checked_text, generation_options
+from candle_web.worker.session import Session, checked_text, generation_options, python_value
 
 # Bounds of one request, so a mistyped field cannot start an endless job.
 MAX_NEW_TOKENS_LIMIT = 2048
@@ -26,6 +26,7 @@ PAGE_OPTIONS = ("maxTokens", "temperature", "topK", "topP", "seed", "repeatPenal
 class LlamaSession(Session):
     kind = "llama"
     command = "generate"
+    _conversation = None  # the Chat view's conversation on the loaded model (chat_turn)
 
     def manifest(self, model=None, hf_repo=None, revision=None, url=None) -> dict:
         # A GGUF has no fixed file name, so only registry models (which list theirs) are loaded.
@@ -65,14 +66,17 @@ class LlamaSession(Session):
                 "context": cfg.max_position_embeddings, "chatFormat": chat_format,
                 "blockWeightBytes": sum(_weight_bytes(block) for block in llama.blocks)}
 
-    def compute(self, model, prompt=None, chat: bool = False, options=None,
-                on_event=None) -> dict:
+    def compute(self, model, prompt=None, chat: bool = False, options=None, messages=None,
+                context=None, on_event=None) -> dict:
         """Generate; on_event(kind, payload) sees "prompt", "token" and "done" (see
         candle_web.generation.decode_loop). The payload is what the page shows and the twin
-        check compares."""
+        check compares. With `messages` (the Chat view's `chat` command): answer the last
+        user message of that conversation (see `chat_turn`)."""
         from candle_web.generation.chat_templates import chat_template_for
         from candle_web.generation import generate
 
+        if messages is not None:
+            return self.chat_turn(model, messages, context, options, on_event)
         llama, tokenizer = model
         chat = bool(chat)
         # A chat template places BOS itself (chat_templates.py).
@@ -95,6 +99,51 @@ class LlamaSession(Session):
                         "tokensPerSecond": result.tokens_per_second,
                         "promptTokensPerSecond": result.prompt_tokens_per_second},
         }
+
+
+    def chat_turn(self, model, messages, context=None, options=None, on_event=None) -> dict:
+        """One turn of the Chat view: `messages` (OpenAI format, a system message first if
+        any) ends with the user message to answer. The session keeps one Conversation per
+        loaded model, so the KV cache carries over: only the tokens past the prefix it shares
+        with the previous turn run (an edit or regenerate rolls it back). `context` caps the
+        context (tokens; None: the model's). Stop keeps the partial answer (stopReason
+        "cancelled")."""
+        from candle_web.generation.conversation import Conversation, check_messages
+
+        llama, tokenizer = model
+        messages = check_messages(python_value(messages), "chat: messages")
+        if not messages or messages[-1]["role"] != "user":
+            raise CandleError("chat: the conversation must end with a user message to answer")
+        checked_text(messages[-1]["content"], "chat: the message", MAX_PROMPT_CHARS)
+        if context is not None and (isinstance(context, bool) or not isinstance(context, int)
+                                    or context < 16):
+            raise CandleError(f"chat: context must be a whole number of tokens >= 16, got "
+                              f"{context!r}")
+        opts = generation_options(options, "chat", PAGE_OPTIONS, MAX_NEW_TOKENS_LIMIT,
+                                  add_special_tokens=False)
+        conversation = self._conversation
+        if conversation is None or conversation.model is not llama:
+            conversation = self._conversation = Conversation(llama, tokenizer)
+        conversation.context_length = _context(llama, context)
+        conversation.load_messages(messages[:-1])
+        started = time.perf_counter()
+        turn = conversation.send(messages[-1]["content"], opts, on_event)
+        result = turn.result
+        timings = {"elapsedMs": (time.perf_counter() - started) * 1000.0}
+        if result is not None:
+            timings.update(promptMs=result.prompt_seconds * 1000.0,
+                           decodeMs=result.decode_seconds * 1000.0,
+                           tokensPerSecond=result.tokens_per_second)
+        return {"text": turn.text, "tokenIds": [int(t) for t in turn.token_ids],
+                "promptTokens": turn.prompt_tokens, "reusedTokens": turn.reused_tokens,
+                "newTokens": turn.new_tokens, "droppedMessages": turn.dropped_messages,
+                "notice": turn.notice, "context": conversation.context_length,
+                "stopReason": turn.stop_reason, "timings": timings}
+
+
+def _context(llama, context) -> int:
+    limit = llama.config.max_position_embeddings
+    return limit if context is None else min(int(context), limit) if limit else int(context)
 
 
 def _weight_bytes(block) -> int:
