@@ -212,6 +212,40 @@ def test_real_smollm2_q4_1_decodes_the_same_on_two_threads(with_team, team, mode
     np.testing.assert_array_equal(logits2, logits1)
 
 
+@pytest.mark.parametrize("make", ["qwen2-mixed", "q5_k"])
+def test_qwen2_bias_and_q5_k_steps_on_two_threads_equal_one_thread(with_team, team, tmp_path,
+                                                                    make):
+    from test_wasm_parts import q5_k_gguf, qwen2_mixed_gguf
+
+    path = qwen2_mixed_gguf(tmp_path)[0] if make == "qwen2-mixed" else q5_k_gguf(tmp_path)[0]
+    (ids1, logits1), (ids2, logits2) = _one_and_two_threads(
+        path, with_team, team, lambda model: _greedy(model, [2, 7, 100, 31], 8))
+    assert ids2 == ids1
+    np.testing.assert_array_equal(logits2, logits1)
+
+
+def test_real_qwen2_5_coder_decodes_the_same_on_two_threads_and_generic(with_team, team,
+                                                                         model_file):
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Q5_0/Q8_0/Q4_K/Q6_K pieces, the q|k|v bias, a tied
+    Q8_0 head of 151,936 rows): two threads equal one bit for bit, and the greedy ids equal
+    the numpy backend's generic path."""
+    from candle_web.models.llama import Llama
+
+    path = model_file("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    prompt = [151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198, 151644, 77091, 198]
+    (ids1, logits1), (ids2, logits2) = _one_and_two_threads(
+        path, with_team, team, lambda model: _greedy(model, prompt, 6))
+    assert ids2 == ids1
+    np.testing.assert_array_equal(logits2, logits1)
+    generic = Llama.load(path, device=Device.cpu(backend="numpy"))
+    steps = llama_steps(generic, fused=False)
+    generic.clear_kv_cache(capacity=4)
+    want = [int(np.argmax(steps([prompt], 0).to_numpy()[0]))]
+    for _ in range(6):
+        want.append(int(np.argmax(steps([[want[-1]]], generic.seq_len).to_numpy()[0])))
+    assert ids1 == want
+
+
 # -- Whisper ------------------------------------------------------------------------------------
 def _half_valued(decoder):
     for block in decoder.blocks:

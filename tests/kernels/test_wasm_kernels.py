@@ -603,7 +603,9 @@ def test_attention_whisper_encoder_shape(km, rng):
 
 
 def test_abi_version_and_scratch(km):
-    assert km.call("abi_version") == 1
+    from candle_web.backend.wasm import abi
+
+    assert km.call("abi_version") == abi.ABI_VERSION
     size = km.call("scratch_bytes")
     assert size > 0 and size % 16 == 0
     assert km.scratch.offset % 16 == 0

@@ -87,7 +87,8 @@ static void llama_block(int tid, int nt, TeamCtrl *team, int d, int n_heads, int
                         float scale, float *x, float *work, const float *attn_norm,
                         const float *mlp_norm, float eps, int q_type, int q_rows,
                         const void *q_w, int k_type, int k_rows, const void *k_w, int v_type,
-                        int v_rows, const void *v_w, int o_type, const void *o_w, int g_type,
+                        int v_rows, const void *v_w, const float *qkv_b, int o_type,
+                        const void *o_w, int g_type,
                         int g_rows, const void *g_w, int u_type, int u_rows, const void *u_w,
                         int down_type, const void *down_w, float *keys, float *values,
                         const float *cos_row, const float *sin_row, float *kv_out,
@@ -102,9 +103,12 @@ static void llama_block(int tid, int nt, TeamCtrl *team, int d, int n_heads, int
     team_barrier(team, nt); /* x complete: the previous block's residual was split */
     if (tid == 0) rms_norm_rows(1, d, x, attn_norm, eps, h);
     team_barrier(team, nt);
-    linear_share(tid, nt, 1, q_type, q_rows, d, q_w, h, qkv, 0, scratch);
-    linear_share(tid, nt, 1, k_type, k_rows, d, k_w, h, qkv + q_rows, 0, scratch);
-    linear_share(tid, nt, 1, v_type, v_rows, d, v_w, h, qkv + q_rows + k_rows, 0, scratch);
+    /* qkv_b (qwen2's bias on q|k|v, 0: none) is added to each piece's own columns. */
+    linear_share(tid, nt, 1, q_type, q_rows, d, q_w, h, qkv, qkv_b, scratch);
+    linear_share(tid, nt, 1, k_type, k_rows, d, k_w, h, qkv + q_rows,
+                 qkv_b ? qkv_b + q_rows : 0, scratch);
+    linear_share(tid, nt, 1, v_type, v_rows, d, v_w, h, qkv + q_rows + k_rows,
+                 qkv_b ? qkv_b + q_rows + k_rows : 0, scratch);
     team_barrier(team, nt);
     if (tid == 0) {
         rope_f32(interleaved, n_heads + n_kv, 1, head_dim, qkv, cos_row, sin_row, qkv);
@@ -160,7 +164,8 @@ KERNEL void llama_block_step(int d, int n_heads, int n_kv, int head_dim, int ffn
                              float *work, const float *attn_norm, const float *mlp_norm,
                              float eps, int q_type, int q_rows, const void *q_w, int k_type,
                              int k_rows, const void *k_w, int v_type, int v_rows,
-                             const void *v_w, int o_type, const void *o_w, int g_type,
+                             const void *v_w, const float *qkv_b, int o_type,
+                             const void *o_w, int g_type,
                              int g_rows, const void *g_w, int u_type, int u_rows,
                              const void *u_w, int down_type, const void *down_w, float *keys,
                              float *values, const float *cos, const float *sin,
@@ -168,7 +173,8 @@ KERNEL void llama_block_step(int d, int n_heads, int n_kv, int head_dim, int ffn
     int half = head_dim / 2;
     llama_block(0, 1, 0, d, n_heads, n_kv, head_dim, ffn, interleaved, pos, capacity, scale, x,
                 work, attn_norm, mlp_norm, eps, q_type, q_rows, q_w, k_type, k_rows, k_w,
-                v_type, v_rows, v_w, o_type, o_w, g_type, g_rows, g_w, u_type, u_rows, u_w,
+                v_type, v_rows, v_w, qkv_b, o_type, o_w, g_type, g_rows, g_w, u_type, u_rows,
+                u_w,
                 down_type, down_w, keys, values, cos + pos * half, sin + pos * half, 0,
                 scratch);
 }
@@ -334,7 +340,7 @@ void llama_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a, uint8_t 
                     ARG_I(L, LL(Q_TYPE)), ARG_I(L, LL(Q_ROWS)), ARG_P(L, LL(Q_W)),
                     ARG_I(L, LL(K_TYPE)), ARG_I(L, LL(K_ROWS)), ARG_P(L, LL(K_W)),
                     ARG_I(L, LL(V_TYPE)), ARG_I(L, LL(V_ROWS)), ARG_P(L, LL(V_W)),
-                    ARG_I(L, LL(O_TYPE)), ARG_P(L, LL(O_W)),
+                    ARG_P(L, LL(QKV_B)), ARG_I(L, LL(O_TYPE)), ARG_P(L, LL(O_W)),
                     ARG_I(L, LL(G_TYPE)), ARG_I(L, LL(G_ROWS)), ARG_P(L, LL(G_W)),
                     ARG_I(L, LL(U_TYPE)), ARG_I(L, LL(U_ROWS)), ARG_P(L, LL(U_W)),
                     ARG_I(L, LL(DOWN_TYPE)), ARG_P(L, LL(DOWN_W)),

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: llama_block_step and the LLaMA layer record take qkv_b (qwen2)
 
 IN = "in"
 OUT = "out"
@@ -166,11 +166,13 @@ STEP_EXPORTS = (
             _i("pos"), _i("capacity"), _f("scale"), _inout("x"), _inout("work"),
             _in("attn_norm"), _in("mlp_norm"), _f("eps"),
             *_matrix("q"), *_matrix("k", optional=True), *_matrix("v", optional=True),
-            *_matrix("o", rows=False), *_matrix("g"), *_matrix("u", optional=True),
+            _in("qkv_b", optional=True), *_matrix("o", rows=False), *_matrix("g"),
+            *_matrix("u", optional=True),
             *_matrix("down", rows=False), _inout("keys"), _inout("values"), _in("cos"),
             _in("sin"), _SCRATCH),
            doc="one LLaMA block, batch 1: x [d] in place; writes keys/values [n_kv, capacity, "
-               "head_dim] at pos; work d + (q + 2kv) + q + 3 ffn floats"),
+               "head_dim] at pos; qkv_b: the bias on q|k|v (qwen2) or null; work d + (q + 2kv) "
+               "+ q + 3 ffn floats"),
     Export("rms_logits_step",
            (_i("d"), _i("rows"), _in("x"), _in("norm"), _f("eps"), *_matrix("w", rows=False),
             _inout("work"), _out("logits"), _SCRATCH),
@@ -253,10 +255,10 @@ TEAM_LLAMA_HEADER = (
 TEAM_LLAMA_LAYER = (
     ("capacity", "i"), ("attn_norm", "p"), ("mlp_norm", "p"), ("eps", "f"),
     ("q_type", "i"), ("q_rows", "i"), ("q_w", "p"), ("k_type", "i"), ("k_rows", "i"),
-    ("k_w", "p"), ("v_type", "i"), ("v_rows", "i"), ("v_w", "p"), ("o_type", "i"),
-    ("o_w", "p"), ("g_type", "i"), ("g_rows", "i"), ("g_w", "p"), ("u_type", "i"),
-    ("u_rows", "i"), ("u_w", "p"), ("down_type", "i"), ("down_w", "p"), ("keys", "p"),
-    ("values", "p"))
+    ("k_w", "p"), ("v_type", "i"), ("v_rows", "i"), ("v_w", "p"), ("qkv_b", "p"),
+    ("o_type", "i"), ("o_w", "p"), ("g_type", "i"), ("g_rows", "i"), ("g_w", "p"),
+    ("u_type", "i"), ("u_rows", "i"), ("u_w", "p"), ("down_type", "i"), ("down_w", "p"),
+    ("keys", "p"), ("values", "p"))
 TEAM_WHISPER_HEADER = (
     ("r", "i"), ("d", "i"), ("n_head", "i"), ("ffn", "i"), ("pos", "i"), ("n_audio", "i"),
     ("eps", "f"), ("scale", "f"), ("n_blocks", "i"), ("block_words", "i"), ("x", "p"),

@@ -362,11 +362,26 @@ class _QLinear:
 
 
 
+# The LlamaDecoderWeights family fields (backend/parts.py) the block step implements; a model
+# using any other (q/k norms, post norms, windows, soft-capping...) keeps the reference path.
+IMPLEMENTED_FAMILY_FIELDS = frozenset({"qkv_bias"})
+
+
+def _bias(layer, rows: int):
+    """The layer's q|k|v bias as f32 [rows], None when it has none (plain LLaMA)."""
+    if layer.qkv_bias is None:
+        return None
+    bias = _f32(layer.qkv_bias).reshape(-1)
+    if bias.shape[0] != rows:
+        raise UnfitWeights(f"a q|k|v bias of {bias.shape[0]} values for {rows} rows")
+    return bias
+
+
 class LlamaDecoderStep:
     """`llama.decoder_step` on the wasm kernels: one token of batch 1, one call per block."""
 
     def __init__(self, backend, weights: parts.LlamaDecoderWeights):
-        extras = weights.family_fields()
+        extras = weights.family_fields() - IMPLEMENTED_FAMILY_FIELDS
         if extras:
             raise UnfitWeights(f"llama.decoder_step: the kernels do not implement {sorted(extras)}")
         self.call = backend.host.call
@@ -374,16 +389,17 @@ class LlamaDecoderStep:
         self.w = weights
         self.layers = []
         for layer in weights.layers:
+            qkv = _QLinear(layer.qkv, types, 3)
             self.layers.append((
                 _f32(layer.attn_norm).reshape(-1), _f32(layer.mlp_norm).reshape(-1),
-                float(layer.eps), _QLinear(layer.qkv, types, 3), _QLinear(layer.out, types, 1),
+                float(layer.eps), qkv, _bias(layer, qkv.n), _QLinear(layer.out, types, 1),
                 _QLinear(layer.gate_up, types, 2), _QLinear(layer.down, types, 1)))
         self.norm = _f32(weights.norm).reshape(-1)
         self.head = _QLinear(weights.lm_head, types, 1)
         self.scale = 1.0 / math.sqrt(weights.head_dim)
         hd, nh, nkv = weights.head_dim, weights.num_heads, weights.num_kv_heads
         d = self.norm.shape[0]
-        ffn = self.layers[0][5].n // 2
+        ffn = self.layers[0][6].n // 2
         self.ffn = ffn
         self.work = np.empty(d + (nh + 2 * nkv) * hd + nh * hd + 3 * ffn, _F32)
 
@@ -400,12 +416,12 @@ class LlamaDecoderStep:
         x = np.array(x, dtype=_F32).reshape(-1)
         d = x.shape[0]
         interleaved = 1 if w.rope_interleaved else 0
-        for (attn_norm, mlp_norm, eps, qkv, out, gate_up, down), (keys, values) in zip(
+        for (attn_norm, mlp_norm, eps, qkv, bias, out, gate_up, down), (keys, values) in zip(
                 self.layers, caches):
             call("llama_block_step", d, w.num_heads, w.num_kv_heads, w.head_dim, self.ffn,
                  interleaved, pos, keys.shape[1], self.scale, x, self.work, attn_norm,
-                 mlp_norm, eps, *qkv.slots(3), *out.single, *gate_up.slots(2), *down.single,
-                 keys, values, cos, sin)
+                 mlp_norm, eps, *qkv.slots(3), bias, *out.single, *gate_up.slots(2),
+                 *down.single, keys, values, cos, sin)
         logits = np.empty(self.head.n, _F32)
         call("rms_logits_step", d, self.head.n, x, self.norm, w.norm_eps, *self.head.single,
              self.work[:d], logits)

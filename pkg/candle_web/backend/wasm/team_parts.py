@@ -189,7 +189,8 @@ class TeamLlamaDecoderStep:
         self.d, self.hd, self.nkv, self.half = d, hd, nkv, hd // 2
         self.args = _ArgBlock(abi.TEAM_LLAMA_HEADER, abi.TEAM_LLAMA_LAYER,
                               len(base.layers))
-        for i, (attn_norm, mlp_norm, eps, qkv, out, gate_up, down) in enumerate(base.layers):
+        for i, (attn_norm, mlp_norm, eps, qkv, bias, out, gate_up, down) in enumerate(
+                base.layers):
             (qt, qr, qw), (kt, kr, kw), (vt, vr, vw) = _pieces(qkv, 3)
             (gt, gr, gw), (ut, ur, uw) = _pieces(gate_up, 2)
             ot, ow = out.single
@@ -198,7 +199,7 @@ class TeamLlamaDecoderStep:
                 i, attn_norm=put(attn_norm), mlp_norm=put(mlp_norm), eps=eps,
                 q_type=qt, q_rows=qr, q_w=_put(team, qw),
                 k_type=kt, k_rows=kr, k_w=_put(team, kw),
-                v_type=vt, v_rows=vr, v_w=_put(team, vw),
+                v_type=vt, v_rows=vr, v_w=_put(team, vw), qkv_b=_put(team, bias),
                 o_type=ot, o_w=put(ow), g_type=gt, g_rows=gr, g_w=_put(team, gw),
                 u_type=ut, u_rows=ur, u_w=_put(team, uw), down_type=dt,
                 down_w=put(dw))
