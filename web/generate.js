@@ -1,11 +1,27 @@
-// The Generate view: a LLaMA-family model from a GGUF file (SmolLM2-135M-Instruct, Q4_1)
-// writes a continuation of the prompt, or a chat answer (the model's ChatML template), token
-// by token; sampling settings as in Candle's examples; Stop cancels. Started by app.js.
+// The Generate view: a LLaMA-family model from a GGUF file (SmolLM2-135M-Instruct Q4_1,
+// Qwen2.5-Coder-0.5B-Instruct Q4_K_M) writes a continuation of the prompt, or a chat answer
+// (the model's own chat template), token by token; sampling settings as in Candle's examples;
+// Stop cancels. The picker shows each model's licence; ?models=all also offers the models
+// the page loads only when asked for (Gemma-3-270M, whose terms are shown once it is loaded).
+// Started by app.js.
 
-import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
+import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
-const MODEL_LABELS = { "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1)" };
+const MODEL_LABELS = {
+  "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1)",
+  "qwen2.5-coder-0.5b-instruct": "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
+  "gemma3-270m-q4km": "Gemma-3-270M base (Q4_K_M)",
+};
+const GEMMA_TERMS = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms.";
+// ?models=all: list every browser model of the registry, not only the offered ones.
+const ALL_MODELS = new URLSearchParams(self.location?.search || "").get("models") === "all";
+
+// What the page says about a loaded model's licence (the Gemma terms in full where they apply).
+function licenceNote(licence) {
+  if (!licence) return "";
+  return /gemma/i.test(licence) ? ` Licence: ${licence}. ${GEMMA_TERMS}` : ` Licence: ${licence}.`;
+}
 // Each control: its element id, the option name the worker takes, and its valid range.
 // An empty box means "not set" (top-k, top-p: no mask).
 const NUMBER_CONTROLS = [
@@ -87,7 +103,8 @@ class GenerateView {
     const reply = await loadModel(this.client, KIND, { model }, this.status, { label: MODEL_LABELS[model] || model, track, events: state.events });
     state.lastLoad = reply;
     state.loadedModel = reply.key;
-    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).`;
+    const option = this.ui.modelSelect.selectedOptions[0];
+    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).${licenceNote(option?.dataset.license)}`;
   }
 
   showSpeed(tokens, tokensPerSecond) {
@@ -119,7 +136,8 @@ class GenerateView {
         const seconds = (now - firstTokenAt) / 1000;
         this.showSpeed(state.streamed.tokens, seconds > 0 ? (state.streamed.tokens - 1) / seconds : 0);
         status.fraction(state.streamed.tokens / maxTokens);
-        status.phase.textContent = `Writing: ${state.streamed.tokens} tokens so far…`;
+        const memory = message.heapBytes ? `; worker memory ${formatBytes(message.heapBytes)}` : "";
+        status.phase.textContent = `Writing: ${state.streamed.tokens} tokens so far${memory}…`;
       }
     };
   }
@@ -164,7 +182,8 @@ class GenerateView {
         state.lastResult = { ...result, model, prompt, chat, options };
         ui.output.textContent = result.text; // the final text (a held-back stop string removed)
         this.showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
-        return `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.`;
+        const memory = result.heap ? ` Worker memory: ${formatBytes(result.heap.endBytes)}.` : "";
+        return `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.${memory}`;
       },
       cancelled: () => `Stopped after ${state.streamed.tokens} tokens.`,
     };
@@ -179,6 +198,6 @@ export function setUpGenerate(client, ready) {
   ui.button.addEventListener("click", run);
   ui.stop.addEventListener("click", stop);
   runOnCtrlEnter(ui.prompt, run);
-  jobs.whenReady(ready, "generated", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS));
+  jobs.whenReady(ready, "generated", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS, { all: ALL_MODELS }));
   return { state: view.state, run, stop };
 }

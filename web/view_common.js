@@ -180,10 +180,11 @@ export function describeLoad(reply) {
   return `${source}; built in ${formatSeconds(reply.timingsMs.build / 1000)}`;
 }
 
-// Fills a <select> with the registry's browser models of `kind` (sizes included); keeps the
-// options it already has when the list is unavailable. Resolves with the worker's reply.
-export async function fillModelSelect(client, kind, select, labels = {}) {
-  const reply = await client.request("models", { kind });
+// Fills a <select> with the registry's browser models of `kind` (size and licence shown, as
+// the Hub's model cards do); keeps the options it already has when the list is unavailable.
+// `all`: also the models the page loads only when asked for. Resolves with the worker's reply.
+export async function fillModelSelect(client, kind, select, labels = {}, { all = false } = {}) {
+  const reply = await client.request("models", { kind, all });
   for (const model of reply.models) {
     let option = select.querySelector(`option[value="${CSS.escape(model.name)}"]`);
     if (!option) {
@@ -191,8 +192,10 @@ export async function fillModelSelect(client, kind, select, labels = {}) {
       option.value = model.name;
       select.append(option);
     }
-    option.textContent = `${labels[model.name] || model.name} · ${formatBytes(model.size)}`;
+    const licence = model.license ? ` · ${model.license}` : "";
+    option.textContent = `${labels[model.name] || model.name} · ${formatBytes(model.size)}${licence}`;
     option.dataset.size = String(model.size);
+    option.dataset.license = model.license || "";
     option.dataset.registry = "true";
   }
   return reply;

@@ -26,8 +26,10 @@
  *           snapshot: {used, reason}, backend: {name, requested, variant, label,
  *           kernels: {file, sha256}, reason, threads, threadsReason},
  *           crossOriginIsolated, cancellable}
- *   models {kind?}              -> {models: [{name, description, size}], hint?} (the registry's
- *                                  browser models of that kind; hint: how to get one if none)
+ *   models {kind?, all?}        -> {models: [{name, description, size, license, offered}],
+ *                                  hint?} (the registry's browser models of that kind offered
+ *                                  in the pickers, all: also those loaded only when asked for;
+ *                                  hint: how to get one if none)
  *   load {kind?, model} | {kind?, hf_repo, revision} | {kind, url} (a folder on this origin)
  *       progress {phase: "download", file, loaded, total, cached}, {phase: "verify"},
  *       {phase: "build"} -> {key, cached, downloadedBytes, timingsMs, model: {...}}
@@ -214,7 +216,7 @@ async function handleModels(message) {
   await ensureRuntime(message.id);
   const session = sessionFor(message.kind);
   try {
-    return { payload: JSON.parse(session.models_json()) };
+    return { payload: JSON.parse(session.models_json(message.all === true)) };
   } finally {
     session.destroy();
   }

@@ -30,7 +30,7 @@ UPSTREAM_SHA256 = {
 EXPECTED_KINDS = {"whisper-tiny.en": "whisper", "whisper-base": "whisper",
                   "smollm2-135m-instruct": "llama", "qwen2.5-coder-0.5b-instruct": "llama",
                   "all-minilm-l6-v2": "bert",
-                  "gemma3-270m-q4km": "test-input", "multilingual-e5-small": "test-input",
+                  "gemma3-270m-q4km": "llama", "multilingual-e5-small": "test-input",
                   "rxnfp-bert-pretrained": "test-input", "rxnmapper-albert": "test-input",
                   "whisperx-segmentation": "test-input", "silero-vad-jit": "test-input",
                   "silero-vad": "vad",
@@ -39,9 +39,10 @@ EXPECTED_KINDS = {"whisper-tiny.en": "whisper", "whisper-base": "whisper",
 # Pinned to a Hub commit alone (no offline mirror exists): online only, never shipped to
 # browsers from the registry (tests/hub/test_hub_commit_pins.py).
 HUB_ONLY_MODELS = {"t5-small", "flan-t5-small"}
-# Runnable natively, not offered by the page (yet): its page memory and speed are issue 23's
-# page work.
-NATIVE_ONLY_MODELS = {"qwen2.5-coder-0.5b-instruct", "silero-vad"}  # silero-vad: transcribe --vad
+# Runnable natively, not offered by the page.
+NATIVE_ONLY_MODELS = {"silero-vad"}  # silero-vad: transcribe --vad
+# Browser models the page loads only when asked by name (its ?models=all option), not offered.
+UNOFFERED_MODELS = {"gemma3-270m-q4km"}
 
 
 def test_shipped_registry_models_and_pins():
@@ -54,6 +55,7 @@ def test_shipped_registry_models_and_pins():
     for model in registry:
         assert model.browser == (model.kind != "test-input"
                                  and model.name not in HUB_ONLY_MODELS | NATIVE_ONLY_MODELS)
+        assert model.offered == (model.name not in UNOFFERED_MODELS)
         assert model.pinned_by_sha256 == (model.name not in HUB_ONLY_MODELS)
         if model.pinned_by_sha256:
             assert model.size == sum(f.size for f in model.files)

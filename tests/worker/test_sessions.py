@@ -310,3 +310,34 @@ def test_eval_twin_reply_keeps_the_output_apart():
     assert reply["shape"] == [2, 4] and reply["dtype"] == "f32" and len(reply["timingsMs"]) == 1
     assert arrays["output"].shape == (2, 4)
     np.testing.assert_allclose(arrays["output"].sum(axis=1), 1.0, rtol=1e-6)
+
+
+def test_llama_models_offer_qwen_with_licences_and_gemma_only_when_asked():
+    """The page's pickers: SmolLM2 and Qwen2.5-Coder offered with their licences; Gemma-3-270M
+    (Gemma terms) listed only with `all` (the page's ?models=all), and loadable by name."""
+    session = LlamaSession()
+    offered = {m["name"]: m["license"] for m in json.loads(session.models_json())["models"]}
+    assert offered == {"smollm2-135m-instruct": "Apache-2.0",
+                       "qwen2.5-coder-0.5b-instruct": "Apache-2.0"}
+    every = {m["name"]: m for m in json.loads(session.models_json(True))["models"]}
+    assert every["gemma3-270m-q4km"]["license"] == "Gemma Terms of Use"
+    assert every["gemma3-270m-q4km"]["offered"] is False
+    assert json.loads(session.models_json("yes"))["models"] == json.loads(
+        session.models_json())["models"], "only a real true asks for every model"
+    manifest = session.manifest(model="gemma3-270m-q4km")
+    assert [f["name"] for f in manifest["files"]] == ["gemma-3-270m-Q4_K_M.gguf"]
+    qwen = session.manifest(model="qwen2.5-coder-0.5b-instruct")["files"][0]
+    assert qwen["size"] == 491_400_064 and qwen["sha256"].startswith("1d9614638d18")
+
+
+@pytest.mark.parametrize("sizes, fragment", [
+    ([FILE_LIMIT_BYTES], "must stay under 2,147,483,648 bytes"),
+    ([1_900_000_000, 1_000_000], "need about 3.5 GiB of the page's memory"),
+], ids=["one-array-too-big", "heap-too-small"])
+def test_a_model_too_big_for_the_page_is_refused_before_download(sizes, fragment):
+    files = [{"name": f"part{i}.gguf", "size": size, "sha256": None, "url": ""}
+             for i, size in enumerate(sizes)]
+    with pytest.raises(UnsupportedError, match=fragment) as raised:
+        LlamaSession().check_page_memory("big-model", files)
+    assert "big-model" in str(raised.value)
+    LlamaSession().check_page_memory("qwen", [{"name": "q.gguf", "size": 491_400_064}])

@@ -54,6 +54,9 @@ class ModelEntry:
     browser: bool
     files: tuple[FileEntry, ...]
     sources: tuple[dict, ...]
+    # Offered in the page's model pickers; False: a browser model the page loads only when
+    # asked for by name (Gemma-3-270M: its URL option), still listed by `candle-web models`.
+    offered: bool = True
 
     @property
     def pinned_by_sha256(self) -> bool:
@@ -168,6 +171,7 @@ def _parse_model(raw: object, origin: str) -> ModelEntry:
         browser=bool(raw.get("browser", True)),
         files=tuple(files),
         sources=tuple(sources),
+        offered=bool(raw.get("offered", True)),
     )
 
 

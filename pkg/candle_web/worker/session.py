@@ -35,11 +35,18 @@ import time
 
 import numpy as np
 
-from candle_web.core.errors import CandleError, FormatError, ModelNotFound, check_text
+from candle_web.core.errors import (CandleError, FormatError, ModelNotFound,
+                                    UnsupportedError, check_text)
 
 HF_ENDPOINT = "https://huggingface.co"
 # One wasm32 array must stay under 2 GiB; a file announced larger is refused before allocating.
 FILE_LIMIT_BYTES = 1 << 31
+# What the worker's wasm32 heap holds at most (4 GiB of addresses, less Pyodide's own code,
+# stack and tables), and what the runtime itself already takes of it (Python, numpy, the
+# wheel, measured ~300 MB after a load): a model whose files need more is refused before its
+# download (Session.memory_factor).
+PAGE_HEAP_BYTES = int(3.8 * (1 << 30))
+RUNTIME_HEAP_BYTES = 320 << 20
 COMMIT_HASH_LENGTH = 40
 # A folder URL: a relative path on the serving origin, made of plain segments and ending in /.
 FOLDER_URL_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*/)+$")
@@ -56,6 +63,10 @@ class Session:
     command = ""  # the worker command that runs the model (named in error messages)
     required_files = ()  # fetched for a Hub repo or a folder URL (a registry entry lists its own)
     hint = None  # how to get a model when none is at hand: the `models` reply's hint
+    # Heap bytes a model takes per byte of its files, load and a run included: the received
+    # bytes plus what the model builds from them (Qwen2.5-Coder-0.5B Q4_K_M on the wasm
+    # backend, natively: 1.54x after the build, 1.84x after a short generation).
+    memory_factor = 2.0
 
     def __init__(self):
         # Buffers the worker is filling: (model key, file name) -> uint8 array.
@@ -66,17 +77,19 @@ class Session:
 
     # --- the models command -----------------------------------------------------------------
 
-    def browser_models(self) -> list:
-        """The registry's models of this kind that may run in the browser."""
+    def browser_models(self, all_models: bool = False) -> list:
+        """The registry's models of this kind that may run in the browser: those offered in
+        the page's pickers, and with `all_models` also those loaded only when asked for."""
         from candle_web import hub
 
         return [{"name": entry.name, "description": entry.description, "size": entry.size,
-                 "license": entry.license}
-                for entry in hub.list_models(_registry(), kind=self.kind) if entry.browser]
+                 "license": entry.license, "offered": entry.offered}
+                for entry in hub.list_models(_registry(), kind=self.kind)
+                if entry.browser and (entry.offered or all_models)]
 
-    def models_json(self) -> str:
+    def models_json(self, all_models=False) -> str:
         """The `models` reply: {models, hint?}."""
-        reply = {"models": self.browser_models()}
+        reply = {"models": self.browser_models(all_models is True)}
         if self.hint is not None:
             reply["hint"] = self.hint
         return json.dumps(reply)
@@ -115,7 +128,28 @@ class Session:
             raise ModelNotFound(f"load: registry model {model!r} is {what}; {offer}")
         files = [{"name": f.name, "size": f.size, "sha256": f.sha256,
                   "url": f"models/{entry.name}/{f.name}"} for f in entry.files]
+        self.check_page_memory(entry.name, files)
         return {"key": entry.name, "source": "server", "files": files}
+
+    def check_page_memory(self, name: str, files: list) -> None:
+        """Refuses, before any download, a model the page's memory cannot hold: a file of 2 GiB
+        or more (one wasm32 array), or files whose load would need more of the heap than there
+        is (memory_factor times their bytes, past what the runtime takes)."""
+        sizes = [f["size"] for f in files if f.get("size")]
+        total = sum(sizes)
+        big = [f for f in files if (f.get("size") or 0) >= FILE_LIMIT_BYTES]
+        if big:
+            raise UnsupportedError(
+                f"load: {name}: {big[0]['name']} is {big[0]['size']:,} bytes; one array in the "
+                f"page's 32-bit WebAssembly memory must stay under {FILE_LIMIT_BYTES:,} bytes "
+                "(run it natively: candle-web generate --model ...)")
+        need = int(total * self.memory_factor)
+        if need > PAGE_HEAP_BYTES - RUNTIME_HEAP_BYTES:
+            raise UnsupportedError(
+                f"load: {name}: its {total:,} bytes of files need about {need / 2**30:.1f} GiB "
+                f"of the page's memory at load ({self.memory_factor:g}x), more than the "
+                f"{(PAGE_HEAP_BYTES - RUNTIME_HEAP_BYTES) / 2**30:.1f} GiB a 32-bit "
+                "WebAssembly worker has left after its runtime (run it natively)")
 
     def _hub_manifest(self, hf_repo, revision) -> dict:
         from candle_web.hub import HubSpec  # the one "org/name@revision" grammar
