@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,3 +93,59 @@ def test_vtt_and_json_and_txt(long_transcript):
     assert subtitles.render(result, "txt").count("\n") == len(times)
     with pytest.raises(ValueError, match="unknown output format"):
         subtitles.render(result, "doc")
+
+
+# -- parity with openai-whisper's transcribe() on the same recording ----------------------------
+# tests/reference/whisper_words_reference.json holds openai-whisper's transcribe() of this very
+# recording (record_whisper_words.long_recording: the clips in name order, each followed by 6 s of
+# silence) on candle-web's weights, greedy (temperature 0), with its default thresholds.
+WORDS_REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "whisper_words_reference.json"
+
+
+@pytest.fixture(scope="module")
+def openai_long():
+    return json.loads(WORDS_REFERENCE.read_text())["whisper-tiny.en"]
+
+
+@pytest.mark.parametrize("words", [False, True], ids=["segments", "word-timestamps"])
+def test_long_recording_equals_openai_whisper_transcribe(words, long_clip, whisper_models,
+                                                         openai_long):
+    """Every window, the last partial one included (its mel clipped to the content frames and
+    padded, as transcribe() does), gives openai-whisper's segments; with word timestamps the
+    seek moves to the last word's end as it does there, and the text still matches."""
+    model, tokenizer = whisper_models("whisper-tiny.en")
+    samples, _ = long_clip
+    result = transcribe(model, tokenizer, samples,
+                        TranscribeOptions(temperatures=(0.0,), word_timestamps=words))
+    reference = openai_long["long_words" if words else "long"]
+    assert result.text == reference["text"]
+    ours = [s for s in result.segments if s.text]
+    theirs = [s for s in reference["segments"] if s["text"]]
+    assert [s.text for s in ours] == [s["text"] for s in theirs]
+    if not words:  # times straight from timestamp tokens: equal to the rounding
+        assert [s.tokens for s in ours] == [s["tokens"] for s in theirs]
+        for a, b in zip(ours, theirs):
+            assert abs(a.start - b["start"]) < 1e-3 and abs(a.end - b["end"]) < 1e-3
+
+
+def test_cli_long_form_options_have_openai_whisper_defaults():
+    from candle_web import cli
+    from candle_web.pipelines.transcribe import options_from_args
+
+    parser = cli.build_parser()
+    options = options_from_args(parser.parse_args(["transcribe", "x.wav"]))
+    assert options.temperatures == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    assert (options.compression_ratio_threshold, options.logprob_threshold,
+            options.no_speech_threshold, options.condition_on_previous_text) == (2.4, -1.0, 0.6, True)
+    assert options.word_timestamps is False and options.vad is None
+    options = options_from_args(parser.parse_args([
+        "transcribe", "x.wav", "--temperature", "0.2", "--temperature-increment-on-fallback", "0.4",
+        "--condition-on-previous-text", "False", "--logprob-threshold", "none",
+        "--no-speech-threshold", "None", "--compression-ratio-threshold", "1.8"]))
+    assert options.temperatures == (0.2, 0.6, 1.0)
+    assert (options.condition_on_previous_text, options.logprob_threshold,
+            options.no_speech_threshold, options.compression_ratio_threshold) == (False, None, None, 1.8)
+    no_retry = parser.parse_args(["transcribe", "x.wav", "--temperature-increment-on-fallback", "none"])
+    assert options_from_args(no_retry).temperatures == (0.0,)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["transcribe", "x.wav", "--condition-on-previous-text", "maybe"])
