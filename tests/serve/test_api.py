@@ -125,13 +125,17 @@ def whisper(pool):
 
 
 def reference_transcript(pool, whisper, path, task: str = "transcribe"):
-    """What `candle-web transcribe FILE` computes (cli.cmd_transcribe, default options)."""
+    """What `candle-web transcribe FILE [--task translate]` computes (cli.cmd_transcribe: its
+    parser's defaults through options_from_args)."""
+    from candle_web.cli import build_parser
     from candle_web.io.audio import load_audio
-    from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+    from candle_web.models.whisper_decode import transcribe
+    from candle_web.pipelines.transcribe import options_from_args
 
+    options = options_from_args(build_parser().parse_args(["transcribe", str(path), "--task",
+                                                           task]))
     with pool.compute:
-        return transcribe(whisper.model, whisper.tokenizer, load_audio(str(path)),
-                          TranscribeOptions(task=task))
+        return transcribe(whisper.model, whisper.tokenizer, load_audio(str(path)), options)
 
 
 def raw_request(url: str, method: str, path: str, body: bytes = b"", headers: dict = None):
@@ -327,6 +331,25 @@ def test_transcriptions_equal_the_cli_in_every_format(client, pool, whisper):
     assert verbose.duration == pytest.approx(reference.duration)
     assert [s.text for s in verbose.segments] == [s.text for s in reference.segments]
     assert [s.start for s in verbose.segments] == [s.start for s in reference.segments]
+
+
+def test_a_transcript_equals_the_cli_process_output(client):
+    """The text answer against `candle-web transcribe CLIP` run as a process (its stdout)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(repo / "pkg"), str(repo / "native"), os.environ.get("PYTHONPATH", "")]))
+    process = subprocess.run([sys.executable, "-m", "candle_web.cli", "transcribe", str(CLIP)],
+                             capture_output=True, text=True, timeout=600, env=environment)
+    assert process.returncode == 0, process.stderr[-2000:]
+    with CLIP.open("rb") as audio:
+        answer = client.audio.transcriptions.create(model=WHISPER, file=audio,
+                                                    response_format="text")
+    assert answer == process.stdout and answer.strip()
 
 
 def test_translations_run_the_translate_task(client, pool, whisper):

@@ -130,6 +130,28 @@ FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length",
                   "context_length": "length"}
 
 
+_CLI_TRANSCRIBE_DEFAULTS = []
+
+
+def transcribe_options(task: str, language=None, prompt=None, temperature=None):
+    """The options `candle-web transcribe FILE` decodes with (its parser's defaults, through
+    pipelines.transcribe.options_from_args, as the CLI and `batch transcribe` build them), with
+    the request's task, language, prompt and starting temperature (fallback up from it, as
+    `--temperature`)."""
+    import argparse  # noqa: PLC0415
+
+    from ..cli import build_parser  # noqa: PLC0415  (the same layer: the command's defaults)
+    from ..pipelines.transcribe import options_from_args  # noqa: PLC0415
+
+    if not _CLI_TRANSCRIBE_DEFAULTS:
+        _CLI_TRANSCRIBE_DEFAULTS.append(vars(build_parser().parse_args(["transcribe", "-"])))
+    args = argparse.Namespace(**_CLI_TRANSCRIBE_DEFAULTS[0])
+    args.task, args.language, args.initial_prompt = task, language or None, prompt or None
+    if temperature is not None:
+        args.temperature = temperature
+    return options_from_args(args)
+
+
 # -- the application ------------------------------------------------------------------------
 
 class OpenAiApi:
@@ -506,19 +528,15 @@ class OpenAiApi:
         """In the model's worker thread: decode the upload, then transcribe with the CLI's
         options (temperature fallback unless a temperature above 0 is given)."""
         from ..io.audio import load_audio  # noqa: PLC0415
-        from ..models.whisper_decode import TranscribeOptions, transcribe  # noqa: PLC0415
+        from ..models.whisper_decode import transcribe  # noqa: PLC0415
 
         try:
             samples = load_audio(data)
         except (CandleError, OSError, ValueError) as error:
             raise bad_request(f"file: not audio this server can decode ({str(error)[:200]})",
                               "file", "invalid_audio") from None
-        temperatures = TranscribeOptions().temperatures
-        if temperature:
-            temperatures = (temperature,)
         try:
-            options = TranscribeOptions(language=language or None, task=task,
-                                        initial_prompt=prompt or None, temperatures=temperatures)
+            options = transcribe_options(task, language, prompt, temperature)
         except CandleError as error:
             raise candle_error(error) from None
         compute = self.pool.compute
