@@ -3,8 +3,8 @@
 The child imports what the snippet needs first (that is "the interpreter"), then caps its
 address space at what it uses so far plus `headroom` (RLIMIT_AS: an allocation beyond it fails
 with MemoryError instead of swapping the machine) and runs the snippet. The result says how the
-snippet ended (ok / the exception's type and message), how long it took and how much its
-resident memory grew. The parent kills a child that runs past `hang_seconds`: a hang guard, not
+snippet ended (ok / the exception's type and message), how long it took, the peak of what it
+allocated (tracemalloc, numpy included) and how much its resident memory grew. The parent kills a child that runs past `hang_seconds`: a hang guard, not
 a timing threshold (the figures are measured and reported, not asserted).
 
 Linux only (RLIMIT_AS, /proc); the tests that use it skip elsewhere.
@@ -25,7 +25,7 @@ HEADROOM_BYTES = 200 << 20  # the issue's bound: 200 MB over the interpreter
 HANG_SECONDS = 60.0
 
 CHILD = r'''
-import json, resource, sys, time, traceback
+import json, resource, sys, time, tracemalloc, traceback
 sys.path[:0] = [{pkg!r}, {tests!r}]
 {setup}
 
@@ -36,6 +36,7 @@ def _address_space():
 _cap = _address_space() + {headroom}
 resource.setrlimit(resource.RLIMIT_AS, (_cap, _cap))
 _rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+tracemalloc.start()  # numpy reports its buffers to tracemalloc too
 _started = time.perf_counter()
 _result = {{"outcome": "ok", "type": None, "message": None, "value": None}}
 try:
@@ -47,6 +48,8 @@ except BaseException as _error:
                "candle_error": _error.__class__.__module__.startswith("candle_web"),
                "traceback": traceback.format_exc()[-2000:]}}
 _result["seconds"] = time.perf_counter() - _started
+_result["traced_peak_bytes"] = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
 _result["rss_growth_bytes"] = max(
     0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - _rss_before)
 print("\n@@RESULT@@" + json.dumps(_result, default=repr))
@@ -74,7 +77,8 @@ def run_bounded(body: str, setup: str = "", headroom: int = HEADROOM_BYTES,
     if marker < 0:
         raise AssertionError(f"the child died (status {done.returncode}):\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout[marker + len("@@RESULT@@"):])
-    print(f"bounded run: {result['outcome']} {result.get('type')} in {result['seconds']:.3f} s, "
+    print(f"bounded run: {result['outcome']} {result.get('type')} in {result['seconds']:.3f} s "
+          f"(under tracemalloc), peak {result['traced_peak_bytes'] / 1e6:.1f} MB allocated, "
           f"resident memory +{result['rss_growth_bytes'] / 1e6:.1f} MB")
     return result
 
