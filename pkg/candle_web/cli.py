@@ -239,17 +239,34 @@ def cmd_models(args) -> int:
     if args.verify:
         return _verify_models(hub)
     print(f"cache: {hub.cache_dir()}")
-    print(f"{'name':28} {'kind':10} {'size':>9}  cached  description")
+    print(f"{'name':28} {'kind':10} {'size':>9}  cached  {'licence':20}  description")
     for model in hub.list_models():
         cached = all(hub.is_cached(model.name, f.name) for f in model.files)
         print(f"{model.name:28} {model.kind:10} {model.size / 1e6:8.1f}M  {'yes' if cached else 'no ':6}  "
-              f"{model.description}")
+              f"{model.license or 'not recorded':20}  {model.description}")
         # Where each cached file came from: the Hub URL, the mirror wheel and member, or a path.
-        for file in model.files:
-            if hub.is_cached(model.name, file.name):
-                origin = hub.cached_origin(model.name, file.name) or "origin not recorded"
-                print(f"    {file.name:24} from {origin}")
+        origins = [(file.name, hub.cached_origin(model.name, file.name) or "origin not recorded")
+                   for file in model.files if hub.is_cached(model.name, file.name)]
+        if len(origins) > MODELS_FILES_LISTED:
+            _print_origin_summary(origins)
+            continue
+        for name, origin in origins:
+            print(f"    {name:24} from {origin}")
     return 0
+
+
+# A model of more files than this (a test-data archive of a hundred) is summarised by source.
+MODELS_FILES_LISTED = 8
+
+
+def _print_origin_summary(origins: list) -> None:
+    """One line per source archive: '115 files from pypi llama_cpp_python-0.3.36.tar.gz'."""
+    counts = {}
+    for _, origin in origins:
+        source = origin.split(":", 1)[0]  # a mirror member's archive, or the whole origin
+        counts[source] = counts.get(source, 0) + 1
+    for source, count in counts.items():
+        print(f"    {count} files from {source}")
 
 
 def _verify_models(hub) -> int:
