@@ -9,8 +9,10 @@ STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_SYS := $(VENV)/.stamp-system
 STAMP_BENCH := $(VENV)/.stamp-bench
 # Debian packages: headless Chromium for the UI tests, espeak-ng + sox to synthesise speech,
-# ffmpeg to decode mp3/ogg natively when soundfile cannot.
-APT_PACKAGES := chromium espeak-ng sox ffmpeg
+# ffmpeg to decode mp3/ogg natively when soundfile cannot, and the JDK and Mono that build and
+# run the Java and C# API clients of examples/api/ in tests/serve/test_api_clients.py.
+APT_PACKAGES := chromium espeak-ng sox ffmpeg default-jdk-headless mono-mcs mono-runtime \
+	libmono-system-net-http4.0-cil
 
 export CANDLE_WEB_OFFLINE ?= 1
 
