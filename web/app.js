@@ -1,6 +1,7 @@
 // candle-web page shell: the tab bar, the runtime status line and the worker client that the
 // views (transcribe, generate, ...) use. Loaded as a module by index.html.
 
+import { setUpChat } from "./chat.js";
 import { setUpGenerate } from "./generate.js";
 import { setUpSimilarity } from "./similarity.js";
 import { setUpText2text } from "./text2text.js";
@@ -208,6 +209,7 @@ ready.then(showReady, showStartFailure);
 
 const transcribeView = setUpTranscribe(client, ready);
 const generateView = setUpGenerate(client, ready);
+const chatView = setUpChat(client, ready);
 const text2textView = setUpText2text(client, ready);
 const similarityView = setUpSimilarity(client, ready);
 
@@ -217,6 +219,7 @@ window.candleWeb = {
   ready,
   transcribe: transcribeView.state,
   generate: generateView.state,
+  chat: chatView.state,
   text2text: text2textView.state,
   similarity: similarityView.state,
 };

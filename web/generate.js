@@ -33,12 +33,13 @@ const NUMBER_CONTROLS = [
   { id: "generate-repeat-penalty", option: "repeatPenalty", label: "Repeat penalty", min: 0.01, max: 10, required: true },
 ];
 
-class OptionError extends Error {}
+export class OptionError extends Error {}
 
-// The sampling options from the form; throws OptionError naming a bad field.
-export function readOptions(doc = document) {
+// The sampling options from the form (`controls`: this view's, or another text view's list
+// of the same shape); throws OptionError naming a bad field.
+export function readOptions(doc = document, controls = NUMBER_CONTROLS) {
   const options = {};
-  for (const control of NUMBER_CONTROLS) {
+  for (const control of controls) {
     const raw = doc.getElementById(control.id).value.trim();
     if (raw === "") {
       if (control.required) throw new OptionError(`${control.label} is empty.`);

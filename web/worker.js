@@ -6,7 +6,7 @@
  *   {type: "progress", id, phase, state, ...}  zero or more, while the command runs
  *   {type: "result",   id, ...}                 exactly one on success
  *   {type: "error",    id, error: {name, message, traceback?}}  exactly one on failure
- * Commands: init, eval_twin, models, load, transcribe, embed, generate, text2text, cancel
+ * Commands: init, eval_twin, models, load, transcribe, embed, generate, chat, text2text, cancel
  * (the COMMANDS table below). `kind` picks the model family and its Python session
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
@@ -58,6 +58,12 @@
  *             repeatPenalty, repeatLastN}}
  *       progress {phase: "generate", event: "prompt"|"token"|"done", data}
  *       -> {text, tokenIds, promptIds, renderedPrompt, stopReason, timings: {tokensPerSecond, ...}}
+ *   chat {model, messages: [{role, content}] (ending with the user message to answer),
+ *         context?, options}   one turn of the Chat view; the KV cache carries over
+ *       progress {phase: "chat", event: "prompt" (with reused, new_tokens, dropped, notice)
+ *                 |"token"|"done", data}
+ *       -> {text, tokenIds, promptTokens, reusedTokens, newTokens, droppedMessages, notice,
+ *           context, stopReason ("cancelled": Stop kept the partial answer), timings}
  *   text2text {model, prompt, options: {maxTokens, temperature, topK, topP, seed}}
  *       progress {phase: "text2text", event: "token"|"done", data}
  *       -> {text, tokenIds, inputTokens, fullInputTokens, truncated, maxInputTokens, stopReason,
@@ -295,6 +301,13 @@ const RUN_COMMANDS = {
     kind: "t5",
     request: (m) => ({ prompt: m.prompt ?? null, options: m.options || null }),
   },
+  chat: {
+    kind: "llama",
+    check: (m) => {
+      if (!Array.isArray(m.messages)) throw new TypedError("FormatError", "chat: `messages` must be an array of {role, content}");
+    },
+    request: (m) => ({ messages: m.messages, context: m.context ?? null, options: m.options || null }),
+  },
 };
 
 // Runs a model with its session: Python calls onEvent(kind, json) per streamed event, which
@@ -348,6 +361,7 @@ const COMMANDS = {
   transcribe: handleRun,
   embed: handleRun,
   generate: handleRun,
+  chat: handleRun,
   text2text: handleRun,
   cancel: handleCancel,
 };

@@ -87,10 +87,15 @@ class Cache:
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` positions (a chat rolled back to where a conversation
-        diverged); the buffer stays, so the next append writes over the dropped ones."""
+        diverged). Dropping positions moves the cache to a copy of its buffer, as a reset or
+        a growth does: a mirror of the buffer elsewhere (the wasm team's shared-memory copy,
+        backend/wasm/team_parts.py) trusts that one buffer only grows by appending, and so
+        sees a new array and copies it afresh instead of keeping the dropped positions."""
         if not 0 <= length <= self.current_seq_len:
             raise ShapeMismatch(f"kv cache truncate: {length} is outside 0..{self.current_seq_len} "
                                 "(the cached positions)")
+        if length < self.current_seq_len and self._buffer is not None:
+            self._buffer = self._buffer.copy()
         self.current_seq_len = length
 
     def reorder(self, indices) -> None:

@@ -1,0 +1,183 @@
+"""The Chat view end to end in headless Chromium, on the registry's SmolLM2-135M-Instruct Q4_1
+(the Qwen2.5 GGUF is not marked for browsers in the registry).
+
+A three-turn conversation where turn 2 depends on turn 1 (a name given in turn 1 is recalled);
+the reuse counter of turn 2 covers turn 1; regenerate and edit roll back correctly: their ids
+equal those of the same conversation run natively and fresh by generation.Conversation (the
+code `candle-web chat` runs: the twin check, greedy ids must be equal); a reload keeps the
+conversation; HTML in an answer is inert; export and import as OpenAI messages JSON; the
+overflow notice on a small context. The page is this module's own (reloaded by a test).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+MODEL = "smollm2-135m-instruct"
+SYSTEM = "Answer in one short sentence."
+MAX_TOKENS = 24
+# A turn on a busy 2-core machine: the model's first load (download, build) and a few tokens a
+# second. A hang fails; the pace is not tested.
+TURN_TIMEOUT_MS = 400_000
+
+pytestmark = pytest.mark.ui
+
+
+@pytest.fixture(scope="module")
+def page(ready_page_at):
+    page = ready_page_at("/#chat")
+    page.click("#tab-chat")
+    page.wait_for_function("() => window.candleWeb.chat.runtimeReady")
+    page.evaluate("() => localStorage.removeItem('candle-web.chat.v1')")
+    page.click("#chat-new")
+    return page
+
+
+@pytest.fixture(scope="module")
+def native():
+    """The same conversations natively, fresh each time (greedy)."""
+    from candle_web.generation import GenerationOptions
+    from candle_web.generation.conversation import Conversation
+    from candle_web.pipelines import load_llama
+
+    loaded = load_llama(MODEL)
+    options = GenerationOptions(max_new_tokens=MAX_TOKENS)
+
+    def run(messages: list) -> list:
+        """Ids of the answer to the last user message of `messages` (OpenAI format)."""
+        loaded.model.clear_kv_cache()
+        chat = Conversation(loaded.model, loaded.tokenizer)
+        chat.load_messages(messages[:-1])
+        return chat.send(messages[-1]["content"], options).token_ids
+
+    return run
+
+
+def chat_state(page, expression: str):
+    return page.evaluate(f"() => {{ const s = window.candleWeb.chat; return {expression}; }}")
+
+
+def wait_turn(page, click: str) -> dict:
+    before = chat_state(page, "s.runs")
+    page.click(click)
+    page.wait_for_function("(before) => { const s = window.candleWeb.chat;"
+                           " return !s.busy && (s.runs > before || s.lastError !== null); }",
+                           arg=before, timeout=TURN_TIMEOUT_MS)
+    error = chat_state(page, "s.lastError")
+    assert error is None, error
+    return chat_state(page, "s.lastResult")
+
+
+def send(page, text: str) -> dict:
+    page.fill("#chat-input", text)
+    return wait_turn(page, "#chat-send")
+
+
+def messages_shown(page) -> list:
+    return page.evaluate("""() => Array.from(document.querySelectorAll('#chat-turns .chat-message'),
+        (li) => [li.classList.contains('chat-user') ? 'user' : 'assistant',
+                 li.querySelector('.chat-body').innerText])""")
+
+
+def test_three_turns_recall_reuse_regenerate_edit_and_reload(page, native, page_ready, report):
+    page.fill("#chat-system", SYSTEM)
+    page.dispatch_event("#chat-system", "change")
+    page.fill("#chat-max-tokens", str(MAX_TOKENS))
+    system = {"role": "system", "content": SYSTEM}
+    conversation = [system]
+    results = []
+    for text in ("My name is Ada.", "What is my name?", "Thank you."):
+        conversation.append({"role": "user", "content": text})
+        result = send(page, text)
+        results.append(result)
+        assert result["tokenIds"] == native(conversation), text
+        conversation.append({"role": "assistant", "content": result["text"]})
+    first, second, third = results
+    assert "Ada" in second["text"]  # turn 2 depends on turn 1
+    assert first["reusedTokens"] == 0
+    assert second["reusedTokens"] >= first["promptTokens"] + len(first["tokenIds"]) - 1
+    reuse = page.locator("#chat-reuse").inner_text()
+    assert reuse == f"prompt: {third['newTokens']} new tokens, {third['reusedTokens']} reused"
+    assert "tok/s" in page.locator("#chat-speed").inner_text()
+    assert len(messages_shown(page)) == 6
+    report(f"[ui] chat (SmolLM2 in the browser): turn 2 prompt {second['promptTokens']} tokens, "
+           f"{second['reusedTokens']} reused, {second['newTokens']} new; "
+           f"decode {second['timings'].get('tokensPerSecond', 0):.1f} tok/s")
+
+    again = wait_turn(page, ".chat-regenerate")
+    assert again["tokenIds"] == third["tokenIds"]
+    assert again["reusedTokens"] == again["promptTokens"] - 1  # only the last id runs again
+    assert len(messages_shown(page)) == 6
+
+    page.click(".chat-message[data-index='0'] .chat-edit")
+    page.locator("#chat-edit-note").wait_for(state="visible")
+    edited = send(page, "My name is Bob.")
+    assert edited["tokenIds"] == native([system, {"role": "user", "content": "My name is Bob."}])
+    assert 0 < edited["reusedTokens"] < first["promptTokens"]  # rolled back to Ada/Bob
+    shown = messages_shown(page)
+    assert [role for role, _ in shown] == ["user", "assistant"]
+    assert shown[0][1] == "My name is Bob."
+
+    page.reload()
+    page_ready(page)
+    page.click("#tab-chat")
+    page.wait_for_function("() => document.querySelectorAll('#chat-turns .chat-message').length === 2")
+    assert messages_shown(page) == shown
+    assert page.locator("#chat-system").input_value() == SYSTEM
+    titles = page.locator("#chat-list .chat-open").all_inner_texts()
+    assert "My name is Bob." in titles
+
+
+def test_html_in_answers_is_inert_and_export_import_round_trip(page, tmp_path):
+    hostile = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "<b>hi</b>"},
+        {"role": "assistant", "content": "Here:\n\n<img src=x onerror=\"window.__pwned = 1\">"
+                                         "<script>window.__pwned = 2</script>\n\n- **bold** item"
+                                         "\n- `code`\n\n```html\n<script>alert(1)</script>\n```"},
+    ]
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(hostile))
+    page.set_input_files("#chat-import", str(path))
+    page.wait_for_function("() => document.querySelectorAll('#chat-turns .chat-message').length === 2")
+    turns = page.locator("#chat-turns")
+    assert turns.locator("img, script").count() == 0
+    assert page.evaluate("() => window.__pwned") is None
+    answer = turns.locator(".chat-assistant .chat-body")
+    assert "<img src=x onerror=" in answer.inner_text()
+    assert answer.locator("ul li strong").inner_text() == "bold"
+    code = answer.locator("figure.code-block")
+    assert code.locator("code").inner_text() == "<script>alert(1)</script>"
+    assert code.locator("button.code-copy").count() == 1
+    assert turns.locator(".chat-user .chat-body").inner_text() == "<b>hi</b>"
+
+    with page.expect_download() as download:
+        page.click("#chat-export")
+    exported = tmp_path / "exported.json"
+    download.value.save_as(exported)
+    assert json.loads(exported.read_text()) == hostile
+
+    (tmp_path / "bad.json").write_text('[{"role": "robot", "content": "x"}]')
+    page.set_input_files("#chat-import", str(tmp_path / "bad.json"))
+    page.wait_for_function("() => !document.getElementById('chat-error').hidden")
+    assert "role \"robot\"" in page.locator("#chat-error").inner_text()
+
+    count = page.locator("#chat-list li").count()
+    page.locator("#chat-list li[aria-current='true'] .chat-delete").click()
+    page.wait_for_function("(n) => document.querySelectorAll('#chat-list li').length === n - 1",
+                           arg=count)
+
+
+def test_a_small_context_shows_the_overflow_notice(page):
+    page.click("#chat-new")
+    page.fill("#chat-max-tokens", str(MAX_TOKENS))
+    page.fill("#chat-context", "100")
+    notice = page.locator("#chat-notice")
+    for text in ("Tell me about the sea.", "Tell me about ships.", "Tell me about birds."):
+        result = send(page, text)
+    assert result["droppedMessages"] > 0
+    assert notice.is_visible() and "left the model's view" in notice.inner_text()
+    assert "context of 100 tokens" in notice.inner_text()
+    assert len(messages_shown(page)) == 6  # every message is still shown
+    page.fill("#chat-context", "")

@@ -1,0 +1,263 @@
+// The Chat view: a multi-turn conversation with a LLaMA-family model (the Generate view's
+// models), a system prompt, streaming answers with tok/s, Stop, regenerate, edit an earlier
+// message (what followed is dropped), clear; conversations kept in this tab's storage, listed,
+// deletable, exported and imported as OpenAI messages JSON. Each turn sends the whole
+// conversation; the worker's session keeps the KV cache of the previous one and processes only
+// the new tokens (shown as "prompt: 14 new tokens, 312 reused"). Started by app.js.
+
+import { ChatStore, MAX_IMPORT_BYTES, fromOpenAi, toOpenAi } from "./chat/store.js";
+import { renderList, renderTurns, streamingNode } from "./chat/transcript.js";
+import { OptionError, readOptions } from "./generate.js";
+import { JobStatus, ViewJobs, describeLoad, fillModelSelect, loadModel, runOnCtrlEnter } from "./view_common.js";
+
+const KIND = "llama";
+const MODEL_LABELS = { "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1)" };
+const NUMBER_CONTROLS = [
+  { id: "chat-max-tokens", option: "maxTokens", label: "Max tokens", min: 1, max: 2048, integer: true, required: true },
+  { id: "chat-temperature", option: "temperature", label: "Temperature", min: 0, max: 10, required: true },
+  { id: "chat-seed", option: "seed", label: "Seed", min: 0, max: Number.MAX_SAFE_INTEGER, integer: true, required: true },
+  { id: "chat-context", option: "context", label: "Context", min: 16, max: 1_000_000, integer: true },
+];
+const UI_IDS = {
+  modelSelect: "chat-model", modelNote: "chat-model-note", system: "chat-system", list: "chat-list",
+  turns: "chat-turns", input: "chat-input", send: "chat-send", stop: "chat-stop", clear: "chat-clear",
+  newChat: "chat-new", exportButton: "chat-export", importInput: "chat-import", editNote: "chat-edit-note",
+  cancelEdit: "chat-cancel-edit", reuse: "chat-reuse", speed: "chat-speed", notice: "chat-notice",
+};
+
+// The form's numbers, as {options, context}; throws OptionError naming a bad field.
+function readNumbers() {
+  const { context = null, ...options } = readOptions(document, NUMBER_CONTROLS);
+  return { options, context };
+}
+
+class ChatView {
+  constructor(client) {
+    const $ = (id) => document.getElementById(id);
+    this.client = client;
+    this.ui = Object.fromEntries(Object.entries(UI_IDS).map(([name, id]) => [name, $(id)]));
+    this.status = new JobStatus({ job: $("chat-job"), progress: $("chat-progress"), phase: $("chat-phase"), error: $("chat-error") });
+    this.store = new ChatStore();
+    this.editing = null; // the index of the user message being edited, or null
+    // What the tests (and the curious) can read: window.candleWeb.chat.
+    this.state = {
+      runtimeReady: false, busy: false, loadedModel: null, lastLoad: null, lastResult: null,
+      lastError: null, events: [], streamed: { tokens: 0, text: "" }, jobId: null, runs: 0,
+      results: [],
+    };
+    this.jobs = new ViewJobs({ client, status: this.status, state: this.state, refresh: () => this.render() });
+  }
+
+  get conversation() {
+    return this.store.current();
+  }
+
+  render() {
+    const { ui, state, store } = this;
+    const busy = state.busy;
+    ui.send.disabled = busy || !state.runtimeReady;
+    ui.stop.disabled = !busy;
+    for (const control of [ui.modelSelect, ui.clear, ui.newChat, ui.importInput, ui.system]) control.disabled = busy;
+    ui.system.value = this.conversation.system;
+    renderList(ui.list, store, { disabled: busy, onOpen: (id) => this.open(id), onDelete: (id) => this.remove(id) });
+    if (!busy) {
+      renderTurns(ui.turns, this.conversation, { busy, onEdit: (i) => this.startEdit(i), onRegenerate: () => this.regenerate() });
+    }
+    ui.editNote.hidden = this.editing === null;
+    if (this.editing !== null) ui.editNote.querySelector("span").textContent = `Editing message ${this.editing + 1}: sending replaces it and drops what followed. `;
+  }
+
+  open(id) {
+    this.store.open(id);
+    this.editing = null;
+    this.render();
+  }
+
+  remove(id) {
+    this.store.remove(id);
+    this.editing = null;
+    this.render();
+  }
+
+  startEdit(index) {
+    this.editing = index;
+    this.ui.input.value = this.conversation.messages[index].content;
+    this.ui.input.focus();
+    this.render();
+  }
+
+  async ensureModel(model, track) {
+    const { state } = this;
+    if (state.loadedModel === model) return;
+    const label = MODEL_LABELS[model] || model;
+    const reply = await loadModel(this.client, KIND, { model }, this.status, { label, track, events: state.events });
+    state.lastLoad = reply;
+    state.loadedModel = reply.key;
+    this.ui.modelNote.textContent = `${label} loaded (${describeLoad(reply)}); context ${reply.model.context} tokens.`;
+  }
+
+  // Streaming: the prompt pass (with what the cache reused), then one event per token.
+  onProgress(show) {
+    const { ui, state } = this;
+    let firstTokenAt = null;
+    return (message) => {
+      if (message.phase !== "chat") return;
+      const data = message.data;
+      if (message.event === "prompt") {
+        ui.reuse.textContent = `prompt: ${data.new_tokens} new tokens, ${data.reused} reused`;
+        ui.notice.textContent = data.notice || "";
+        ui.notice.hidden = !data.notice;
+        this.status.set("generating", "Writing…");
+      } else if (message.event === "token") {
+        if (data.id !== null) state.streamed.tokens += 1;
+        state.streamed.text += data.text;
+        show(state.streamed.text);
+        const now = performance.now();
+        if (firstTokenAt === null) firstTokenAt = now;
+        const seconds = (now - firstTokenAt) / 1000;
+        const speed = seconds > 0 ? (state.streamed.tokens - 1) / seconds : 0;
+        ui.speed.textContent = `${state.streamed.tokens} tokens · ${speed > 0 ? speed.toFixed(1) : "–"} tok/s`;
+      }
+    };
+  }
+
+  // A turn answering the last (user) message of `messages`, as a job for `jobs`.
+  turn(messages, { restoreInput = "" } = {}) {
+    const { ui, state } = this;
+    let numbers;
+    try {
+      numbers = readNumbers();
+    } catch (error) {
+      if (!(error instanceof OptionError)) throw error;
+      this.status.showError(error.message);
+      return null;
+    }
+    const conversation = this.conversation;
+    const before = conversation.messages;
+    const model = ui.modelSelect.value;
+    let show = null;
+    return {
+      reset: () => {
+        state.streamed = { tokens: 0, text: "" };
+        conversation.messages = messages;
+        this.editing = null;
+        this.store.touch(conversation);
+        renderTurns(ui.turns, conversation, { busy: true });
+        show = streamingNode(ui.turns);
+        ui.input.value = "";
+      },
+      load: (track) => this.ensureModel(model, track),
+      running: { text: "Reading the conversation…" },
+      command: "chat",
+      fields: () => ({ model, messages: toOpenAi({ system: conversation.system, messages }), context: numbers.context, options: numbers.options }),
+      onProgress: this.onProgress((text) => show(text)),
+      done: (result) => this.finish(conversation, messages, result),
+      cancelled: () => {
+        conversation.messages = before; // stopped before any answer: nothing to keep
+        this.store.touch(conversation);
+        ui.input.value = restoreInput;
+        return "Stopped before the answer began.";
+      },
+      cleanup: () => {
+        conversation.messages = before;
+        this.store.touch(conversation);
+        ui.input.value = restoreInput;
+      },
+    };
+  }
+
+  finish(conversation, messages, result) {
+    const { ui, state } = this;
+    conversation.messages = [...messages, { role: "assistant", content: result.text }];
+    this.store.touch(conversation);
+    state.lastResult = result;
+    state.results.push(result);
+    ui.reuse.textContent = `prompt: ${result.newTokens} new tokens, ${result.reusedTokens} reused`;
+    ui.notice.textContent = result.notice || "";
+    ui.notice.hidden = !result.notice;
+    const speed = result.timings.tokensPerSecond;
+    if (speed !== undefined) ui.speed.textContent = `${result.tokenIds.length} tokens · ${speed.toFixed(1)} tok/s`;
+    if (result.stopReason === "cancelled") return `Stopped after ${result.tokenIds.length} tokens; the partial answer is kept.`;
+    return `Done: ${result.tokenIds.length} tokens (${result.stopReason}).`;
+  }
+
+  send() {
+    const text = this.ui.input.value;
+    if (text.trim() === "") {
+      this.status.showError("Type a message first.");
+      this.ui.input.focus();
+      return null;
+    }
+    let base = this.conversation.messages;
+    if (this.editing !== null) base = base.slice(0, this.editing);
+    if (base.at(-1)?.role === "user") base = base.slice(0, -1); // an unanswered message is replaced
+    return this.turn([...base, { role: "user", content: text }], { restoreInput: text });
+  }
+
+  regenerate() {
+    const messages = this.conversation.messages;
+    if (messages.at(-1)?.role !== "assistant") return;
+    this.jobs.run(() => this.turn(messages.slice(0, -1)));
+  }
+
+  clear() {
+    this.conversation.messages = [];
+    this.editing = null;
+    this.store.touch();
+    this.ui.notice.hidden = true;
+    this.render();
+  }
+
+  newChat() {
+    this.store.create({ system: this.conversation.system });
+    this.editing = null;
+    this.render();
+  }
+
+  exportJson() {
+    const conversation = this.conversation;
+    const blob = new Blob([`${JSON.stringify(toOpenAi(conversation), null, 2)}\n`], { type: "application/json" });
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(blob);
+    link.download = `${(conversation.title || "chat").replace(/[^\w.-]+/g, "_").slice(0, 40)}.json`;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 0);
+  }
+
+  async importJson(file) {
+    this.status.clearError();
+    try {
+      if (file.size > MAX_IMPORT_BYTES) throw new Error(`larger than ${MAX_IMPORT_BYTES} bytes`);
+      this.store.create(fromOpenAi(JSON.parse(await file.text())));
+      this.status.set("done", `Imported ${file.name}.`);
+    } catch (error) {
+      this.status.showError(`Import of ${file.name} failed: ${error.message}`);
+    }
+    this.editing = null;
+    this.render();
+  }
+}
+
+export function setUpChat(client, ready) {
+  const view = new ChatView(client);
+  const { ui, jobs } = view;
+  const send = () => jobs.run(() => view.send());
+  ui.send.addEventListener("click", send);
+  ui.stop.addEventListener("click", () => jobs.stop());
+  ui.clear.addEventListener("click", () => view.clear());
+  ui.newChat.addEventListener("click", () => view.newChat());
+  ui.exportButton.addEventListener("click", () => view.exportJson());
+  ui.cancelEdit.addEventListener("click", () => { view.editing = null; ui.input.value = ""; view.render(); });
+  ui.importInput.addEventListener("change", () => {
+    const file = ui.importInput.files[0];
+    if (file) view.importJson(file).finally(() => { ui.importInput.value = ""; });
+  });
+  ui.system.addEventListener("change", () => {
+    view.conversation.system = ui.system.value;
+    view.store.touch();
+  });
+  runOnCtrlEnter(ui.input, send);
+  view.render();
+  jobs.whenReady(ready, "chatted with", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS));
+  return { state: view.state, view, send, stop: () => jobs.stop() };
+}
