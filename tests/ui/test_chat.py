@@ -181,3 +181,33 @@ def test_a_small_context_shows_the_overflow_notice(page):
     assert "context of 100 tokens" in notice.inner_text()
     assert len(messages_shown(page)) == 6  # every message is still shown
     page.fill("#chat-context", "")
+
+
+def test_stop_keeps_the_partial_answer_and_the_next_turn_matches(page, native):
+    page.click("#chat-new")
+    page.fill("#chat-system", "")
+    page.dispatch_event("#chat-system", "change")
+    page.fill("#chat-max-tokens", "200")
+    page.fill("#chat-input", "Write a very long story about a dragon.")
+    before = chat_state(page, "s.runs")
+    page.click("#chat-send")
+    page.wait_for_function("() => window.candleWeb.chat.streamed.tokens >= 3",
+                           timeout=TURN_TIMEOUT_MS)
+    page.click("#chat-stop")
+    page.wait_for_function("(before) => { const s = window.candleWeb.chat;"
+                           " return !s.busy && (s.runs > before || s.lastError !== null); }",
+                           arg=before, timeout=TURN_TIMEOUT_MS)
+    stopped = chat_state(page, "s.lastResult")
+    assert chat_state(page, "s.lastError") is None
+    assert stopped["stopReason"] == "cancelled" and 3 <= len(stopped["tokenIds"]) < 200
+    shown = messages_shown(page)
+    assert len(shown) == 2 and shown[1][1].strip() == stopped["text"].strip()
+    assert "partial answer is kept" in page.locator("#chat-phase").inner_text()
+
+    page.fill("#chat-max-tokens", str(MAX_TOKENS))
+    result = send(page, "Now a short one.")
+    conversation = [{"role": "user", "content": "Write a very long story about a dragon."},
+                    {"role": "assistant", "content": stopped["text"]},
+                    {"role": "user", "content": "Now a short one."}]
+    assert result["reusedTokens"] > 0
+    assert result["tokenIds"] == native(conversation)
