@@ -4,6 +4,7 @@ command line (so an option the docs show cannot disappear unnoticed)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from pathlib import Path
@@ -118,6 +119,25 @@ def test_the_python_blocks_are_found():
     assert len(python_blocks()) >= 2
 
 
+# The API example talks to `candle-web serve --api` at its default address; the test runs it
+# against a real server on a free loopback port with the two models it names.
+README_API_URL = "http://127.0.0.1:8000/v1"
+
+
+@contextlib.contextmanager
+def api_server(models):
+    from candle_web.serve import build_api, start_in_thread
+
+    app, pool = build_api(models)
+    server, url = start_in_thread(api=app)
+    try:
+        yield url.rstrip("/") + "/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        pool.close()
+
+
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_python_code_block_runs(index, tmp_path, monkeypatch, capsys):
     """Each block runs in a fresh namespace, in a folder holding the `clip.wav` the blocks
@@ -131,7 +151,12 @@ def test_python_code_block_runs(index, tmp_path, monkeypatch, capsys):
     (tmp_path / "clip.wav").write_bytes(clip.read_bytes())
     monkeypatch.chdir(tmp_path)
     block = python_blocks()[index]
-    exec(compile(block, f"README python block {index}", "exec"), {})
+    if README_API_URL in block:
+        with api_server(("smollm2-135m-instruct", "whisper-tiny.en")) as url:
+            block = block.replace(README_API_URL, url)
+            exec(compile(block, f"README python block {index}", "exec"), {})
+    else:
+        exec(compile(block, f"README python block {index}", "exec"), {})
     printed = capsys.readouterr().out.lower()
     if "load_whisper" in block:
         # The recording's words (librivox/transcription: "... mister john dashwood had then
