@@ -99,11 +99,16 @@ def test_manifest_refuses_bad_namings(naming, fragment):
         T5Session().manifest(**naming)
 
 
-def test_llama_loads_only_registry_models():
+def test_llama_loads_registry_models_and_a_folder_holding_model_gguf():
     assert LlamaSession().manifest(model="smollm2-135m-instruct")["files"][0]["name"].endswith(
         ".gguf")
-    with pytest.raises(ModelNotFound, match="Hub repos and folders are not supported for LLaMA"):
-        LlamaSession().manifest(url="models/local/x/")
+    folder = LlamaSession().manifest(url="models/local/x/")
+    assert folder["files"] == [{"name": "model.gguf", "size": None, "sha256": None,
+                                "url": "models/local/x/model.gguf"}]
+    with pytest.raises(ModelNotFound, match="Hub repos are not supported for LLaMA"):
+        LlamaSession().manifest(hf_repo="a/b", revision="main")
+    with pytest.raises(ModelNotFound, match="folder URL must be a path"):
+        LlamaSession().manifest(url="../x/")
 
 
 def test_models_reply_carries_a_hint_only_where_a_session_has_one():

@@ -14,11 +14,14 @@ import time
 import numpy as np
 
 from candle_web.core.errors import CandleError, FormatError, ModelNotFound
-from candle_web.worker.session import Session, checked_text, generation_options, python_value
+from candle_web.worker.session import (Session, _unpinned, checked_text, generation_options,
+                                       python_value)
 
 # Bounds of one request, so a mistyped field cannot start an endless job.
 MAX_NEW_TOKENS_LIMIT = 2048
 MAX_PROMPT_CHARS = 32_000
+# The one file a folder URL must hold for a LLaMA load (LlamaSession.manifest).
+FOLDER_GGUF = "model.gguf"
 PAGE_OPTIONS = ("maxTokens", "temperature", "topK", "topP", "seed", "repeatPenalty",
                 "repeatLastN")
 
@@ -29,12 +32,18 @@ class LlamaSession(Session):
     _conversation = None  # the Chat view's conversation on the loaded model (chat_turn)
 
     def manifest(self, model=None, hf_repo=None, revision=None, url=None) -> dict:
-        # A GGUF has no fixed file name, so only registry models (which list theirs) are loaded.
+        # A GGUF has no fixed file name: registry models list theirs; a folder on this origin
+        # (`candle-web serve --local-model`, bench/browser.py's requantized files) serves its
+        # one GGUF as FOLDER_GGUF.
+        if url is not None and model is None and hf_repo is None:
+            manifest = super().manifest(url=url)  # checks the folder URL
+            manifest["files"] = _unpinned((FOLDER_GGUF,), url)
+            return manifest
         if model is None:
             raise ModelNotFound("load (llama): choose a registry model, e.g. "
-                                "smollm2-135m-instruct; Hub repos and folders are not supported "
-                                "for LLaMA in the page (natively: candle-web generate --model "
-                                "FILE.gguf)")
+                                "smollm2-135m-instruct, or a folder on this server holding "
+                                f"{FOLDER_GGUF}; Hub repos are not supported for LLaMA in the "
+                                "page (natively: candle-web generate --model FILE.gguf)")
         manifest = super().manifest(model=model)
         names = [f["name"] for f in manifest["files"]]
         if sum(name.endswith(".gguf") for name in names) != 1:
