@@ -144,6 +144,16 @@ def test_weights_from_a_fifo_are_refused(tmp_path, suffix):
         open_weights(path)
 
 
+def test_a_tokenizer_json_fifo_is_refused(tmp_path):
+    from candle_web.tokenizers import Tokenizer
+
+    path = tmp_path / "tokenizer.json"
+    os.mkfifo(path)
+    with pytest.raises(FormatError, match=r"is a FIFO \(named pipe\), not a regular file; "
+                                          r"tokenizer.json is read from regular files only"):
+        Tokenizer.from_file(path)
+
+
 def test_a_regular_file_opens_and_a_missing_one_is_an_os_error(tmp_path):
     path = tmp_path / "x.bin"
     path.write_bytes(b"abc")

@@ -13,6 +13,7 @@ import re
 import sys
 
 from ..core.errors import CandleError, FormatError, check_text
+from ..io.files import open_regular_file
 from .added_vocabulary import AddedToken, AddedVocabulary
 from .decoders import decoder_from_config
 from .encoding import (Encoding, PaddingParams, TruncationParams, pad_encodings,
@@ -86,7 +87,7 @@ class Tokenizer:
         or "auto" (HF `tokenizers` when importable, else this one); all give the same output.
         Errors name the file."""
         path = os.fspath(path)
-        with open(path, "rb") as handle:
+        with open_regular_file(path, "tokenizer.json") as handle:  # a FIFO would block open()
             data = handle.read()
         try:
             return cls.from_bytes(data, backend)
