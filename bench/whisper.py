@@ -2,13 +2,18 @@
 CPU), all in one process, interleaved clip by clip so that machine load hits every engine alike.
 
     .venv/bin/python bench/whisper.py [--model whisper-tiny.en] [--threads 2] [--repeat 1]
-                                      [--backends numpy,numba] [--no-torch]
+                                      [--backends numpy,numba] [--no-torch] [--features]
 
 For each LibriVox clip and engine: end-to-end greedy transcription time (temperature 0, as the
 tests), encoder ms per 30 s window and decoder ms per token (the first window's greedy decode
 from precomputed audio features, so the encoder is not counted), then each candle-web backend's
 ratio to PyTorch (below 1 = candle-web faster). `--threads` sets BLAS, OpenMP, numba and torch
 threads alike before any of them is imported.
+
+`--features` times what issue 26 added instead, per engine and interleaved: transcription with
+word timestamps against without (the cost of words, openai-whisper's own ratio beside it), and
+with Silero VAD against without on a recording that is half silence (the clips, each after as
+much silence as it lasts): the time VAD saves and whether the words stay the same.
 """
 
 from __future__ import annotations
@@ -46,12 +51,16 @@ class CandleEngine:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.load_s = time.perf_counter() - started
 
-    def transcribe(self, samples):
+    def transcribe(self, samples, words=False, vad=False):
+        from candle_web.models.silero_vad import VadOptions
         from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+        from candle_web.pipelines import load_vad
 
         language = "en" if self.model.config.is_multilingual else None
-        return transcribe(self.model, self.tokenizer, samples,
-                          TranscribeOptions(temperatures=(0.0,), language=language)).text
+        options = TranscribeOptions(temperatures=(0.0,), language=language, word_timestamps=words,
+                                    vad=VadOptions() if vad else None)
+        return transcribe(self.model, self.tokenizer, samples, options,
+                          vad_model=load_vad() if vad else None).text
 
     def encode(self, mel):
         from candle_web import Tensor
@@ -76,14 +85,20 @@ class TorchEngine:
 
         started = time.perf_counter()
         self.model = reference.load_openai_model(hub.fetch(model_name, "model.bin"))
+        heads = {"whisper-tiny.en": "tiny.en", "whisper-base": "base"}.get(model_name)
+        if heads:
+            import whisper
+
+            self.model.set_alignment_heads(whisper._ALIGNMENT_HEADS[heads])
         self.load_s = time.perf_counter() - started
 
-    def transcribe(self, samples):
+    def transcribe(self, samples, words=False, vad=False):
         import torch
 
+        assert not vad, "openai-whisper has no VAD"
         with torch.no_grad():
             return self.model.transcribe(torch.from_numpy(samples), temperature=0.0, fp16=False,
-                                         language="en", verbose=None)["text"]
+                                         language="en", verbose=None, word_timestamps=words)["text"]
 
     def encode(self, mel):
         import torch
@@ -120,6 +135,49 @@ def measure(engine, samples, mel, repeat):
     return _median(totals), _median(encoders), _median(per_token), text
 
 
+def timed(function, *args, **kwargs):
+    started = time.perf_counter()
+    result = function(*args, **kwargs)
+    return time.perf_counter() - started, result
+
+
+def feature_costs(engines, clips, repeat) -> None:
+    """Word timestamps on/off per engine, and VAD on/off for candle-web, interleaved."""
+    import numpy as np
+
+    print("word timestamps: total s over all clips, off / on, and the cost of words")
+    off = {e.name: 0.0 for e in engines}
+    on = {e.name: 0.0 for e in engines}
+    for _ in range(repeat):
+        for samples in clips.values():
+            for engine in engines:
+                off[engine.name] += timed(engine.transcribe, samples)[0]
+                on[engine.name] += timed(engine.transcribe, samples, words=True)[0]
+    for engine in engines:
+        print(f"  {engine.name:10} off {off[engine.name]:7.2f}  on {on[engine.name]:7.2f}  "
+              f"words cost {100 * (on[engine.name] / off[engine.name] - 1):+5.1f}%")
+    speech = list(clips.values())
+    silence = np.zeros(sum(len(c) for c in speech), np.float32)
+    layouts = {  # half silence: as pauses between the clips, or as one stretch after them
+        "pauses": np.concatenate([piece for c in speech for piece in (np.zeros(len(c), np.float32), c)]),
+        "stretch": np.concatenate(speech + [silence])}
+    for layout, half_silence in layouts.items():
+        print(f"VAD: {len(half_silence) / 16000:.1f} s recording, half silence ({layout}); best of "
+              f"{max(repeat, 2)}")
+        for engine in (e for e in engines if e.name != "torch"):
+            engine.transcribe(half_silence[:16000], vad=True)  # loads the VAD model, untimed
+            runs = [(timed(engine.transcribe, half_silence), timed(engine.transcribe, half_silence, vad=True))
+                    for _ in range(max(repeat, 2))]
+            (plain_s, plain_text), (vad_s, vad_text) = (min((r[k] for r in runs), key=lambda t: t[0])
+                                                         for k in (0, 1))
+            same = plain_text.split() == vad_text.split()
+            print(f"  {engine.name:10} off {plain_s:7.2f}  on {vad_s:7.2f}  time "
+                  f"{100 * (vad_s / plain_s - 1):+5.1f}%  same words: {'yes' if same else 'no'} "
+                  f"({len(plain_text.split())} words without VAD, {len(vad_text.split())} with)")
+            if not same:
+                print(f"    without VAD: ...{plain_text[-160:]!r}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="whisper-tiny.en")
@@ -129,6 +187,8 @@ def main(argv=None) -> int:
                         help="comma-separated candle-web CPU backends")
     parser.add_argument("--no-torch", action="store_true", help="skip openai-whisper")
     parser.add_argument("--clips", type=int, default=None, help="only the first N clips")
+    parser.add_argument("--features", action="store_true",
+                        help="time word timestamps and VAD on/off instead (issue 26)")
     args = parser.parse_args(argv)
     for variable in THREAD_VARIABLES:
         os.environ[variable] = str(args.threads)
@@ -162,6 +222,11 @@ def main(argv=None) -> int:
 
     print(f"model {args.model}; {args.threads} threads (BLAS/OpenMP/numba/torch); torch "
           f"{torch_version}; load s: " + ", ".join(f"{e.name} {e.load_s:.2f}" for e in engines))
+    if args.features:
+        for engine in engines:  # warm word timing (openai-whisper's numba DTW compiles)
+            engine.transcribe(clips[first], words=True)
+        feature_costs(engines, clips, args.repeat)
+        return 0
     columns = "".join(f" | {e.name + ' total':>14} {'enc ms':>7} {'ms/tok':>6}" for e in engines)
     has_torch = engines[-1].name == "torch"
     ratio_columns = "".join(f" | {e.name + ' x pt: total':>20} {'enc':>5} {'tok':>5}"
