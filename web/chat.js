@@ -1,17 +1,16 @@
 // The Chat view: a multi-turn conversation with a LLaMA-family model (the Generate view's
-// models), a system prompt, streaming answers with tok/s, Stop, regenerate, edit an earlier
-// message (what followed is dropped), clear; conversations kept in this tab's storage, listed,
+// models, labelled as there), a system prompt, streaming answers with tok/s, Stop,
+// regenerate, edit an earlier message (what followed is dropped), clear; conversations kept in this tab's storage, listed,
 // deletable, exported and imported as OpenAI messages JSON. Each turn sends the whole
 // conversation; the worker's session keeps the KV cache of the previous one and processes only
 // the new tokens (shown as "prompt: 14 new tokens, 312 reused"). Started by app.js.
 
 import { ChatStore, MAX_IMPORT_BYTES, fromOpenAi, toOpenAi } from "./chat/store.js";
 import { renderList, renderTurns, streamingNode } from "./chat/transcript.js";
-import { OptionError, readOptions } from "./generate.js";
+import { MODEL_LABELS, OptionError, readOptions } from "./generate.js";
 import { JobStatus, ViewJobs, describeLoad, fillModelSelect, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
-const MODEL_LABELS = { "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1)" };
 const NUMBER_CONTROLS = [
   { id: "chat-max-tokens", option: "maxTokens", label: "Max tokens", min: 1, max: 2048, integer: true, required: true },
   { id: "chat-temperature", option: "temperature", label: "Temperature", min: 0, max: 10, required: true },

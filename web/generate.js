@@ -8,7 +8,7 @@
 import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
-const MODEL_LABELS = {
+export const MODEL_LABELS = {
   "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1)",
   "qwen2.5-coder-0.5b-instruct": "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
   "gemma3-270m-q4km": "Gemma-3-270M base (Q4_K_M)",

@@ -1,5 +1,5 @@
 """The Chat view end to end in headless Chromium, on the registry's SmolLM2-135M-Instruct Q4_1
-(the Qwen2.5 GGUF is not marked for browsers in the registry).
+and (the last test) Qwen2.5-Coder-0.5B-Instruct Q4_K_M.
 
 A three-turn conversation where turn 2 depends on turn 1 (a name given in turn 1 is recalled);
 the reuse counter of turn 2 covers turn 1; regenerate and edit roll back correctly: their ids
@@ -34,14 +34,14 @@ def page(ready_page_at):
     return page
 
 
-@pytest.fixture(scope="module")
-def native():
-    """The same conversations natively, fresh each time (greedy)."""
+def native_runner(model: str):
+    """run(messages) -> ids of the answer to the last user message of `messages` (OpenAI
+    format), by a fresh native Conversation on `model` (greedy, MAX_TOKENS)."""
     from candle_web.generation import GenerationOptions
     from candle_web.generation.conversation import Conversation
     from candle_web.pipelines import load_llama
 
-    loaded = load_llama(MODEL)
+    loaded = load_llama(model)
     options = GenerationOptions(max_new_tokens=MAX_TOKENS)
 
     def run(messages: list) -> list:
@@ -52,6 +52,12 @@ def native():
         return chat.send(messages[-1]["content"], options).token_ids
 
     return run
+
+
+@pytest.fixture(scope="module")
+def native():
+    """The same conversations natively on SmolLM2, fresh each time (greedy)."""
+    return native_runner(MODEL)
 
 
 def chat_state(page, expression: str):
@@ -211,3 +217,27 @@ def test_stop_keeps_the_partial_answer_and_the_next_turn_matches(page, native):
                     {"role": "user", "content": "Now a short one."}]
     assert result["reusedTokens"] > 0
     assert result["tokenIds"] == native(conversation)
+
+
+def test_qwen_recalls_a_name_with_the_cache_carried_over(page):
+    qwen = "qwen2.5-coder-0.5b-instruct"
+    page.click("#chat-new")
+    page.select_option("#chat-model", qwen)
+    page.fill("#chat-system", "You are a helpful assistant.")
+    page.dispatch_event("#chat-system", "change")
+    page.fill("#chat-max-tokens", str(MAX_TOKENS))
+    page.fill("#chat-context", "")
+    conversation = [{"role": "system", "content": "You are a helpful assistant."}]
+    results = []
+    for text in ("My name is Ada. Please remember it.",
+                 "What is my name? Answer with the name only."):
+        conversation.append({"role": "user", "content": text})
+        results.append(send(page, text))
+        conversation.append({"role": "assistant", "content": results[-1]["text"]})
+    first, second = results
+    assert chat_state(page, "s.loadedModel") == qwen
+    assert "Ada" in second["text"]
+    assert second["reusedTokens"] >= first["promptTokens"] + len(first["tokenIds"]) - 1
+    native = native_runner(qwen)
+    assert first["tokenIds"] == native(conversation[:2])
+    assert second["tokenIds"] == native(conversation[:4])
