@@ -40,6 +40,9 @@ natively (tests/ui/native_text_models.py, numpy backend, one BLAS thread, after 
 the ratio of the decode speeds, and whether the token ids are equal. The peer runs the same
 prompt ids (candle-web's ChatML rendering) through transformers.js's generate on the ONNX
 export of the same GGUF (dequantized to f32; q8 re-quantizes those), greedy, same budget.
+--tasks llm (bench/browser_llm.py): candle-web's page next to wllama 3.13.0 (llama.cpp in
+WebAssembly) on the same GGUF files (SmolLM2 Q4_1, its Q8_0 and Q4_0 requantizations, Qwen2.5-
+Coder-0.5B Q4_K_M), 1 and 2 threads, greedy, the same prompt; --llm-files picks the files.
 Nothing leaves 127.0.0.1: other requests are aborted (and reported).
 """
 from __future__ import annotations
@@ -58,7 +61,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "pkg")]
+sys.path[:0] = [str(REPO / "pkg"), str(REPO / "bench")]
+from browser_llm import LLM_FILES, run_llm  # noqa: E402  (the wllama peer, --tasks llm)
 SAMPLES_DIR = REPO / "web" / "vendor" / "samples"
 NATIVE_SCRIPT = REPO / "tests" / "ui" / "native_whisper.py"
 NATIVE_TEXT_SCRIPT = REPO / "tests" / "ui" / "native_text_models.py"
@@ -67,7 +71,7 @@ GENERATE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # A prompt with a long answer, so decode runs the whole budget (the model rarely stops early).
 GENERATE_PROMPT = "Write a long story about a lighthouse keeper and a lost whale."
 GENERATE_RUNS = 2
-TASKS = ("whisper", "generate")
+TASKS = ("whisper", "generate", "llm")  # llm: bench/browser_llm.py (the wllama peer)
 READY_TIMEOUT_MS = 300_000
 TRANSCRIBE_TIMEOUT_MS = 900_000
 # threads=1 / threads=2: the wasm backend on one thread and on two (the page's default where
@@ -682,6 +686,8 @@ def main(argv=None) -> int:
     group.add_argument("--skip-peer", action="store_true", help="no transformers.js")
     parser.add_argument("--skip-native", action="store_true", help="no native numpy twin")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw figures")
+    parser.add_argument("--llm-files", default=",".join(LLM_FILES),
+                        help=f"--tasks llm: GGUF files, of {', '.join(LLM_FILES)}")
     args = parser.parse_args(argv)
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     unknown = sorted(set(tasks) - set(TASKS))
@@ -689,6 +695,14 @@ def main(argv=None) -> int:
         parser.error(f"--tasks: unknown {unknown}; choose from {', '.join(TASKS)}")
     if not 1 <= args.generate_tokens <= 2048:
         parser.error("--generate-tokens must be 1..2048")
+    llm_labels = [label.strip() for label in args.llm_files.split(",") if label.strip()]
+    if sorted(set(llm_labels) - set(LLM_FILES)):
+        parser.error(f"--llm-files: choose from {', '.join(LLM_FILES)}")
+    if tasks == ["llm"]:
+        vendor()
+        run_llm(llm_labels, args.generate_tokens, GENERATE_PROMPT,
+                generate_options(args.generate_tokens), BrowserSession)
+        return 0
     try:
         peers = [] if args.skip_peer else parse_peers(args.peers)
     except ValueError as error:
@@ -769,6 +783,9 @@ def main(argv=None) -> int:
     if generate_tokens:
         print_generate_side_by_side(results["modes"], results["peers"]["generate"],
                                     native_generate, exports)
+    if "llm" in tasks:
+        run_llm(llm_labels, args.generate_tokens, GENERATE_PROMPT,
+                generate_options(args.generate_tokens), BrowserSession)
     return 0
 
 
