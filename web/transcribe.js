@@ -20,7 +20,7 @@ export { decodeToMono16k } from "./audio_input.js";
 const UI_IDS = {
   modelSelect: "model-select", modelNote: "model-note", languageTask: "language-task",
   languageSelect: "language-select", languageNote: "language-note", taskTranscribe: "task-transcribe",
-  taskTranslate: "task-translate", beamSize: "beam-size", timestamps: "timestamps", dropZone: "drop-zone",
+  taskTranslate: "task-translate", beamSize: "beam-size", timestamps: "timestamps", wordTimestamps: "word-timestamps", dropZone: "drop-zone",
   fileInput: "file-input", recorder: "recorder", recordButton: "record-button",
   stopRecordButton: "stop-record-button", liveMode: "live-mode", micLevel: "mic-level",
   micElapsed: "mic-elapsed", micError: "mic-error", sampleList: "sample-list", error: "transcribe-error",

@@ -114,6 +114,7 @@ export class ModelForm {
       options.beam_size = beam;
     }
     if (!ui.timestamps.checked) options.without_timestamps = true;
+    else if (ui.wordTimestamps.checked) options.word_timestamps = true;
     if (this.isMultilingual(model)) {
       if (ui.languageSelect.value) options.language = ui.languageSelect.value;
       options.task = ui.taskTranslate.checked ? "translate" : "transcribe";

@@ -19,9 +19,28 @@ function segmentElement(segment, partial) {
   time.setAttribute("aria-label", `Play from ${formatClock(segment.start)}`);
   const text = document.createElement("span");
   text.className = "segment-text";
-  text.textContent = segment.text.trim();
+  if (Array.isArray(segment.words) && segment.words.length > 0) {
+    // The space before a word stays outside its highlight.
+    text.append(...segment.words.flatMap((word, index) => {
+      const space = index > 0 && /^\s/.test(word.word) ? [" "] : [];
+      return [...space, wordElement(word)];
+    }));
+  } else {
+    text.textContent = segment.text.trim();
+  }
   row.append(time, text);
   return row;
+}
+
+// One word of a segment with word timestamps: highlighted while it plays, a click plays from it.
+function wordElement(word) {
+  const span = document.createElement("span");
+  span.className = "word";
+  span.dataset.start = String(word.start);
+  span.dataset.end = String(word.end);
+  span.textContent = word.word.trim();
+  span.title = `${formatClock(word.start)} → ${formatClock(word.end)}, p ${word.probability.toFixed(2)}`;
+  return span;
 }
 
 function describeLanguage(item) {
@@ -112,6 +131,9 @@ export class TranscriptView {
     const time = ui.player.currentTime;
     const playable = this.following && state.clip !== null && state.clip.url !== null && ui.player.src !== "";
     let current = null;
+    for (const word of ui.segments.querySelectorAll("span.word.playing")) {
+      word.classList.remove("playing");
+    }
     for (const row of ui.segments.children) {
       const inside = playable && !row.classList.contains("partial")
         && Number(row.dataset.start) <= time && time < Number(row.dataset.end);
@@ -119,6 +141,9 @@ export class TranscriptView {
       if (inside) {
         row.setAttribute("aria-current", "true");
         current = row;
+        const word = [...row.querySelectorAll("span.word")].findLast(
+          (span) => Number(span.dataset.start) <= time && time < Number(span.dataset.end));
+        if (word) word.classList.add("playing");
       } else {
         row.removeAttribute("aria-current");
       }
@@ -133,7 +158,8 @@ export class TranscriptView {
       const row = event.target.closest("li.segment");
       if (!row || row.classList.contains("partial") || !state.clip?.url) return;
       this.following = true;
-      ui.player.currentTime = Number(row.dataset.start);
+      const word = event.target.closest("span.word");
+      ui.player.currentTime = Number((word ?? row).dataset.start);
       this.highlightPlaying();
       ui.player.play().catch(() => {}); // a browser may refuse to start sound; the seek stands
     });

@@ -28,7 +28,7 @@ MAX_AUDIO_SECONDS = 4 * 60 * 60  # 4 h of f32 samples is 920 MB: beyond that, re
 TRANSCRIBE_OPTION_NAMES = (
     "language", "task", "beam_size", "best_of", "patience", "compression_ratio_threshold",
     "logprob_threshold", "no_speech_threshold", "condition_on_previous_text",
-    "initial_prompt", "without_timestamps", "temperatures",
+    "initial_prompt", "without_timestamps", "temperatures", "word_timestamps",
 )
 EXPORT_FORMATS = ("txt", "srt", "vtt", "json")
 PROFILE_TOP_FUNCTIONS = 25
@@ -351,6 +351,11 @@ class TimedWhisper:
     def start_decoding(self, audio_features):
         return self._timed("decode_ms", self._model.start_decoding, audio_features)
 
+    def cross_attention_scores(self, tokens, audio_features):
+        """Word timing's one pass (whisper_timing.py), counted with the decoder."""
+        self.decoder_calls += 1
+        return self._timed("decode_ms", self._model.cross_attention_scores, tokens, audio_features)
+
     def logits(self, tokens, state, positions=None):
         self.decoder_calls += 1
         # positions: only the rows decoding reads; the model's default when absent
@@ -362,7 +367,10 @@ def segment_payload(segment) -> dict:
     return {"id": segment.id, "start": segment.start, "end": segment.end,
             "text": segment.text, "tokens": [int(t) for t in segment.tokens],
             "temperature": segment.temperature, "avgLogprob": segment.avg_logprob,
-            "noSpeechProb": segment.no_speech_prob}
+            "noSpeechProb": segment.no_speech_prob,
+            **({} if segment.words is None else {"words": [
+                {"word": w.word, "start": w.start, "end": w.end, "probability": w.probability}
+                for w in segment.words]})}
 
 
 def transcript_payload(transcript) -> dict:
