@@ -110,14 +110,14 @@ def librivox_clips(count: int) -> list[dict]:
 
 
 # JS run in the page: decode a served sample like the view does, transcribe it in the worker.
-TRANSCRIBE_JS = """async ([file, model, profile]) => {
+TRANSCRIBE_JS = """async ([file, model, profile, options]) => {
     const {decodeToMono16k} = await import('./transcribe.js');
     const bytes = await (await fetch('vendor/samples/' + file)).arrayBuffer();
     const samples = await decodeToMono16k(bytes, file);
     const copy = samples.slice();
     const started = performance.now();
     const reply = await window.candleWeb.client.request('transcribe',
-        {model, samples: copy, options: {}, profile}, {transfer: [copy.buffer]});
+        {model, samples: copy, options: options || {}, profile}, {transfer: [copy.buffer]});
     reply.pageMs = performance.now() - started;
     delete reply.exports;
     return reply;
@@ -221,7 +221,7 @@ def unmet_options(query: str, backend: dict) -> list[str]:
 
 
 def run_candle_page(session: BrowserSession, query: str, model: str, clips: list[dict],
-                    profile: bool, generate_tokens: int = 0) -> dict:
+                    profile: bool, generate_tokens: int = 0, words: bool = False) -> dict:
     """candle-web's page at ?query: ready, then the clips and the generation, when the page
     confirms it runs what the query asks for."""
 
@@ -252,6 +252,10 @@ def run_candle_page(session: BrowserSession, query: str, model: str, clips: list
                                                        [clip["file"], model, False])
         if profile and clips:
             out["profile"] = page.evaluate(TRANSCRIBE_JS, [clips[0]["file"], model, True])
+        if words and clips:  # word timestamps off and on, clip by clip (issue 26)
+            out["words"] = [[page.evaluate(TRANSCRIBE_JS, [clip["file"], model, False, options])
+                             ["timings"]["elapsedMs"]
+                             for options in ({}, {"word_timestamps": True})] for clip in clips]
         if generate_tokens:
             options = generate_options(generate_tokens)
             out["generate"] = {
@@ -686,6 +690,8 @@ def main(argv=None) -> int:
     group.add_argument("--skip-peer", action="store_true", help="no transformers.js")
     parser.add_argument("--skip-native", action="store_true", help="no native numpy twin")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw figures")
+    parser.add_argument("--words", action="store_true",
+                        help="also time each clip with word timestamps off and on in the page")
     parser.add_argument("--llm-files", default=",".join(LLM_FILES),
                         help=f"--tasks llm: GGUF files, of {', '.join(LLM_FILES)}")
     args = parser.parse_args(argv)
@@ -725,7 +731,7 @@ def main(argv=None) -> int:
     try:
         for query in modes:
             results["modes"].append(run_candle_page(session, query, args.model, clips,
-                                                    args.profile, generate_tokens))
+                                                    args.profile, generate_tokens, args.words))
         if clips and "error" not in exports.get("whisper", {"error": "skipped"}):
             for dtype, threads in peers:
                 results["peers"]["whisper"].append(
@@ -766,6 +772,11 @@ def main(argv=None) -> int:
     if results["blocked"]:
         print(f"WARNING: {len(results['blocked'])} off-host request(s) blocked: "
               f"{results['blocked'][:3]}")
+    for mode in results["modes"]:
+        if mode.get("words"):
+            off, on = (sum(pair[k] for pair in mode["words"]) for k in (0, 1))
+            print(f"{mode_label(mode)}: word timestamps over {len(mode['words'])} clips: off "
+                  f"{off / 1000:.2f} s, on {on / 1000:.2f} s, cost {100 * (on / off - 1):+.1f}%")
     for mode in results["modes"]:
         print_report(args.model, mode, native)
         if mode.get("generate") and native_generate:
