@@ -126,6 +126,9 @@ def test_context_overflow_drops_the_oldest_turns_and_keeps_the_system_prompt(smo
                                   skip_special_tokens=False)
     assert system in shown and "Tell me about parrots." in shown
     assert len(chat.messages) == 6  # the user still sees every message
+    # No more than needed left: one more turn back would not fit.
+    earlier = chat.prompt_ids(chat.messages[chat.first - 2:-1])
+    assert len(earlier) + options.max_new_tokens > 160
     assert turns[-1].token_ids == fresh_ids(chat, options)
 
 

@@ -76,6 +76,8 @@ def test_a_small_context_drops_old_turns_with_a_notice(session):
     ([{"role": "wizard", "content": "hi"}], None, r"messages\[0\]\.role"),
     ([{"role": "user", "content": "hi"}], 4, "context must be"),
     ([{"role": "user", "content": "hi"}], True, "context must be"),
+    ([{"role": "user", "content": "x" * 30_000}] * 14 + [{"role": "user", "content": "hi"}],
+     None, "at most 400000"),
 ])
 def test_bad_chat_requests_are_refused(session, messages, context, match):
     with pytest.raises((CandleError, FormatError), match=match):

@@ -222,18 +222,28 @@ class Conversation:
 
     def _window(self, room: int) -> tuple:
         """(prompt ids, dropped count): the oldest whole turns leave the view until the prompt
-        plus `room` new tokens fit the context."""
+        plus `room` new tokens fit the context. The window starts at `first` or at a later user
+        message; fewer messages never need more tokens, so the earliest start that fits is
+        found by bisection (a few renders, not one per dropped turn)."""
         ids = self.prompt_ids()
         limit = self.context_length
-        if limit is None:
+        if limit is None or len(ids) + room <= limit:
             return ids, self.first
-        while len(ids) + room > limit:
-            later = [i for i in range(self.first + 1, len(self.messages))
-                     if self.messages[i]["role"] == "user"]
-            if not later:
-                break
-            self.first = later[0]
-            ids = self.prompt_ids()
+        starts = [i for i in range(self.first + 1, len(self.messages))
+                  if self.messages[i]["role"] == "user"]
+        low, high = 0, len(starts) - 1  # starts[high] (the new message alone) is the last resort
+        fitting = {}
+        while low < high:
+            middle = (low + high) // 2
+            candidate = self.prompt_ids(self.messages[starts[middle]:])
+            if len(candidate) + room <= limit:
+                high = middle
+                fitting[middle] = candidate
+            else:
+                low = middle + 1
+        if starts:
+            self.first = starts[low]
+            ids = fitting.get(low) or self.prompt_ids()
         if len(ids) >= limit:
             raise CandleError(f"chat: the message needs {len(ids)} tokens with the system "
                               f"prompt and the template; the model's context is {limit} "

@@ -20,6 +20,8 @@ from candle_web.worker.session import (Session, _unpinned, checked_text, generat
 # Bounds of one request, so a mistyped field cannot start an endless job.
 MAX_NEW_TOKENS_LIMIT = 2048
 MAX_PROMPT_CHARS = 32_000
+# A chat turn renders and tokenizes the whole conversation (the pure-Python tokenizer in wasm).
+MAX_CONVERSATION_CHARS = 400_000
 # The one file a folder URL must hold for a LLaMA load (LlamaSession.manifest).
 FOLDER_GGUF = "model.gguf"
 PAGE_OPTIONS = ("maxTokens", "temperature", "topK", "topP", "seed", "repeatPenalty",
@@ -124,6 +126,10 @@ class LlamaSession(Session):
         if not messages or messages[-1]["role"] != "user":
             raise CandleError("chat: the conversation must end with a user message to answer")
         checked_text(messages[-1]["content"], "chat: the message", MAX_PROMPT_CHARS)
+        total = sum(len(message["content"]) for message in messages)
+        if total > MAX_CONVERSATION_CHARS:
+            raise CandleError(f"chat: the conversation has {total} characters; at most "
+                              f"{MAX_CONVERSATION_CHARS} (start a new chat, or export this one)")
         if context is not None and (isinstance(context, bool) or not isinstance(context, int)
                                     or context < 16):
             raise CandleError(f"chat: context must be a whole number of tokens >= 16, got "
