@@ -20,7 +20,7 @@ export { decodeToMono16k } from "./audio_input.js";
 const UI_IDS = {
   modelSelect: "model-select", modelNote: "model-note", languageTask: "language-task",
   languageSelect: "language-select", languageNote: "language-note", taskTranscribe: "task-transcribe",
-  taskTranslate: "task-translate", beamSize: "beam-size", timestamps: "timestamps", wordTimestamps: "word-timestamps", dropZone: "drop-zone",
+  taskTranslate: "task-translate", beamSize: "beam-size", timestamps: "timestamps", wordTimestamps: "word-timestamps", vad: "vad", dropZone: "drop-zone",
   fileInput: "file-input", recorder: "recorder", recordButton: "record-button",
   stopRecordButton: "stop-record-button", liveMode: "live-mode", micLevel: "mic-level",
   micElapsed: "mic-elapsed", micError: "mic-error", sampleList: "sample-list", error: "transcribe-error",
@@ -40,6 +40,7 @@ function initialState() {
     busy: false,
     recording: false,
     loadedModel: null,
+    vadLoaded: false, // Silero VAD loaded beside Whisper (the Skip silence option)
     lastLoad: null,
     lastResult: null,
     lastError: null,

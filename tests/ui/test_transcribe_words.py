@@ -61,3 +61,37 @@ def test_words_are_shown_highlighted_and_clickable(ready_page, report):
     exports = state["result"]["exports"]
     exported = [w for s in json.loads(exports["json"])["segments"] for w in s.get("words", [])]
     assert [w["word"] for w in exported] == [w["word"] for w in words]
+
+
+def test_skip_silence_loads_silero_vad_and_keeps_the_times(ready_page, tmp_path, report):
+    """Skip silence: the page loads Silero VAD beside Whisper (1.2 MB, once), and a clip with
+    6 s of silence before and after it gives the clip's words at the clip's place."""
+    import subprocess
+
+    from ui_transcribe import SAMPLES_DIR, assert_matches_reference, tool
+
+    page = ready_page
+    clip = "sense_and_sensibility_01_austen_64kb-0880.wav"
+    sox = tool("sox")
+    silence = tmp_path / "silence.wav"
+    subprocess.run([sox, "-n", "-r", "16000", "-c", "1", "-b", "16", str(silence), "trim", "0", "6"],
+                   check=True)
+    padded = tmp_path / "padded.wav"
+    subprocess.run([sox, str(silence), str(SAMPLES_DIR / clip), str(silence), str(padded)], check=True)
+    if not page.locator("#advanced-options").evaluate("(d) => d.open"):
+        page.locator("#advanced-options summary").click()
+    page.check("#vad")
+    page.uncheck("#word-timestamps")
+    drop_files(page, [("padded.wav", padded.read_bytes(), "audio/wav")])
+    wait_idle_with_clip(page, "padded.wav")
+    state = run_to_end(page)
+    page.uncheck("#vad")
+    assert page.evaluate("() => window.candleWeb.transcribe.vadLoaded") is True
+    result = state["result"]
+    assert_matches_reference(clip, result["text"])
+    spoken = [s for s in result["segments"] if s["text"].strip()]
+    clip_seconds = float(subprocess.run([tool("soxi"), "-D", str(SAMPLES_DIR / clip)], check=True,
+                                        capture_output=True, text=True).stdout)
+    assert all(6.0 - 0.5 <= s["start"] and s["end"] <= 6.0 + clip_seconds + 0.5 for s in spoken)
+    report(f"[ui] skip silence: {result['timings']['windows']} window(s), segments "
+           f"{[(s['start'], s['end']) for s in spoken]} for speech at 6.0-{6.0 + clip_seconds:.2f} s")

@@ -98,6 +98,18 @@ export class ModelForm {
     this.showLanguageTask();
   }
 
+  // Silero VAD beside Whisper, once a worker (the "Skip silence" option needs it).
+  async ensureVad(track = this.jobs.track) {
+    const { state } = this;
+    if (state.vadLoaded) return;
+    this.status.set("loading", "Loading Silero VAD…");
+    const job = this.client.start("load", { kind: "vad", model: "silero-vad" },
+      { onProgress: (message) => this.onLoadProgress(message) });
+    track(job);
+    await job.result;
+    state.vadLoaded = true;
+  }
+
   // The worker's transcribe options from the form (the command line's defaults when
   // untouched), or null after showing what is wrong.
   options(model) {
@@ -115,6 +127,7 @@ export class ModelForm {
     }
     if (!ui.timestamps.checked) options.without_timestamps = true;
     else if (ui.wordTimestamps.checked) options.word_timestamps = true;
+    if (ui.vad.checked) options.vad = true;
     if (this.isMultilingual(model)) {
       if (ui.languageSelect.value) options.language = ui.languageSelect.value;
       options.task = ui.taskTranslate.checked ? "translate" : "transcribe";

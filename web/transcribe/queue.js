@@ -246,7 +246,10 @@ export class EntryQueue {
         this.render();
         status.fraction(0);
       },
-      load: (track) => form.ensureModel(model, track),
+      load: async (track) => {
+        await form.ensureModel(model, track);
+        if (options.vad) await form.ensureVad(track);
+      },
       running: { state: "transcribing", text: `Transcribing ${item.name}…`, fraction: 0 },
       command: "transcribe",
       // The worker gets its own copy (transferred, not cloned): the entry stays playable and

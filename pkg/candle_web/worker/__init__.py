@@ -15,11 +15,12 @@ from candle_web.worker.llama import LlamaSession
 from candle_web.worker.session import Session
 from candle_web.worker.t5 import T5Session
 from candle_web.worker.twin_check import eval_twin
+from candle_web.worker.vad import VadSession
 from candle_web.worker.whisper import WhisperSession
 
 DEFAULT_KIND = "whisper"  # what a `load` or `models` without a kind means (the first view's)
 SESSION_CLASSES = {"whisper": WhisperSession, "bert": BertSession, "llama": LlamaSession,
-                   "t5": T5Session}
+                   "t5": T5Session, "vad": VadSession}
 # One session per kind for the worker's lifetime: each keeps its own loaded model.
 _sessions: dict = {}
 
@@ -37,5 +38,5 @@ def session_for(kind=None) -> Session:
     return _sessions[kind]
 
 
-__all__ = ["Session", "WhisperSession", "BertSession", "LlamaSession", "T5Session",
+__all__ = ["Session", "WhisperSession", "BertSession", "LlamaSession", "T5Session", "VadSession",
            "session_for", "eval_twin", "DEFAULT_KIND", "SESSION_CLASSES"]

@@ -28,7 +28,7 @@ MAX_AUDIO_SECONDS = 4 * 60 * 60  # 4 h of f32 samples is 920 MB: beyond that, re
 TRANSCRIBE_OPTION_NAMES = (
     "language", "task", "beam_size", "best_of", "patience", "compression_ratio_threshold",
     "logprob_threshold", "no_speech_threshold", "condition_on_previous_text",
-    "initial_prompt", "without_timestamps", "temperatures", "word_timestamps",
+    "initial_prompt", "without_timestamps", "temperatures", "word_timestamps", "vad",
 )
 EXPORT_FORMATS = ("txt", "srt", "vtt", "json")
 PROFILE_TOP_FUNCTIONS = 25
@@ -95,7 +95,8 @@ class WhisperSession(Session):
             profiler.enable()
         started = time.perf_counter()
         try:
-            transcript = transcribe(timed, tokenizer, samples, opts, on_event=forward)
+            transcript = transcribe(timed, tokenizer, samples, opts, on_event=forward,
+                                    vad_model=_vad_model() if opts.vad is not None else None)
         finally:
             if profiler is not None:
                 profiler.disable()
@@ -132,7 +133,7 @@ class WhisperSession(Session):
             timed = TimedWhisper(whisper)
             self._live = {"recording": recording, "timed": timed, "passMs": 0.0,
                           "transcriber": LiveTranscriber(timed, tokenizer,
-                                                         transcribe_options(options))}
+                                                         _without_vad(transcribe_options(options)))}
             return {"live": live_payload(self._live, None)}
         state = self._live
         if state is None or state["recording"] != recording:
@@ -175,10 +176,40 @@ def transcribe_options(options):
                                f"{', '.join(TRANSCRIBE_OPTION_NAMES)}")
     if "temperatures" in options:
         options["temperatures"] = tuple(float(t) for t in options["temperatures"])
+    if "vad" in options:  # true: faster-whisper's defaults; an object: VadOptions fields
+        from candle_web.models.silero_vad import VadOptions
+
+        vad = options["vad"]
+        if vad is True:
+            options["vad"] = VadOptions()
+        elif isinstance(vad, dict):
+            fields = set(VadOptions.__dataclass_fields__)
+            if set(vad) - fields:
+                raise UnsupportedError(f"transcribe: unknown vad option(s) "
+                                       f"{', '.join(sorted(set(vad) - fields))}; known: {', '.join(sorted(fields))}")
+            options["vad"] = VadOptions(**vad)
+        elif vad is False:
+            options["vad"] = None
+        else:
+            raise FormatError(f"transcribe: option vad must be true, false or an object, got {vad!r}")
     for name in ("initial_prompt", "language", "task"):
         if isinstance(options.get(name), str):  # a JS string may carry lone UTF-16 halves
             check_text(options[name], f"transcribe: option {name}")
     return TranscribeOptions(**{k: v for k, v in options.items() if v is not None})
+
+
+def _without_vad(options):
+    """Live passes read short open windows (LiveTranscriber): they run without the VAD."""
+    from dataclasses import replace
+
+    return replace(options, vad=None)
+
+
+def _vad_model():
+    """The VAD the page loaded beside Whisper (`load` with kind "vad")."""
+    from candle_web.worker import session_for
+
+    return session_for("vad").current()
 
 
 def samples_from_buffer(buffer) -> np.ndarray:
