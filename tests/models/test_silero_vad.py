@@ -184,3 +184,29 @@ def test_vad_transcript_keeps_the_words_on_the_original_timeline(vad, whisper_mo
             assert any(start - 0.5 <= word.start <= word.end <= end + 0.5 for start, end in spans), word
     with pytest.raises(InvalidOption, match="vad_model"):
         transcribe(model, tokenizer, samples, TranscribeOptions(vad=VadOptions()))
+
+
+def test_the_worker_and_batch_take_vad_options():
+    """The page sends vad: true (faster-whisper's defaults) or an object of VadOptions fields;
+    `batch transcribe --vad` builds the same options as `transcribe --vad`."""
+    from candle_web import cli
+    from candle_web.batch.command import transcribe_options
+    from candle_web.core.errors import UnsupportedError
+    from candle_web.worker.whisper import transcribe_options as worker_options
+
+    assert worker_options({"vad": True}).vad == VadOptions()
+    assert worker_options({"vad": {"threshold": 0.6, "speech_pad_ms": 100}}).vad == VadOptions(
+        threshold=0.6, speech_pad_ms=100)
+    assert worker_options({"vad": False}).vad is None
+    with pytest.raises(UnsupportedError, match="pad"):
+        worker_options({"vad": {"pad": 1}})
+    with pytest.raises(InvalidOption, match="threshold"):
+        worker_options({"vad": {"threshold": 2}})
+    parser = cli.build_parser()
+    args = parser.parse_args(["batch", "transcribe", "x.wav", "--out", "o", "--vad",
+                              "--vad-min-silence-duration-ms", "500", "--word-timestamps"])
+    options = transcribe_options(args)
+    assert options.vad == VadOptions(min_silence_duration_ms=500) and options.word_timestamps
+    with pytest.raises(InvalidOption, match="--highlight-words"):
+        transcribe_options(parser.parse_args(["batch", "transcribe", "x.wav", "--out", "o",
+                                              "--highlight-words"]))

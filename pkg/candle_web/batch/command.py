@@ -109,8 +109,14 @@ def _positive_float(text: str) -> float:
 
 def transcribe_options(args):
     """TranscribeOptions from the shared transcribe arguments, as cmd_transcribe builds them."""
+    from ..core.errors import InvalidOption
     from ..pipelines.transcribe import options_from_args
 
+    # The results table keeps segments, not words: the per-file SRT/VTT are one cue a segment.
+    for name in ("highlight_words", "max_line_width", "max_line_count"):
+        if getattr(args, name, None):
+            raise InvalidOption(f"batch transcribe writes one subtitle cue per segment: "
+                                f"--{name.replace('_', '-')} is for `candle-web transcribe`")
     return options_from_args(args)
 
 
