@@ -129,3 +129,25 @@ def test_srt_and_vtt_from_words(word_transcripts):
     assert [w["word"] for s in payload["segments"] for w in s["words"]] == [w.word for w in words]
     with pytest.raises(ValueError, match="max_line_width"):
         subtitles.CueOptions(max_line_width=0)
+
+
+@pytest.mark.parametrize("language, text", [
+    ("ja", "日本語の文章です。東京へ行きます"),
+    ("zh", "我们今天去北京吧"),
+    ("en", ' "Hello," she said -- it\'s 3.5 km… 🎉 naïve café!'),
+])
+def test_words_split_as_openai_whisper_splits_them(language, text, whisper_models):
+    """Words start at a space or punctuation; languages written without spaces split at whole
+    characters (byte-level tokens that end inside a character wait for the rest)."""
+    tokenizer_module = pytest.importorskip("whisper.tokenizer")
+    from candle_web.models.whisper_decode import WhisperTokenizer
+
+    reference = tokenizer_module.get_tokenizer(multilingual=True, language=language, task="transcribe")
+    _, tokenizer = whisper_models("whisper-base")
+    tk = WhisperTokenizer(tokenizer, True, language)
+    ids = tk.encode(text)
+    assert ids == reference.encode(text)
+    words, tokens = whisper_timing.split_words(tk, ids + [tk.eot], language)
+    expected_words, expected_tokens = reference.split_to_word_tokens(ids + [reference.eot])
+    assert tokens == expected_tokens
+    assert words[:-1] == expected_words[:-1]  # the last is <|endoftext|> itself
