@@ -104,20 +104,23 @@ WORDS_REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "whispe
 
 @pytest.fixture(scope="module")
 def openai_long():
-    return json.loads(WORDS_REFERENCE.read_text())["whisper-tiny.en"]
+    return json.loads(WORDS_REFERENCE.read_text())
 
 
-@pytest.mark.parametrize("words", [False, True], ids=["segments", "word-timestamps"])
-def test_long_recording_equals_openai_whisper_transcribe(words, long_clip, whisper_models,
+@pytest.mark.parametrize("name, words", [("whisper-tiny.en", False), ("whisper-tiny.en", True),
+                                         ("whisper-base", False)],
+                         ids=["tiny.en", "tiny.en-word-timestamps", "base"])
+def test_long_recording_equals_openai_whisper_transcribe(name, words, long_clip, whisper_models,
                                                          openai_long):
     """Every window, the last partial one included (its mel clipped to the content frames and
     padded, as transcribe() does), gives openai-whisper's segments; with word timestamps the
     seek moves to the last word's end as it does there, and the text still matches."""
-    model, tokenizer = whisper_models("whisper-tiny.en")
+    model, tokenizer = whisper_models(name)
     samples, _ = long_clip
-    result = transcribe(model, tokenizer, samples,
-                        TranscribeOptions(temperatures=(0.0,), word_timestamps=words))
-    reference = openai_long["long_words" if words else "long"]
+    language = "en" if model.config.is_multilingual else None
+    result = transcribe(model, tokenizer, samples, TranscribeOptions(
+        temperatures=(0.0,), word_timestamps=words, language=language))
+    reference = openai_long[name]["long_words" if words else "long"]
     assert result.text == reference["text"]
     ours = [s for s in result.segments if s.text]
     theirs = [s for s in reference["segments"] if s["text"]]
