@@ -9,10 +9,11 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 pexpect = pytest.importorskip("pexpect", reason="pexpect (the dev extra) drives the terminal chat")
 
