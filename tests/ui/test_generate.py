@@ -189,3 +189,82 @@ def test_twin_browser_tokens_equal_native_numpy(ready_page, native_twin, report)
            f"{browser_greedy['timings']['tokensPerSecond']:.2f} tok/s, native "
            f"{greedy['timings']['tokensPerSecond']:.2f} tok/s (sharing the cores with the "
            f"browser here; bench/browser.py --tasks generate measures them apart)")
+
+
+# -- Qwen2.5-Coder-0.5B-Instruct (issue 23): last, since loading it replaces SmolLM2 ----------
+QWEN = "qwen2.5-coder-0.5b-instruct"
+QWEN_GGUF = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN_QUESTION = "What is 2+2?"
+QWEN_OPTIONS = {"maxTokens": 12, "temperature": 0, "seed": 299792458, "repeatPenalty": 1}
+
+
+@pytest.fixture(scope="module")
+def native_qwen(model_file):
+    run = NativeTextJobs([{"task": "generate", "gguf": str(model_file(QWEN, QWEN_GGUF)),
+                           "prompt": QWEN_QUESTION, "chat": True, "options": QWEN_OPTIONS}])
+    yield run
+    run.stop()
+
+
+def test_qwen_is_offered_with_its_licence_and_its_greedy_answer_equals_native(
+        ready_page, native_qwen, report):
+    """The picker offers Qwen2.5-Coder (491 MB, Apache-2.0) next to SmolLM2; its greedy chat
+    answer in the page (the model's own ChatML template from the GGUF, the wasm fused step
+    with the q|k|v bias) has the ids of the native numpy run of the same session code."""
+    page = ready_page
+    open_view(page, "generate")
+    page.wait_for_function(
+        f"() => document.querySelector('#generate-model option[value=\"{QWEN}\"]')")
+    labels = page.eval_on_selector_all("#generate-model option", "os => os.map(o => o.textContent)")
+    assert any("Qwen2.5-Coder-0.5B-Instruct" in t and "Apache-2.0" in t for t in labels), labels
+    assert any("SmolLM2" in t and "Apache-2.0" in t for t in labels), labels
+    assert not any("Gemma" in t for t in labels), "Gemma is offered only with ?models=all"
+    page.select_option("#generate-model", QWEN)
+    fill_form(page, QWEN_QUESTION, True, QWEN_OPTIONS)
+    state = run_and_wait(page, "generate", "#generate-button", GENERATE_TIMEOUT_MS)
+    assert state["error"] is None, state["error"]
+    browser = state["result"]
+    native = native_qwen.result()["results"][0]
+    assert browser["promptIds"] == native["promptIds"]
+    assert browser["tokenIds"] == native["tokenIds"]
+    assert "4" in browser["text"]
+    note = page.text_content("#generate-model-note")
+    assert "Licence: Apache-2.0" in note
+    assert browser["heap"]["endBytes"] <= 1.5 * 491_400_064 + 400 * 2**20
+    report(f"[ui] Qwen2.5-Coder-0.5B Q4_K_M in the page: greedy {len(native['tokenIds'])} ids "
+           f"equal native numpy; decode {browser['timings']['tokensPerSecond']:.2f} tok/s; "
+           f"worker heap {browser['heap']['endBytes'] / 2**20:.0f} MiB after the run")
+
+
+GEMMA = "gemma3-270m-q4km"
+GEMMA_PROMPT = "The capital of France is"
+GEMMA_OPTIONS = {"maxTokens": 6, "temperature": 0, "seed": 299792458, "repeatPenalty": 1}
+
+
+def test_gemma_loads_only_with_the_url_option_shows_its_terms_and_equals_native(
+        ready_page_at, model_file):
+    """Gemma-3-270M (base model, Gemma terms) is not offered by default (the test above saw
+    the plain picker); with ?models=all it is, loads, and its greedy continuation (gemma3 runs
+    the reference path: the fused step lacks its q/k norms) has the native run's ids; the
+    Gemma terms are shown once it is loaded."""
+    native = NativeTextJobs([{"task": "generate",
+                              "gguf": str(model_file(GEMMA, "gemma-3-270m-Q4_K_M.gguf")),
+                              "prompt": GEMMA_PROMPT, "chat": False, "options": GEMMA_OPTIONS}])
+    try:
+        page = ready_page_at("/?models=all")
+        open_view(page, "generate")
+        page.wait_for_function(
+            f"() => document.querySelector('#generate-model option[value=\"{GEMMA}\"]')")
+        label = page.text_content(f"#generate-model option[value=\"{GEMMA}\"]")
+        assert "Gemma Terms of Use" in label, label
+        page.select_option("#generate-model", GEMMA)
+        fill_form(page, GEMMA_PROMPT, False, GEMMA_OPTIONS)
+        state = run_and_wait(page, "generate", "#generate-button", GENERATE_TIMEOUT_MS)
+        assert state["error"] is None, state["error"]
+        note = page.text_content("#generate-model-note")
+        assert "Gemma Terms of Use" in note and "ai.google.dev/gemma/terms" in note, note
+        want = native.result()["results"][0]
+        assert state["result"]["promptIds"] == want["promptIds"]
+        assert state["result"]["tokenIds"] == want["tokenIds"]
+    finally:
+        native.stop()
