@@ -157,7 +157,10 @@ class ChatView {
         ui.input.value = restoreInput;
         return "Stopped before the answer began.";
       },
+      // The worker keeps one llama model: another view may have loaded a different one.
+      errorHelp: (error) => (error.name === "ModelNotFound" ? " Send again to load the model." : ""),
       cleanup: () => {
+        if (state.lastError?.name === "ModelNotFound") state.loadedModel = null;
         conversation.messages = before;
         this.store.touch(conversation);
         ui.input.value = restoreInput;
