@@ -176,6 +176,9 @@ def test_vad_transcript_keeps_the_words_on_the_original_timeline(vad, whisper_mo
     words = lambda text: [w.strip(".,;:!?\"'").lower() for w in text.split()]  # noqa: E731
     assert words(filtered.text) == words(plain.text)
     (vad_event,) = [p for k, p in events if k == "vad"]
+    streamed = [p for k, p in events if k == "segment"]  # streamed in the recording's times too
+    assert [(s.start, s.end) for s in streamed] == [(s.start, s.end) for s in filtered.segments]
+    assert all(p["duration"] == filtered.duration for k, p in events if k == "window")
     assert vad_event["speech_seconds"] <= 0.6 * vad_event["duration"]
     assert filtered.duration == pytest.approx(len(samples) / 16000)
     for segment in (s for s in filtered.segments if s.text):

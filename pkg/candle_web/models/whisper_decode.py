@@ -674,14 +674,26 @@ def _transcribe_speech(model, tokenizer, samples, options, on_event, should_cont
         language = options.language or "en"
         return Transcript(text="", segments=[], language=language if multilingual else "en",
                           duration=duration)
-    result = transcribe(model, tokenizer, speech.join(samples), inner, on_event, should_continue)
-    for segment in result.segments:
-        segment.start = round(speech.original_time(segment.start), 3)
-        segment.end = round(speech.original_time(segment.end, is_end=True), 3)
-        if segment.words:
-            segment.words = [replace(w, start=round(speech.original_time(w.start), 3),
-                                     end=round(speech.original_time(w.end, is_end=True), 3))
-                             for w in segment.words]
+
+    def placed(segment):  # a segment of the joined speech, on the recording's timeline
+        words = segment.words
+        if words:
+            words = [replace(w, start=round(speech.original_time(w.start), 3),
+                             end=round(speech.original_time(w.end, is_end=True), 3)) for w in words]
+        return replace(segment, start=round(speech.original_time(segment.start), 3),
+                       end=round(speech.original_time(segment.end, is_end=True), 3), words=words)
+
+    def forward(kind, payload):  # progress and streamed segments in the recording's times too
+        if kind == "window":
+            payload = dict(payload, seek_seconds=round(speech.original_time(payload["seek_seconds"]), 3),
+                           duration=duration)
+        elif kind == "segment":
+            payload = placed(payload)
+        return on_event(kind, payload)
+
+    result = transcribe(model, tokenizer, speech.join(samples), inner,
+                        forward if on_event is not None else None, should_continue)
+    result.segments = [placed(segment) for segment in result.segments]
     result.duration = duration
     return result
 
