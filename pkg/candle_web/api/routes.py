@@ -130,22 +130,15 @@ FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length",
                   "context_length": "length"}
 
 
-_CLI_TRANSCRIBE_DEFAULTS = []
-
-
 def transcribe_options(task: str, language=None, prompt=None, temperature=None):
-    """The options `candle-web transcribe FILE` decodes with (its parser's defaults, through
+    """The options `candle-web transcribe FILE` decodes with (its defaults, through
     pipelines.transcribe.options_from_args, as the CLI and `batch transcribe` build them), with
     the request's task, language, prompt and starting temperature (fallback up from it, as
     `--temperature`)."""
-    import argparse  # noqa: PLC0415
-
-    from ..cli import build_parser  # noqa: PLC0415  (the same layer: the command's defaults)
+    from ..pipelines.arguments import transcribe_defaults  # noqa: PLC0415
     from ..pipelines.transcribe import options_from_args  # noqa: PLC0415
 
-    if not _CLI_TRANSCRIBE_DEFAULTS:
-        _CLI_TRANSCRIBE_DEFAULTS.append(vars(build_parser().parse_args(["transcribe", "-"])))
-    args = argparse.Namespace(**_CLI_TRANSCRIBE_DEFAULTS[0])
+    args = transcribe_defaults()
     args.task, args.language, args.initial_prompt = task, language or None, prompt or None
     if temperature is not None:
         args.temperature = temperature
