@@ -181,6 +181,17 @@ def best(result: dict, key: str) -> float:
     return max((run.get(key) or 0.0) for run in result.get("runs", [{}]))
 
 
+def print_row(result: dict) -> None:
+    """One finished run as it ends (a long run killed half-way keeps what it measured)."""
+    import sys
+
+    figures = ("error" if "error" in result else
+               f"prompt {best(result, 'promptPerSecond'):.1f} tok/s, decode "
+               f"{best(result, 'decodePerSecond'):.2f} tok/s")
+    print(f"[llm] {result['label']} {result['engine']} {result['threads']}t: {figures}; load "
+          f"average {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+
+
 def print_table(results: list[dict], tokens: int) -> None:
     load = os.getloadavg()
     print(f"\nLLM decode in the browser, candle-web page vs wllama {WLLAMA_VERSION}: greedy, "
@@ -223,11 +234,13 @@ def run_llm(labels, tokens: int, prompt: str, options: dict, browser_session_cls
                 for threads in THREADS:
                     candle = run_candle(session, label, threads, prompt, options)
                     results.append(candle)
+                    print_row(candle)
                     rendered = next((run["renderedPrompt"] for run in candle.get("runs", [])),
                                     None)
                     if rendered is None:
                         continue
                     results.append(run_wllama(session, label, threads, rendered, tokens))
+                    print_row(results[-1])
         finally:
             session.close()
     print_table(results, tokens)
