@@ -171,7 +171,7 @@ def candle_web_command_lines() -> list[str]:
     for language, body in FENCE.findall(readme()):
         if language not in ("sh", "bash", "console", ""):
             continue
-        for line in body.splitlines():
+        for line in body.replace("\\\n", " ").splitlines():  # a command continued with \
             command = line.split("#", 1)[0].strip()
             if command.startswith("candle-web "):
                 lines.append(command)

@@ -12,7 +12,7 @@ import candle_web
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WHEEL_MANIFEST = REPO_ROOT / "web" / "vendor" / "wheels" / "manifest.json"
-TAB_IDS = ["tab-transcribe", "tab-generate", "tab-text2text", "tab-similarity"]
+TAB_IDS = ["tab-transcribe", "tab-generate", "tab-chat", "tab-text2text", "tab-similarity"]
 # The worker's start-up phases (they overlap; the order they end in varies).
 INIT_PHASES = {"runtime", "kernels", "wheel", "packages", "backend"}
 # What the vendored lock pins (scripts/vendor_pyodide.py); the worker must report exactly these.
