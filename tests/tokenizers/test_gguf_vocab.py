@@ -84,6 +84,15 @@ def test_gguf_metadata_errors_name_the_key(smollm_metadata):
         Tokenizer.from_gguf_metadata(short_types)
 
 
+def test_a_score_beyond_a_float_is_a_format_error_naming_it():
+    """Found by make fuzz (gguf.vocab): GGUF integer arrays can hold a score no float holds."""
+    metadata = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a"],
+                "tokenizer.ggml.scores": [0.0, 0.0, 0.0, 2 ** 1100],
+                "tokenizer.ggml.token_type": [2, 3, 3, 1]}
+    with pytest.raises(FormatError, match=r"tokenizer.ggml.scores\[3\]: an integer of 1101 bits"):
+        Tokenizer.from_gguf_metadata(metadata)
+
+
 def test_sentencepiece_gguf_vocab_matches_hf_converter():
     """A "llama" (SentencePiece BPE) GGUF vocabulary: merges are derived from the scores.
     Reference: HF's own SentencePiece-style BPE built from the same pieces with merges in the

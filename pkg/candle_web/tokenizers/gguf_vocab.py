@@ -142,7 +142,11 @@ def _scores(values: list, key: str) -> list:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise FormatError(f"GGUF metadata: {key}[{index}]: expected a number, got "
                               f"{describe(value)}")
-        scores.append(float(value))
+        try:
+            scores.append(float(value))
+        except OverflowError:  # an integer score beyond any float (GGUF's u64/i64 arrays)
+            raise FormatError(f"GGUF metadata: {key}[{index}]: an integer of "
+                              f"{value.bit_length()} bits is beyond a float's range") from None
     return scores
 
 
