@@ -392,6 +392,27 @@ def ready_page_at(browser_context, network_guard, ui_server_url):
         page.close()
 
 
+# The pages of the UI tests share one browser profile, and later tests (test_generate,
+# test_transcribe) expect the first load of a model in the session to download it: a module
+# that loads models asks for this fixture and leaves the model cache as it found it.
+CACHED_MODEL_URLS_JS = """async () => {
+    const cache = await caches.open('candle-web-models-v1');
+    return (await cache.keys()).map((request) => request.url);
+}"""
+FORGET_MODEL_URLS_JS = """async (urls) => {
+    const cache = await caches.open('candle-web-models-v1');
+    for (const url of urls) await cache.delete(url);
+}"""
+
+
+@pytest.fixture(scope="module")
+def model_cache_left_as_found(ready_page):
+    before = set(ready_page.evaluate(CACHED_MODEL_URLS_JS))
+    yield
+    added = sorted(set(ready_page.evaluate(CACHED_MODEL_URLS_JS)) - before)
+    ready_page.evaluate(FORGET_MODEL_URLS_JS, added)
+
+
 # --- artifacts ----------------------------------------------------------------------------------
 
 def _artifact_name(nodeid: str) -> str:

@@ -24,6 +24,13 @@ TURN_TIMEOUT_MS = 400_000
 pytestmark = pytest.mark.ui
 
 
+# Later modules (test_generate) expect their first SmolLM2 load to download it: the models this
+# one loads leave the model cache with it (conftest: model_cache_left_as_found).
+@pytest.fixture(scope="module", autouse=True)
+def _model_cache_left_as_found(model_cache_left_as_found):
+    yield
+
+
 @pytest.fixture(scope="module")
 def page(ready_page_at):
     page = ready_page_at("/#chat")

@@ -46,25 +46,10 @@ def helper_jobs(page) -> int:
         "from candle_web.backend.wasm import install; install().team.helper_jobs")""")
 
 
-# The pages of the UI tests share one browser profile, and later tests (test_transcribe) expect
-# the first load of a model in the session to download it: this module leaves the model cache
-# as it found it.
-CACHED_URLS_JS = """async () => {
-    const cache = await caches.open('candle-web-models-v1');
-    return (await cache.keys()).map((request) => request.url);
-}"""
-FORGET_URLS_JS = """async (urls) => {
-    const cache = await caches.open('candle-web-models-v1');
-    for (const url of urls) await cache.delete(url);
-}"""
-
-
+# The model cache is left as this module found it (conftest: model_cache_left_as_found).
 @pytest.fixture(scope="module", autouse=True)
-def _model_cache_left_as_found(ready_page):
-    before = set(ready_page.evaluate(CACHED_URLS_JS))
+def _model_cache_left_as_found(model_cache_left_as_found):
     yield
-    added = sorted(set(ready_page.evaluate(CACHED_URLS_JS)) - before)
-    ready_page.evaluate(FORGET_URLS_JS, added)
 
 
 @pytest.fixture(scope="module")
