@@ -167,8 +167,7 @@ def q5_k_gguf(folder, seed: int = 4):
     import llama_testlib
     from candle_web.quantized import GgmlDType, QTensor
 
-    config = dict(llama_testlib.TINY_CONFIG, hidden_size=256, intermediate_size=256,
-                  head_dim=64, vocab_size=128)
+    config = llama_testlib.WIDE_CONFIG
     rng = np.random.default_rng(seed)
     state = llama_testlib.random_state(config, seed=seed)
     q5_k, q8_0 = GgmlDType.Q5_K, GgmlDType.Q8_0
@@ -193,51 +192,48 @@ def q5_k_gguf(folder, seed: int = 4):
     return path, config, [2, 7, 100], decoded
 
 
-def test_llama_decoder_step_with_q5_k(wasm_device, tmp_path):
-    """Q5_K blocks (asked by issue 23; not in the Qwen2.5 file) through the kernels' matvec:
-    the generic path's greedy ids, logits near the float64 truth of the decoded weights."""
+def assert_part_decodes_like_the_reference(model, path, config, decoded, prompt, label):
+    """The wasm part's greedy decode: the numpy generic path's ids, logits near the float64
+    truth of the decoded weights (transformers)."""
     import llama_testlib
     from candle_web.models.llama import Llama
 
-    path, config, prompt, decoded = q5_k_gguf(tmp_path)
-    model = Llama.load(path, device=wasm_device)
-    assert model.lm_head.is_quantized and model.lm_head.qweights[0].dtype.name == "Q5_K"
-    assert llama_part(model) is not None
     reference_model = Llama.load(path, device=Device.cpu(backend="numpy"))
     expected_ids, reference = _greedy(reference_model, prompt, STEPS, fused=False)
     pytest.importorskip("transformers")
     truth = llama_testlib.transformers_logits(config, decoded, prompt + expected_ids[:-1],
                                               dtype=np.float64)[len(prompt) - 1:]
     ids, logits = _greedy(model, prompt, STEPS, fused=True)
-    assert_near_truth(logits, reference, truth, "Q5_K decoder part")
+    assert_near_truth(logits, reference, truth, label)
     assert ids == expected_ids
 
 
-def qwen2_mixed_gguf(folder):
-    """A qwen2 GGUF as the Qwen2.5 Q4_K_M file mixes types (Q5_0 q/k with a Q6_K v, Q4_K and
-    Q5_0 gate/up, Q6_K down, Q8_0 out and head) with the q|k|v biases (numba's test of the same
-    step: tests/models/test_llama_fused_decode.py). Returns (path, config, decoded HF state)."""
-    from candle_web.quantized import GgmlDType, QTensor
-    from llama_testlib import gguf_name, to_gguf
-    from test_llama_fused_decode import QWEN2_CONFIG, QWEN2_TYPES, qwen2_state
+def test_llama_decoder_step_with_q5_k(wasm_device, tmp_path):
+    """Q5_K blocks (asked by issue 23; not in the Qwen2.5 file) through the kernels' matvec:
+    the generic path's greedy ids, logits near the float64 truth of the decoded weights."""
+    from candle_web.models.llama import Llama
 
-    state = qwen2_state(seed=7)
-    quantized, decoded = {}, dict(state)
-    for name, values in state.items():
-        kind = next((GgmlDType.parse(k) for part, k in QWEN2_TYPES.items() if part in name), None)
-        if values.ndim == 2 and kind is not None:
-            q = QTensor.from_float(values, kind)
-            quantized[gguf_name(name, "qwen2")], decoded[name] = q, q.dequantize()
-    path = to_gguf(state, QWEN2_CONFIG, folder / "qwen2-mixed.gguf", extra_tensors=quantized,
-                   arch="qwen2")
-    return path, QWEN2_CONFIG, decoded
+    path, config, prompt, decoded = q5_k_gguf(tmp_path)
+    model = Llama.load(path, device=wasm_device)
+    assert model.lm_head.is_quantized and model.lm_head.qweights[0].dtype.name == "Q5_K"
+    assert llama_part(model) is not None
+    assert_part_decodes_like_the_reference(model, path, config, decoded, prompt,
+                                           "Q5_K decoder part")
+
+
+def qwen2_mixed_gguf(folder):
+    """llama_testlib's qwen2 GGUF of mixed types with q|k|v biases (numba's test of the same
+    step: tests/models/test_llama_fused_decode.py). Returns (path, config, decoded HF state)."""
+    import llama_testlib
+
+    path, decoded = llama_testlib.qwen2_mixed_gguf(folder)
+    return path, llama_testlib.QWEN2_CONFIG, decoded
 
 
 def test_qwen2_decoder_step_with_qkv_bias_and_mixed_types(wasm_device, tmp_path):
     """qwen2's q|k|v bias goes into the fused step (the part is built, not left to the generic
     path), on a projection whose pieces have different GGML types: the generic path's greedy
     ids, logits near the float64 truth (a dropped bias fails both)."""
-    import llama_testlib
     from candle_web.models.llama import Llama
 
     path, config, decoded = qwen2_mixed_gguf(tmp_path)
@@ -246,15 +242,8 @@ def test_qwen2_decoder_step_with_qkv_bias_and_mixed_types(wasm_device, tmp_path)
     assert layer.qkv_bias is not None
     assert [q.dtype.name for q in layer.qkv.qweights] == ["Q5_0", "Q5_0", "Q6_K"]
     assert llama_part(model) is not None
-    prompt = [2, 7, 100, 31]
-    reference_model = Llama.load(path, device=Device.cpu(backend="numpy"))
-    expected_ids, reference = _greedy(reference_model, prompt, STEPS, fused=False)
-    pytest.importorskip("transformers")
-    truth = llama_testlib.transformers_logits(config, decoded, prompt + expected_ids[:-1],
-                                              dtype=np.float64)[len(prompt) - 1:]
-    ids, logits = _greedy(model, prompt, STEPS, fused=True)
-    assert_near_truth(logits, reference, truth, "qwen2 decoder part")
-    assert ids == expected_ids
+    assert_part_decodes_like_the_reference(model, path, config, decoded, [2, 7, 100, 31],
+                                           "qwen2 decoder part")
 
 
 def test_families_the_step_does_not_implement_keep_the_generic_path(wasm_device, tmp_path):

@@ -166,14 +166,17 @@ def to_gguf(state: dict, config: dict, path: Path, quantize_to=None, extra_metad
     return path
 
 
+# K-quants need rows of 256: a wider tiny model (still 2 layers, GQA 4 heads over 2).
+WIDE_CONFIG = dict(TINY_CONFIG, hidden_size=256, intermediate_size=256, head_dim=64,
+                   vocab_size=128)
+
+
 def tiny_gguf(folder: Path, qtype: str | None = None, wide: bool = False, seed: int = 3):
     """The tiny random model as a GGUF of `qtype` (a GGML type name, None: f32) in `folder`;
     `wide` makes rows of 256 (the K-quants' block). Returns (path, state, config, GGML type)."""
     from candle_web.quantized import GgmlDType
 
-    config = TINY_CONFIG
-    if wide:
-        config = dict(config, hidden_size=256, intermediate_size=256, head_dim=64, vocab_size=128)
+    config = WIDE_CONFIG if wide else TINY_CONFIG
     state = random_state(config, seed=seed)
     kind = None if qtype is None else GgmlDType.parse(qtype)
     path = to_gguf(state, config, Path(folder) / f"{qtype}-{seed}.gguf", quantize_to=kind)
@@ -255,3 +258,45 @@ def one_blas_thread():
         return
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+# qwen2 with a projection of mixed GGML types in each fused layer, as in the Qwen2.5 Q4_K_M
+# file (Q5_0 q/k with a Q8_0 or Q6_K v; Q4_K or Q6_K down): the numba and wasm parts join the
+# pieces into one kernel weight (tests/models/test_llama_fused_decode.py,
+# tests/backend/test_wasm_parts.py).
+QWEN2_CONFIG = dict(WIDE_CONFIG, model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+                    rope_theta=1e6)
+QWEN2_TYPES = {"q_proj": "Q5_0", "k_proj": "Q5_0", "v_proj": "Q6_K", "o_proj": "Q8_0",
+               "gate_proj": "Q4_K", "up_proj": "Q5_0", "down_proj": "Q6_K", "lm_head": "Q8_0"}
+
+
+def qwen2_state(seed):
+    """random_state plus the Q/K/V biases (away from 0, so a bias left out shows)."""
+    rng = np.random.default_rng(seed + 100)
+    state = random_state(QWEN2_CONFIG, seed=seed)
+    hd = QWEN2_CONFIG["head_dim"]
+    rows = {"q": QWEN2_CONFIG["num_attention_heads"] * hd,
+            "k": QWEN2_CONFIG["num_key_value_heads"] * hd,
+            "v": QWEN2_CONFIG["num_key_value_heads"] * hd}
+    for i in range(QWEN2_CONFIG["num_hidden_layers"]):
+        for name, n in rows.items():
+            state[f"model.layers.{i}.self_attn.{name}_proj.bias"] = (
+                0.5 * rng.standard_normal(n)).astype(np.float32)
+    return state
+
+
+def qwen2_mixed_gguf(folder: Path, seed: int = 7):
+    """The qwen2 model above as a GGUF of QWEN2_TYPES in `folder`. Returns (path, the HF state
+    as the file holds it: quantized matrices decoded)."""
+    from candle_web.quantized import GgmlDType, QTensor
+
+    state = qwen2_state(seed=seed)
+    quantized, decoded = {}, dict(state)
+    for name, values in state.items():
+        kind = next((GgmlDType.parse(k) for part, k in QWEN2_TYPES.items() if part in name), None)
+        if values.ndim == 2 and kind is not None:
+            q = QTensor.from_float(values, kind)
+            quantized[gguf_name(name, "qwen2")], decoded[name] = q, q.dequantize()
+    path = to_gguf(state, QWEN2_CONFIG, Path(folder) / "qwen2-mixed.gguf",
+                   extra_tensors=quantized, arch="qwen2")
+    return path, decoded

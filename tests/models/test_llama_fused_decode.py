@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llama_testlib import TINY_CONFIG, dequantized_state, random_state, to_gguf, transformers_logits
+from llama_testlib import (QWEN2_CONFIG, TINY_CONFIG, WIDE_CONFIG, dequantized_state,
+                           qwen2_mixed_gguf, random_state, to_gguf, transformers_logits)
 from parts_testlib import llama_part, llama_steps
 from tolerances import assert_near_truth
 
@@ -28,9 +29,6 @@ from candle_web.models.llama import Llama
 from candle_web.quantized import GgmlDType
 
 STEPS = 12
-# K-quants need rows of 256: a wider tiny model (still 2 layers, GQA 4 heads over 2).
-WIDE_CONFIG = dict(TINY_CONFIG, hidden_size=256, intermediate_size=256, head_dim=64,
-                   vocab_size=128)
 
 
 @pytest.fixture(scope="module")
@@ -101,43 +99,8 @@ def test_fused_step_with_k_quants(numba_device, tmp_path, qtype):
     assert_same_decode(model, [2, 7, 100], WIDE_CONFIG, dequantized_state(state, kind), path)
 
 
-# qwen2 with a projection of mixed GGML types in each fused layer, as in the Qwen2.5 Q4_K_M
-# file (Q5_0 q/k with a Q8_0 or Q6_K v; Q4_K or Q6_K down): the part joins the parts into one
-# kernel weight (16-element groups where one part has them, zero offsets where one has none).
-QWEN2_CONFIG = dict(WIDE_CONFIG, model_type="qwen2", architectures=["Qwen2ForCausalLM"],
-                    rope_theta=1e6)
-QWEN2_TYPES = {"q_proj": "Q5_0", "k_proj": "Q5_0", "v_proj": "Q6_K", "o_proj": "Q8_0",
-               "gate_proj": "Q4_K", "up_proj": "Q5_0", "down_proj": "Q6_K", "lm_head": "Q8_0"}
-
-
-def qwen2_state(seed):
-    """random_state plus the Q/K/V biases (away from 0, so a bias left out shows)."""
-    rng = np.random.default_rng(seed + 100)
-    state = random_state(QWEN2_CONFIG, seed=seed)
-    hd = QWEN2_CONFIG["head_dim"]
-    rows = {"q": QWEN2_CONFIG["num_attention_heads"] * hd,
-            "k": QWEN2_CONFIG["num_key_value_heads"] * hd,
-            "v": QWEN2_CONFIG["num_key_value_heads"] * hd}
-    for i in range(QWEN2_CONFIG["num_hidden_layers"]):
-        for name, n in rows.items():
-            state[f"model.layers.{i}.self_attn.{name}_proj.bias"] = (
-                0.5 * rng.standard_normal(n)).astype(np.float32)
-    return state
-
-
 def test_fused_step_with_qkv_bias_and_mixed_types(numba_device, tmp_path):
-    from candle_web.quantized import QTensor
-    from llama_testlib import gguf_name
-
-    state = qwen2_state(seed=7)
-    quantized, decoded = {}, dict(state)
-    for name, values in state.items():
-        kind = next((GgmlDType.parse(k) for part, k in QWEN2_TYPES.items() if part in name), None)
-        if values.ndim == 2 and kind is not None:
-            q = QTensor.from_float(values, kind)
-            quantized[gguf_name(name, "qwen2")], decoded[name] = q, q.dequantize()
-    path = to_gguf(state, QWEN2_CONFIG, tmp_path / "qwen2-mixed.gguf", extra_tensors=quantized,
-                   arch="qwen2")
+    path, decoded = qwen2_mixed_gguf(tmp_path)
     model = Llama.load(path, device=numba_device)
     qkv = model.part_weights().layers[0].qkv
     assert [q.dtype.name for q in qkv.qweights] == ["Q5_0", "Q5_0", "Q6_K"]
