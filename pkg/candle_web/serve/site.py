@@ -157,11 +157,11 @@ def mime_type_for(path: Path) -> str:
 
 
 def default_web_root() -> Path:
-    """web/ next to pkg/ in a source checkout (pkg/candle_web/serve.py -> repo/web)."""
+    """web/ next to pkg/ in a source checkout (pkg/candle_web/serve/site.py -> repo/web)."""
     override = os.environ.get(WEB_ROOT_ENV_VAR)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "web"
+    return Path(__file__).resolve().parents[3] / "web"
 
 
 # --- the model cache ------------------------------------------------------------------------
@@ -176,7 +176,7 @@ class RegistryModelFiles:
     """
 
     def __init__(self, registry=None):
-        from . import hub  # noqa: PLC0415  (stdlib-only, but not needed for plain static files)
+        from .. import hub  # noqa: PLC0415  (stdlib-only, but not needed for plain static files)
 
         self._hub = hub
         self._registry = registry if registry is not None else hub.default_registry()
@@ -746,7 +746,7 @@ def local_model_map(folders) -> dict:
 
 def demo_models_root() -> Path:
     """<cache>/demo/: where `make demo` keeps the models it trains ($CANDLE_WEB_CACHE)."""
-    from . import hub  # noqa: PLC0415  (stdlib-only; the cache location lives there)
+    from .. import hub  # noqa: PLC0415  (stdlib-only; the cache location lives there)
 
     return hub.cache_dir() / DEMO_MODELS_FOLDER
 
@@ -824,7 +824,7 @@ def build_api(models=(), parallel: Optional[int] = None, queue_size: Optional[in
     """(ASGI app for /v1, model pool): the OpenAI-compatible API (candle_web.api) with the
     `models` (registry names or local paths) loaded now; the other registry models load on
     their first request."""
-    from . import api  # noqa: PLC0415  (Starlette and the models: only with --api)
+    from .. import api  # noqa: PLC0415  (Starlette and the models: only with --api)
 
     pool = api.ModelPool(parallel=parallel or api.DEFAULT_PARALLEL,
                          queue_size=api.DEFAULT_QUEUE if queue_size is None else queue_size)
@@ -911,13 +911,13 @@ def api_key_from(args) -> Optional[str]:
 def _serve_on_ray(args) -> int:
     """`--ray-address`: the API from replicas on a Ray cluster (candle_web.api.ray_serve)."""
     try:
-        from .api import ray_serve  # noqa: PLC0415
+        from ..api import ray_serve  # noqa: PLC0415
         import ray.serve  # noqa: F401, PLC0415
     except ImportError as error:
         print(f"candle-web serve: --ray-address needs Ray Serve (pip install "
               f"'candle-web[cluster]'): {error}", file=sys.stderr)
         return 1
-    from . import api  # noqa: PLC0415
+    from .. import api  # noqa: PLC0415
 
     ray_serve.run(args.ray_address, args.model, args.replicas,
                   args.parallel or api.DEFAULT_PARALLEL,
@@ -964,7 +964,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _serve_on_ray(args)
     api = None
     if args.api or args.model:
-        from .core.errors import CandleError  # noqa: PLC0415
+        from ..core.errors import CandleError  # noqa: PLC0415
 
         try:
             api, _ = build_api(args.model, args.parallel, args.queue, api_key_from(args))
