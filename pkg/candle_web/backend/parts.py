@@ -22,11 +22,15 @@ Parts and their implementations' call signatures (arrays are the backend's, f32,
 - ``llama.decoder_step`` (LlamaDecoderWeights): ``impl(x [d], position, caches, cos, sin) ->
   logits [vocab]``: one token of batch 1; `caches` per block (keys, values) [n_kv, capacity,
   head_dim], written at `position`; cos/sin the rotary tables covering it.
+  An implementation may also offer ``impl.step_rows(xs [B, d], positions [B], row_caches,
+  cos, sin) -> logits [B, vocab]``: B sequences at once, row b at positions[b] with its own
+  caches row_caches[b] (per block as above), each row bit-identical to `impl` on it alone
+  (`start_batched_causal_decoding`, the API's continuous batching).
 
 Switches that turn a part off live in `settings` (read once, listed in the README).
 
 **The fast path is a decoding strategy chosen here, not in the model files.** A model file holds
-the reference computation and exports its weights (`part_weights()`); the three entry points
+the reference computation and exports its weights (`part_weights()`); the four entry points
 below decide, in one place, whether a step runs through a backend's part:
 
 - `encode_audio(encoder, mel)`: the Whisper encoder's part, or the encoder itself;
@@ -34,6 +38,8 @@ below decide, in one place, whether a step runs through a backend's part:
   `FusedWhisperDecoding` wrapping it, whose short token runs go through the part;
 - `start_causal_decoding(model)`: a `ReferenceSteps` calling the model's `forward`, or
   `FusedCausalSteps` sending single tokens through the part.
+- `start_batched_causal_decoding(model)`: one token for each of B sequences at their own
+  positions, `FusedBatchedSteps` (the part's `step_rows`) or `ReferenceBatchedSteps`.
 
 `FastPath` owns the guards every call passes (the settings switch, gradient tracking, dtype,
 device) and builds the implementation once per model; the fused strategies own the KV-cache
@@ -401,3 +407,79 @@ class FusedCausalSteps:
         for cache in model.caches:
             cache.advance(1)
         return Tensor.from_storage(logits.reshape(1, -1), dt.f32, x.device)
+
+
+# -- continuous batching: B sequences, each at its own position, in one step ---------------------
+def start_batched_causal_decoding(model):
+    """How a server advances several causal-LM sequences by one token each, every sequence at
+    its own position with its own KV caches (`nn.KvCache` per block, as `model.caches` holds
+    them): `FusedBatchedSteps` when the model's `llama.decoder_step` part offers `step_rows`
+    (numba), else `ReferenceBatchedSteps`. Both are called as
+    steps(ids [B] ints, row_caches [B][blocks]) -> f32 numpy logits [B, vocab], and both give
+    each row exactly the logits (bit for bit) that `start_causal_decoding(model)` gives that
+    sequence alone, so a request's greedy ids do not depend on its batch."""
+    if hasattr(model, "part_weights"):
+        path = fast_path(LLAMA_DECODER_STEP, model, model.device)
+        if getattr(path.impl, "step_rows", None) is not None:
+            return FusedBatchedSteps(model, path)
+    return ReferenceBatchedSteps(model)
+
+
+class ReferenceBatchedSteps:
+    """Each row through `start_causal_decoding(model)`'s step in turn, the row's caches swapped
+    into the model: bit-identical to the single-sequence step by construction (the same call),
+    but the weights are read once per row, not once per step. It is the path of backends
+    without a batched part (numpy): a batched numpy matmul (BLAS sgemm with M = B) may round a
+    row differently from M = 1, which would make greedy ids depend on the batch."""
+
+    def __init__(self, model):
+        self.model = model
+        self.single = start_causal_decoding(model)
+
+    def __call__(self, ids, row_caches) -> np.ndarray:
+        model, saved = self.model, self.model.caches
+        rows = []
+        try:
+            for token, caches in zip(np.asarray(ids, dtype=np.int64).reshape(-1), row_caches):
+                model.caches = caches
+                rows.append(self.single(np.array([[token]], np.int64),
+                                        model.seq_len).to_numpy().reshape(-1))
+        finally:
+            model.caches = saved
+        return np.stack(rows)
+
+
+class FusedBatchedSteps:
+    """All rows in one call of the part's `step_rows`: one pass over each weight per step for
+    every row (kernels/batched_step.py in the numba backend), attention per row over its own
+    cache. The cache hand-off is FusedCausalSteps's: each row's key and value are written at
+    its position of its own caches, which then advance."""
+
+    def __init__(self, model, path: FastPath):
+        self.model, self.path = model, path
+        self.fallback = ReferenceBatchedSteps(model)
+
+    def __call__(self, ids, row_caches) -> np.ndarray:
+        model = self.model
+        impl = self.path.usable()
+        array = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if impl is None or len(array) != len(row_caches) or not len(array):
+            return self.fallback(array, row_caches)
+        cfg = model.config
+        x = model.embed(Tensor.from_numpy(array.reshape(-1, 1), dt.i64, model.device))
+        entry = (1, cfg.num_kv_heads, 1, cfg.head_dim)
+        positions, buffers = [], []
+        for caches in row_caches:
+            positions.append(caches[0].length)
+            row = []
+            for cache in caches:
+                keys, values = cache.buffers(1, entry, x.dtype, x.device)
+                row.append((keys[0], values[0]))  # [n_kv, capacity, head_dim]
+            buffers.append(row)
+        model.rotary.tables(max(positions), 1)  # grows the tables to cover every position
+        logits = impl.step_rows(x.storage().reshape(len(array), -1), positions, buffers,
+                                model.rotary.cos.storage(), model.rotary.sin.storage())
+        for caches in row_caches:
+            for cache in caches:
+                cache.advance(1)
+        return logits

@@ -124,3 +124,10 @@ class FusedLlamaDecoder:
         norm, eps = self.final_norm
         nk.final_logits(x, norm, eps, self.head, logits, self.parallel)
         return logits
+
+    def step_rows(self, xs, positions, row_caches, cos, sin):
+        """B sequences at once, each at its own position with its own caches (see
+        llama_batched.step_rows): per row bit-identical to calling this step on it alone."""
+        from .llama_batched import step_rows
+
+        return step_rows(self, xs, positions, row_caches, cos, sin)

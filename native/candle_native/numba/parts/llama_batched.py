@@ -1,0 +1,42 @@
+"""The numba backend's batched LLaMA decode step: B sequences, one new token each, each at its
+own position with its own KV cache (kernels/batched_step.py). Offered as
+`FusedLlamaDecoder.step_rows` (the part ``llama.decoder_step``'s batched entry, see
+candle_web.backend.parts.start_batched_causal_decoding). Per block: one kernel call for the
+first half of all rows (one pass over the QKV weight), one per row for its cache and attention,
+one for the second half (one pass over each of the output, gate|up and down weights); then the
+head once for all rows. Each row's logits are bit-identical to the single step's."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import batched_step as bk
+
+
+def step_rows(decoder, xs: np.ndarray, positions, row_caches, cos: np.ndarray,
+              sin: np.ndarray) -> np.ndarray:
+    """xs f32[B, d] (the new tokens' embeddings), positions [B], row_caches[b][block] = (keys,
+    values) f32[n_kv, capacity, head_dim] of row b (capacity > positions[b]) -> logits
+    f32[B, vocab]. Writes each row's key and value at its position."""
+    cfg = decoder.cfg
+    xs = np.array(xs, dtype=np.float32).reshape(len(row_caches), -1)  # updated in place
+    positions = np.asarray(positions, dtype=np.int64)
+    rows = xs.shape[0]
+    q_size = cfg.num_heads * cfg.head_dim
+    for index, (attn_norm, mlp_norm, eps, qkv, bias, out, gate_up, down) in enumerate(
+            decoder.layers):
+        qkvs = bk.block_rows_before_attention(
+            xs, attn_norm, eps, qkv, bias, positions, cos, sin, cfg.num_heads,
+            cfg.num_kv_heads, cfg.head_dim, cfg.rope_interleaved, decoder.parallel)
+        attended = np.empty((rows, q_size), np.float32)
+        for b in range(rows):
+            keys, values = row_caches[b][index]
+            bk.store_and_attend(qkvs[b], keys, values, positions[b], cfg.num_heads,
+                                cfg.num_kv_heads, cfg.head_dim, decoder.scale, attended[b],
+                                decoder.parallel)
+        bk.block_rows_after_attention(xs, attended, out, mlp_norm, eps, gate_up, down,
+                                      decoder.parallel)
+    logits = np.empty((rows, decoder.vocab_rows), np.float32)
+    norm, eps = decoder.final_norm
+    bk.final_logits_rows(xs, norm, eps, decoder.head, logits, decoder.parallel)
+    return logits
