@@ -5,12 +5,13 @@ Text models (the LLaMA family) run in a `TextScheduler`: `parallel` slots, each 
 its own KV cache, and a bounded queue of waiting requests beyond them (full: 429 with
 Retry-After). One scheduler thread advances every active sequence by one token per round
 (llama-server's slots: a request that arrives joins at the next round, one that ends or whose
-client went away frees its slot at once). Each sequence runs exactly the code path it would
-alone -- the prompt through `CausalLM.start`, then `sample_steps` with the model's fused decode
-step on that sequence's cache -- so its greedy ids are those of `candle-web generate`, whatever
-runs beside it. Not yet one batched matmul per round: the decode step (`Llama.forward` and the
-`llama.decoder_step` part) takes one position for all rows, so sequences at different positions
-take turns; a step over rows at different positions is a model change left for later.
+client went away frees its slot at once). A round is one batched decode step over every
+sequence that has a token to feed (`backend.parts.start_batched_causal_decoding`: each at its
+own position with its own cache, each weight read once for all of them on the numba backend);
+a new request's prompt runs alone through `CausalLM.start` first, then it joins the batch.
+The batched step gives each row the logits, bit for bit, that the single-sequence step gives it
+alone, and `sample_steps` samples as for `candle-web generate`, so a request's greedy ids are
+those of `candle-web generate`, whatever runs beside it.
 
 Whisper and BERT run one request at a time per model (a single worker thread each, with a
 bounded number waiting). All model computation in the process takes one fair lock
@@ -27,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from ..core.errors import CandleError, ModelNotFound
 from ..generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, CausalLM,
@@ -103,6 +106,8 @@ class TextRequest:
     generated: list = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     _steps: object = None
+    _lm: object = None  # its SlotLM (its KV caches)
+    _yields: int = 0  # tokens sample_steps has given it so far
     _stream: object = None
     _stops: object = None
     _eos: frozenset = frozenset()
@@ -120,6 +125,8 @@ class TextScheduler:
         # slot swaps its own caches into the model before each call.
         with compute:
             self.steps = parts.start_causal_decoding(self.model)
+            # One token for every running sequence per round, each on its own caches.
+            self.batched = parts.start_batched_causal_decoding(self.model)
         self.waiting: collections.deque = collections.deque()
         self.active: list = []
         self._condition = threading.Condition()
@@ -178,26 +185,50 @@ class TextScheduler:
                         self.active.append(request)
                 self.max_active_seen = max(self.max_active_seen, len(self.active))
                 round_members = list(self.active)
+            self._step_batch(round_members)
             for request in round_members:
                 finished = True
                 try:
                     if request.cancelled:
                         self.cancelled += 1
-                        request._steps = None  # drops its KV cache now
-                    else:
-                        with self.compute:
+                        request._steps = request._lm = None  # drops its KV cache now
+                    elif request._steps is None:
+                        with self.compute:  # its prompt, alone; it joins the next batch
                             finished = self._advance(request)
+                        self.finished += finished
+                    else:
+                        finished = self._advance(request)
                         self.finished += finished
                 except Exception as error:  # noqa: BLE001  (reported to that request only)
                     request.emit("error", error)
                 if finished:
+                    request._steps = request._lm = None
                     with self._condition:
                         self.active.remove(request)
             self.rounds += 1
 
+    def _step_batch(self, members: list) -> None:
+        """One batched decode step for every running member whose sampler will ask for the
+        next logits (not cancelled, and under its token budget): each one's logits are left
+        in its SlotLM for `sample_steps`' next `lm.step`. A failure is raised there, so it is
+        reported to each of those members (and frees their slots)."""
+        rows = [request for request in members if not request.cancelled
+                and request._steps is not None and request._yields < request.budget]
+        if not rows:
+            return
+        try:
+            with self.compute:
+                logits = self.batched([request._lm.last_token for request in rows],
+                                      [request._lm.caches for request in rows])
+        except Exception as error:  # noqa: BLE001  (each row's sampler raises it, below)
+            logits = [error] * len(rows)
+        for row, request in enumerate(rows):
+            request._lm.pending = logits[row:row + 1] if isinstance(logits, np.ndarray) \
+                else logits[row]
+
     def _start(self, request: TextRequest) -> None:
         options, prompt_ids = request.options, request.prompt_ids
-        lm = SlotLM(self.model, self.steps, len(prompt_ids) + request.budget)
+        lm = request._lm = SlotLM(self.model, self.steps, len(prompt_ids) + request.budget)
         request._eos = frozenset(options.eos_token_ids if options.eos_token_ids is not None
                                  else lm.eos_token_ids)
         request.reason = (STOP_MAX_TOKENS if request.budget == options.max_new_tokens
@@ -220,7 +251,8 @@ class TextScheduler:
             next_ids, _ = next(request._steps)
         except StopIteration:
             return self._finish(request)
-        token = int(next_ids[0])
+        request._yields += 1
+        token = request._lm.last_token = int(next_ids[0])
         if token in request._eos:
             request.reason = STOP_EOS
             return self._finish(request)
@@ -248,7 +280,9 @@ class TextScheduler:
 
 class SlotLM(CausalLM):
     """generation.CausalLM over one slot's own KV cache: the model's caches are swapped in
-    before each call (only the scheduler thread, holding the compute lock, calls it)."""
+    before each call (only the scheduler thread, holding the compute lock, calls it). A step
+    whose logits the scheduler's batched step already computed (`pending`, for `last_token`)
+    returns them."""
 
     def __init__(self, model, steps, capacity: int):  # noqa: super().__init__ would build steps
         self.model = model
@@ -256,6 +290,8 @@ class SlotLM(CausalLM):
         self.context_length = model.config.max_position_embeddings
         self.position = 0
         self.steps = steps
+        self.pending = None  # logits [1, vocab] of the batched step for last_token
+        self.last_token = None
         model.clear_kv_cache(capacity)
         self.caches = model.caches
 
@@ -264,6 +300,12 @@ class SlotLM(CausalLM):
         return super().start(prompts)
 
     def step(self, ids):
+        if self.pending is not None:
+            logits, self.pending = self.pending, None
+            if isinstance(logits, Exception):
+                raise logits
+            self.position += 1
+            return logits
         self.model.caches = self.caches
         return super().step(ids)
 
@@ -428,10 +470,14 @@ class ModelPool:
             else 0
         # Both prompt paths: a few tokens (the fused step, token by token) and a longer one
         # (the model's batched forward); then a decode step.
+        slots = []
         for length in (2, WARM_UP_PROMPT_TOKENS):
-            lm = SlotLM(model, scheduler.steps, length + 1)
+            lm = SlotLM(model, scheduler.steps, length + 2)
             logits = lm.start([[int(bos)] * length])
             lm.step([int(logits[0].argmax())])
+            slots.append(lm)
+        # and the batched step over both slots (its kernels' first call)
+        scheduler.batched([int(bos)] * len(slots), [lm.caches for lm in slots])
 
     def close(self) -> None:
         for served in self.models.values():
