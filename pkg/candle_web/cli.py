@@ -305,6 +305,8 @@ def cmd_serve(args) -> int:
     argv = ["--port", str(args.port), "--host", args.host]
     for folder in args.local_model:
         argv += ["--local-model", str(folder)]
+    for name in args.allowed_host:
+        argv += ["--allowed-host", name]
     # The OpenAI-compatible API (serve.add_api_arguments): --api, --model, --parallel, --queue;
     # the key travels through the environment, not argv (visible to other local users).
     argv += ["--api"] if args.api else []
@@ -391,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--local-model", action="append", default=[], metavar="DIR",
                    help="also serve model folder DIR under /models/local/<DIR's name>/ "
                         "(e.g. a T5 for the Text-to-text view); repeatable")
-    from .serve import add_api_arguments  # stdlib-only at import; the API loads with --api
+    from .serve import add_api_arguments, add_host_arguments  # stdlib-only at import
+    add_host_arguments(s)
     add_api_arguments(s)
     s.set_defaults(func=cmd_serve)
 

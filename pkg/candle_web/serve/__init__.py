@@ -55,31 +55,31 @@ from __future__ import annotations
 from .replies import (ISOLATION_HEADERS, encode_headers, raw_reply, refuse, request_headers,
                       respond)
 from .hosts import (DEFAULT_HOST, IDLE_TIMEOUT_S, LOOPBACK_HOST_NAMES, MAX_CONNECTIONS,
-                    MISDIRECTED_JSON, host_allowed)
+                    MISDIRECTED_JSON, allowed_host_name, host_allowed)
 from .site import (CACHE_ENV_VAR, COPY_CHUNK_BYTES, DEFAULT_MIME_TYPE, DEMO_MODELS_FOLDER,
                    DEMO_PROGRESS_SUFFIX, INDEX_FILE, LOCAL_MODELS_SEGMENT, MIME_TYPES,
                    MODELS_URL_PREFIX, PINNED_CACHE_CONTROL, REVALIDATE_CACHE_CONTROL,
                    STALE_PROGRESS_S, UNSERVED_MODEL_KIND, VENDOR_PYODIDE_URL_PREFIX,
-                   WEB_ROOT_ENV_VAR, RefusedPath, RegistryModelFiles, SiteConfig, default_web_root,
-                   mime_type_for, resolve_request_path, serve_file)
+                   WEB_ROOT_ENV_VAR, RefusedPath, RegistryModelFiles, SiteConfig,
+                   default_web_root, mime_type_for, resolve_request_path, serve_file)
 from .app import API_PREFIX, SiteApp
 from .server import (API_KEY_ENV_VAR, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, LISTEN_BACKLOG,
-                     SERVE_EXTRA_HINT, STARTUP_WAIT_S, Server, add_api_arguments, announce,
-                     api_key_from, build_api, demo_models_root, demo_progress_path,
-                     import_server_stack, local_model_map, main, make_server, make_site_config,
-                     serve, server_url, start_in_thread)
+                     SERVE_EXTRA_HINT, STARTUP_WAIT_S, Server, add_api_arguments,
+                     add_host_arguments, announce, api_key_from, build_api, demo_models_root,
+                     demo_progress_path, import_server_stack, local_model_map, main, make_server,
+                     make_site_config, serve, server_url, start_in_thread)
 
 __all__ = [
     "ISOLATION_HEADERS", "encode_headers", "raw_reply", "refuse", "request_headers", "respond",
     "DEFAULT_HOST", "IDLE_TIMEOUT_S", "LOOPBACK_HOST_NAMES", "MAX_CONNECTIONS", "MISDIRECTED_JSON",
-    "host_allowed", "CACHE_ENV_VAR", "COPY_CHUNK_BYTES", "DEFAULT_MIME_TYPE", "DEMO_MODELS_FOLDER",
-    "DEMO_PROGRESS_SUFFIX", "INDEX_FILE", "LOCAL_MODELS_SEGMENT", "MIME_TYPES",
-    "MODELS_URL_PREFIX", "PINNED_CACHE_CONTROL", "REVALIDATE_CACHE_CONTROL", "STALE_PROGRESS_S",
-    "UNSERVED_MODEL_KIND", "VENDOR_PYODIDE_URL_PREFIX", "WEB_ROOT_ENV_VAR", "RefusedPath",
-    "RegistryModelFiles", "SiteConfig", "default_web_root", "mime_type_for",
+    "allowed_host_name", "host_allowed", "CACHE_ENV_VAR", "COPY_CHUNK_BYTES", "DEFAULT_MIME_TYPE",
+    "DEMO_MODELS_FOLDER", "DEMO_PROGRESS_SUFFIX", "INDEX_FILE", "LOCAL_MODELS_SEGMENT",
+    "MIME_TYPES", "MODELS_URL_PREFIX", "PINNED_CACHE_CONTROL", "REVALIDATE_CACHE_CONTROL",
+    "STALE_PROGRESS_S", "UNSERVED_MODEL_KIND", "VENDOR_PYODIDE_URL_PREFIX", "WEB_ROOT_ENV_VAR",
+    "RefusedPath", "RegistryModelFiles", "SiteConfig", "default_web_root", "mime_type_for",
     "resolve_request_path", "serve_file", "API_PREFIX", "SiteApp", "API_KEY_ENV_VAR",
     "DEFAULT_PORT", "GRACEFUL_SHUTDOWN_S", "LISTEN_BACKLOG", "SERVE_EXTRA_HINT", "STARTUP_WAIT_S",
-    "Server", "add_api_arguments", "announce", "api_key_from", "build_api", "demo_models_root",
-    "demo_progress_path", "import_server_stack", "local_model_map", "main", "make_server",
-    "make_site_config", "serve", "server_url", "start_in_thread",
+    "Server", "add_api_arguments", "add_host_arguments", "announce", "api_key_from", "build_api",
+    "demo_models_root", "demo_progress_path", "import_server_stack", "local_model_map", "main",
+    "make_server", "make_site_config", "serve", "server_url", "start_in_thread",
 ]

@@ -38,7 +38,7 @@ class SiteApp:
         url_path = (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1")
         to_api = self.api is not None and (url_path == API_PREFIX
                                            or url_path.startswith(API_PREFIX + "/"))
-        if not host_allowed(request_headers(scope).get("host"), bound):
+        if not host_allowed(request_headers(scope).get("host"), bound, self.site.allowed_hosts):
             if to_api:  # API clients get OpenAI's error shape for this refusal too
                 await respond(send_with_headers, HTTPStatus.MISDIRECTED_REQUEST,
                               [("Content-Type", "application/json"), ("Connection", "close")],

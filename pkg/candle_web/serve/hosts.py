@@ -7,6 +7,7 @@ dependency, never imported by the page)."""
 from __future__ import annotations
 
 import functools
+import re
 from http import HTTPStatus
 from typing import Optional
 
@@ -23,14 +24,31 @@ MAX_CONNECTIONS = 64
 # Host names a request may carry besides the bound address: a page on another site that
 # rebinds its DNS name to 127.0.0.1 sends its own name, and is refused (421).
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "::1")
-MISDIRECTED_JSON = (b'{"error": {"message": "Host: not this server\'s address or a loopback name '
-                    b'(DNS rebinding is refused)", "type": "invalid_request_error", "param": '
-                    b'null, "code": "misdirected_request"}}')
+MISDIRECTED_JSON = (b'{"error": {"message": "Host: not this server\'s address, a loopback name '
+                    b'or an --allowed-host (DNS rebinding is refused)", "type": '
+                    b'"invalid_request_error", "param": null, "code": "misdirected_request"}}')
+# What `--allowed-host` accepts: a DNS name or an IP address, without a port (any port is
+# served, as for the loopback names).
+_HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?$|^[0-9a-f:.]*:[0-9a-f:.]*$")
 
 
-def host_allowed(host_header: Optional[str], bound_host: str) -> bool:
-    """The Host is this server's address or a loopback name (any port). A request
-    without one (HTTP/1.0) cannot be a DNS-rebinding page, which always sends its name."""
+def allowed_host_name(text: str) -> str:
+    """The lower-case form of an `--allowed-host` name (`[v6]` loses its brackets), or
+    ValueError naming what is wrong with it."""
+    name = text.strip().lower().rstrip(".")  # box.example. is box.example
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    if name.count(":") == 1:
+        raise ValueError(f"{text!r}: give the name without a port (every port is served)")
+    if not _HOST_NAME.match(name):
+        raise ValueError(f"{text!r}: not a host name or IP address")
+    return name
+
+
+def host_allowed(host_header: Optional[str], bound_host: str, allowed_hosts=()) -> bool:
+    """The Host is this server's address, a loopback name or one of `allowed_hosts` (lower
+    case, see allowed_host_name; any port). A request without one (HTTP/1.0) cannot be a
+    DNS-rebinding page, which always sends its name."""
     if host_header is None:
         return True
     host = host_header.strip().lower()
@@ -38,7 +56,8 @@ def host_allowed(host_header: Optional[str], bound_host: str) -> bool:
         host = host[1:host.find("]")] if "]" in host else host
     elif host.count(":") == 1:
         host = host.rsplit(":", 1)[0]
-    return host in LOOPBACK_HOST_NAMES or host == str(bound_host).lower()
+    return host in LOOPBACK_HOST_NAMES or host == str(bound_host).lower() \
+        or host.rstrip(".") in allowed_hosts
 
 
 @functools.lru_cache(maxsize=None)

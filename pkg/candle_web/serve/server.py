@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from .app import SiteApp
-from .hosts import DEFAULT_HOST, LOOPBACK_HOST_NAMES, _protocol_base
+from .hosts import DEFAULT_HOST, LOOPBACK_HOST_NAMES, _protocol_base, allowed_host_name
 from .site import (CACHE_ENV_VAR, DEMO_MODELS_FOLDER, DEMO_PROGRESS_SUFFIX, WEB_ROOT_ENV_VAR,
                    RegistryModelFiles, SiteConfig, default_web_root)
 
@@ -122,11 +122,12 @@ def demo_progress_path(name: str) -> Path:
 
 def make_site_config(web_root: Optional[Path] = None, serve_models: bool = True,
                      verbose: bool = False, local_models=(),
-                     demo_root: Optional[Path] = None) -> SiteConfig:
+                     demo_root: Optional[Path] = None, allowed_hosts=()) -> SiteConfig:
     web_root = Path(web_root) if web_root is not None else default_web_root()
     model_files = RegistryModelFiles() if serve_models else None
     return SiteConfig(web_root=web_root, model_files=model_files, verbose=verbose,
-                      local_models=local_model_map(local_models), demo_root=demo_root)
+                      local_models=local_model_map(local_models), demo_root=demo_root,
+                      allowed_hosts=tuple(allowed_host_name(name) for name in allowed_hosts))
 
 
 def make_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
@@ -202,12 +203,13 @@ def build_api(models=(), parallel: Optional[int] = None, queue_size: Optional[in
 
 def serve(port: int = DEFAULT_PORT, open_browser: bool = False, host: str = DEFAULT_HOST,
           web_root: Optional[Path] = None, verbose: bool = True, local_models=(),
-          demo_root: Optional[Path] = None, api=None) -> None:
+          demo_root: Optional[Path] = None, api=None, allowed_hosts=()) -> None:
     """Serve until interrupted (Ctrl-C), printing the URL. Model files come from the hub's
     cache ($CANDLE_WEB_CACHE, default ~/.cache/candle-web), the local model folders and the
-    model folders in demo_root; `api` (build_api's app) adds /v1."""
+    model folders in demo_root; `api` (build_api's app) adds /v1; `allowed_hosts`: the names
+    it answers to besides its address and the loopback names."""
     site = make_site_config(web_root, verbose=verbose, local_models=local_models,
-                            demo_root=demo_root)
+                            demo_root=demo_root, allowed_hosts=allowed_hosts)
     server = make_server(host, port, site, api)
     url = server_url(server)
     announce(site, url, host)
@@ -240,6 +242,22 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _allowed_host(text: str) -> str:
+    try:
+        return allowed_host_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_host_arguments(parser) -> None:
+    """--allowed-host, shared by `candle-web serve` and `python -m candle_web.serve`."""
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        type=_allowed_host,
+                        help="also answer requests whose Host is NAME (any port), e.g. the "
+                             "DNS name of a server on --host 0.0.0.0; other names get 421 "
+                             "(DNS rebinding); repeatable")
 
 
 def add_api_arguments(parser) -> None:
@@ -309,6 +327,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "(e.g. a T5 for the Text-to-text view); repeatable")
     parser.add_argument("--open", action="store_true", help="open the page in a browser")
     parser.add_argument("--quiet", action="store_true", help="do not log requests")
+    add_host_arguments(parser)
     add_api_arguments(parser)
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
@@ -338,7 +357,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         serve(args.port, open_browser=args.open, host=args.host, web_root=args.web_root,
               verbose=not args.quiet, local_models=args.local_model,
-              demo_root=demo_models_root(), api=api)
+              demo_root=demo_models_root(), api=api, allowed_hosts=args.allowed_host)
     except OSError as error:
         print(f"candle-web serve: cannot listen on {args.host}:{args.port}: {error}",
               file=sys.stderr)

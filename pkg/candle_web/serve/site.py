@@ -144,6 +144,9 @@ class SiteConfig:
     extra_headers: dict = field(default_factory=dict)
     idle_timeout_s: float = IDLE_TIMEOUT_S
     max_connections: int = MAX_CONNECTIONS
+    # Host names served besides the bound address and the loopback names (`--allowed-host`,
+    # lower case): the names a server on 0.0.0.0 is reached by. Others get 421.
+    allowed_hosts: tuple = ()
 
 
 def _decoded_segments(url_path: str) -> list[str]:
