@@ -132,9 +132,11 @@ class TextScheduler:
         self._condition = threading.Condition()
         self._stopped = False
         # What tests and the bench read: rounds run, the most sequences one round advanced,
-        # requests finished, requests dropped because their client went away, tokens made.
+        # requests finished, requests dropped because their client went away, tokens made;
+        # the most rows one batched decode step ran.
         self.rounds = 0
         self.max_active_seen = 0
+        self.max_batch_seen = 0
         self.finished = 0
         self.cancelled = 0
         self.tokens = 0
@@ -216,6 +218,7 @@ class TextScheduler:
                 and request._steps is not None and request._yields < request.budget]
         if not rows:
             return
+        self.max_batch_seen = max(self.max_batch_seen, len(rows))
         try:
             with self.compute:
                 logits = self.batched([request._lm.last_token for request in rows],
