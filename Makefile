@@ -10,7 +10,7 @@ STAMP_SYS := $(VENV)/.stamp-system
 STAMP_BENCH := $(VENV)/.stamp-bench
 # Debian packages: headless Chromium for the UI tests, espeak-ng + sox to synthesise speech,
 # ffmpeg to decode mp3/ogg natively when soundfile cannot, and the JDK and Mono that build and
-# run the Java and C# API clients of examples/api/ in tests/serve/test_api_clients.py.
+# run the Java and C# API clients of examples/api/ in tests/api/test_api_clients.py.
 APT_PACKAGES := chromium espeak-ng sox ffmpeg default-jdk-headless mono-mcs mono-runtime \
 	libmono-system-net-http4.0-cil
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO / "tests" / "batch")]
+sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO)]
 
 
 def env() -> dict:
@@ -55,7 +55,7 @@ def make_inputs(folder: Path, copies: int) -> tuple[list[str], float]:
     from candle_web import hub
     from candle_web.io.audio import load_audio
 
-    from batch_clips import make_clips
+    from tests.batch.clips_testlib import make_clips
 
     speech = hub.cache_dir() / "testdata" / "speech"
     if not (speech / "librivox").is_dir():

@@ -34,7 +34,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 # bench/whisper.py would shadow the openai-whisper package: keep this folder off the path.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
-sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO / "tests" / "reference")]
+sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO)]
 
 LLAMA_MODEL = "smollm2-135m-instruct"
 LLAMA_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -124,7 +124,7 @@ def child_env(threads: int, backend: str = None) -> dict:
 
 def prepare_llama(work: Path) -> tuple:
     """(GGUF path, HF float folder with tokenizer) for SmolLM2."""
-    from record_llama import read_with_candle_web, write_hf_checkpoint
+    from tests.reference.record_llama import read_with_candle_web, write_hf_checkpoint
 
     from candle_web import hub
 
@@ -144,7 +144,7 @@ def prepare_whisper(work: Path) -> tuple:
     import numpy as np
     import torch
 
-    import record_whisper as reference
+    from tests.reference import record_whisper as reference
     from candle_web import hub
     from candle_web.io import audio
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO / "tests" / "reference")]
+sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO)]
 
 MODEL = "smollm2-135m-instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -91,7 +91,7 @@ def _requantized_gguf(source, target: str, path: Path) -> Path:
 def prepare_models(quants, work: Path) -> dict:
     """{quant: {"gguf": path, "hf": folder (F32 only)}} for the requested quants (QWEN: the
     Qwen2.5 file itself)."""
-    from record_llama import read_with_candle_web, write_hf_checkpoint
+    from tests.reference.record_llama import read_with_candle_web, write_hf_checkpoint
 
     from candle_web import hub
     from candle_web.io.gguf import GgufFile

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "kernels"))
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "pkg"))
 
 BUILDS = {"relaxed": "kernels.wasm", "simd128": "kernels-simd128.wasm"}
@@ -142,7 +142,7 @@ def linear_cases(km, rng):
 
 
 def bench(build: str, repeat: int, numpy_too: bool) -> None:
-    from wasm_harness import KernelModule, KernelsUnavailable
+    from tests.kernels.wasm_harness_testlib import KernelModule, KernelsUnavailable
 
     try:
         km = KernelModule.load(BUILDS[build])
@@ -171,7 +171,7 @@ def bench(build: str, repeat: int, numpy_too: bool) -> None:
 def accuracy(build: str) -> None:
     """Every f32 in each function's range, against float64 (scipy's erf)."""
     from scipy import special
-    from wasm_harness import KernelModule
+    from tests.kernels.wasm_harness_testlib import KernelModule
 
     km = KernelModule.load(BUILDS[build])
     chunk = 1 << 22

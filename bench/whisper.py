@@ -29,7 +29,7 @@ REPO = BENCH_DIR.parent
 # This file is named whisper.py: drop its folder from the path, or `import whisper` (the
 # openai-whisper package) would import this script instead.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
-sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO / "tests" / "reference")]
+sys.path[:0] = [str(REPO / "pkg"), str(REPO / "native"), str(REPO)]
 
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                     "NUMBA_NUM_THREADS")
@@ -80,7 +80,7 @@ class TorchEngine:
     name = "torch"
 
     def __init__(self, model_name: str):
-        import record_whisper as reference
+        from tests.reference import record_whisper as reference
         from candle_web import hub
 
         started = time.perf_counter()
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    import record_whisper as reference
+    from tests.reference import record_whisper as reference
     from candle_web import hub
     from candle_web.io import audio
 

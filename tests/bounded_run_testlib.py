@@ -63,7 +63,7 @@ def run_bounded(body: str, setup: str = "", headroom: int = HEADROOM_BYTES,
         import pytest
 
         pytest.skip("the memory cap needs Linux (RLIMIT_AS, /proc)")
-    script = CHILD.format(pkg=str(REPO_ROOT / "pkg"), tests=str(REPO_ROOT / "tests"),
+    script = CHILD.format(pkg=str(REPO_ROOT / "pkg"), tests=str(REPO_ROOT),
                           setup=textwrap.dedent(setup), headroom=headroom,
                           body=textwrap.indent(textwrap.dedent(body), "    "))
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", CANDLE_WEB_OFFLINE="1")

@@ -1,6 +1,6 @@
 """Small random Whisper decoders and the decode runs that compare an accelerated part (numba's,
-wasm's) with the numpy backend's generic path and its float64 truth. Not a test module; tests/
-is on sys.path (tests/conftest.py)."""
+wasm's) with the numpy backend's generic path and its float64 truth. Imported as
+`tests.<module>` (see tests/__init__.py)."""
 
 from __future__ import annotations
 

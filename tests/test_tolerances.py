@@ -1,4 +1,4 @@
-"""The error bounds of tests/tolerances.py can fail: each one accepts another correct f32
+"""The error bounds of tests/tolerances_testlib.py can fail: each one accepts another correct f32
 evaluation (the float64 result rounded to f32, or another summation order) and rejects a
 realistic mistake (a dropped term, half-precision accumulation, a wrong formula), with the
 numpy reference backend only."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from candle_web.backend import get_backend
-from tolerances import (assert_near_truth, assert_within, attention_bound, dot_bound,
+from tests.tolerances_testlib import (assert_near_truth, assert_within, attention_bound, dot_bound,
                         layer_norm_bound, log_softmax_bound, rms_norm_bound, softmax_bound,
                         unary_bound)
 

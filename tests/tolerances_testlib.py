@@ -1,7 +1,7 @@
 """Error bounds derived from the computation, for comparing two floating-point evaluations of
 the same thing (a native backend or a fused model step against the numpy reference, or one of
-them against a float64 truth). Not a test module; every test folder can import it (tests/ is
-on sys.path through tests/conftest.py).
+them against a float64 truth). Imported as
+`tests.tolerances_testlib` (see tests/__init__.py).
 
 Why not a fixed tolerance ("1e-5 of the largest magnitude"): that is one machine's measurement.
 The rounding error of a sum depends on its order (BLAS blocking, vector lanes, threads), on FMA

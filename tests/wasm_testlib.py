@@ -1,12 +1,12 @@
 """Test inputs and bounds shared by the wasm kernels' suites (tests/backend natively under
 wasmtime, tests/ui in the page): random GGML weights of every type the module implements, the
-magnitudes a quantized product's error scales with, and RoPE's bound. Not a test module; tests/
-is on sys.path (tests/conftest.py)."""
+magnitudes a quantized product's error scales with, and RoPE's bound. Imported as
+`tests.<module>` (see tests/__init__.py)."""
 
 from __future__ import annotations
 
 import numpy as np
-from tolerances import sum_bound
+from tests.tolerances_testlib import sum_bound
 
 from candle_web.core.errors import CandleError
 from candle_web.quantized import GgmlDType, QTensor

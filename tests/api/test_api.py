@@ -7,7 +7,6 @@ end of its fixture."""
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import socket
 import time
@@ -21,22 +20,13 @@ pytest.importorskip("starlette", reason="the serve extra installs starlette")
 
 from candle_web import hub  # noqa: E402
 from candle_web.serve import ISOLATION_HEADERS, SiteConfig, start_in_thread  # noqa: E402
+from tests.api.api_testlib import (API_KEY, BERT, CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM,  # noqa: E402
+                                   MAX_TOKENS, WHISPER, chat_messages,
+                                   multipart_body, post_json, raw_request, reference_chat,
+                                   reference_generate, reference_transcript)
 
-LLM, WHISPER, BERT = "smollm2-135m-instruct", "whisper-tiny.en", "all-minilm-l6-v2"
-SPEECH = hub.cache_dir() / "testdata" / "speech"
-CLIP = SPEECH / "librivox" / "sense_and_sensibility_01_austen_64kb-0880.wav"  # 3 s
-CLIP_B = SPEECH / "librivox" / "sense_and_sensibility_01_austen_64kb-0930.wav"  # 3.3 s
-HTTP_TIMEOUT_S = 120
-API_KEY = "test-key-0123456789"
-SYSTEM = "You are a concise assistant."
-QUESTION = "What is the capital of France?"
-MAX_TOKENS = 24
 # Small limits for the refusal tests (a second app on the same models).
 SMALL_BODY, SMALL_UPLOAD, SHORT_IDLE_S = 64 << 10, 256 << 10, 1.0
-
-
-def chat_messages(question: str = QUESTION) -> list:
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
 
 
 @pytest.fixture(scope="module")
@@ -100,62 +90,11 @@ def llama(pool):
     return loaded, chat_template_for(loaded.model, loaded.tokenizer)
 
 
-def reference_generate(pool, llama, prompt: str, chat: bool, **options):
-    """What `candle-web generate [--chat]` computes (cli.cmd_generate), under the server's
-    compute lock so the two never run kernels at once."""
-    from candle_web.generation import GenerationOptions, generate
-
-    loaded, _ = llama
-    options = GenerationOptions(add_special_tokens=not chat, **options)
-    with pool.compute:
-        return generate(loaded.model, loaded.tokenizer, prompt, options)
-
-
-def reference_chat(pool, llama, question: str = QUESTION, **options):
-    _, template = llama
-    return reference_generate(pool, llama, template.render(chat_messages(question)), chat=True,
-                              **{"max_new_tokens": MAX_TOKENS, **options})
-
-
 @pytest.fixture(scope="module")
 def whisper(pool):
     from candle_web.pipelines import load_whisper
 
     return load_whisper(WHISPER)
-
-
-def reference_transcript(pool, whisper, path, task: str = "transcribe"):
-    """What `candle-web transcribe FILE [--task translate]` computes (cli.cmd_transcribe: its
-    parser's defaults through options_from_args)."""
-    from candle_web.cli import build_parser
-    from candle_web.io.audio import load_audio
-    from candle_web.models.whisper_decode import transcribe
-    from candle_web.pipelines.transcribe import options_from_args
-
-    options = options_from_args(build_parser().parse_args(["transcribe", str(path), "--task",
-                                                           task]))
-    with pool.compute:
-        return transcribe(whisper.model, whisper.tokenizer, load_audio(str(path)), options)
-
-
-def raw_request(url: str, method: str, path: str, body: bytes = b"", headers: dict = None):
-    """(status, headers, body) of one request over a fresh connection."""
-    parsed = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(parsed.hostname, parsed.port,
-                                            timeout=HTTP_TIMEOUT_S)
-    try:
-        connection.request(method, path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        headers = {name.lower(): value for name, value in response.getheaders()}
-        return response.status, headers, response.read()
-    finally:
-        connection.close()
-
-
-def post_json(url: str, path: str, payload, headers: dict = None):
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return raw_request(url, "POST", path, body,
-                       {"Content-Type": "application/json", **(headers or {})})
 
 
 def assert_error_shape(status: int, body: bytes, param, expected_status: int = 400) -> dict:
@@ -438,19 +377,6 @@ def test_unknown_routes_get_json_404(server_url):
     assert_error_shape(status, body, None, 404)
 
 
-def _multipart(fields: dict, file_name: str, data: bytes) -> tuple[bytes, str]:
-    boundary = "candle-web-test-boundary"
-    parts = []
-    for name, value in fields.items():
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
-                     f"{value}\r\n".encode())
-    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
-                 f'filename="{file_name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
-                 .encode() + data + b"\r\n")
-    parts.append(f"--{boundary}--\r\n".encode())
-    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
-
-
 @pytest.mark.parametrize("fields, data, param", [
     ({"model": WHISPER}, b"this is not audio at all, just text" * 10, "file"),
     ({"model": WHISPER}, b"RIFF\x10\x00\x00\x00WAVEfmt ", "file"),  # a truncated WAV header
@@ -463,7 +389,7 @@ def _multipart(fields: dict, file_name: str, data: bytes) -> tuple[bytes, str]:
 ])
 def test_bad_audio_requests_are_named(server_url, fields, data, param):
     audio = CLIP.read_bytes() if data is None else data
-    body, content_type = _multipart(fields, "clip.wav", audio)
+    body, content_type = multipart_body(fields, "clip.wav", audio)
     status, _, reply = raw_request(server_url, "POST", "/v1/audio/transcriptions", body,
                                    {"Content-Type": content_type})
     expected = 404 if fields.get("model") == "no-such-model" else 400
@@ -472,7 +398,7 @@ def test_bad_audio_requests_are_named(server_url, fields, data, param):
 
 
 def test_a_transcription_without_a_file_or_multipart_is_refused(server_url):
-    body, content_type = _multipart({"model": WHISPER}, "x.wav", b"")
+    body, content_type = multipart_body({"model": WHISPER}, "x.wav", b"")
     body = body.replace(b'name="file"', b'name="other"')
     status, _, reply = raw_request(server_url, "POST", "/v1/audio/transcriptions", body,
                                    {"Content-Type": content_type})
@@ -521,7 +447,7 @@ def test_an_oversize_body_gets_413(small_url):
 
 
 def test_an_oversize_upload_gets_413_naming_the_file(small_url):
-    body, content_type = _multipart({"model": WHISPER}, "big.wav", bytes(SMALL_UPLOAD + 1))
+    body, content_type = multipart_body({"model": WHISPER}, "big.wav", bytes(SMALL_UPLOAD + 1))
     status, _, reply = raw_request(small_url, "POST", "/v1/audio/transcriptions", body,
                                    {"Content-Type": content_type, **AUTH})
     assert_error_shape(status, reply, "file", 413)

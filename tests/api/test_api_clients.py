@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,8 @@ import pytest
 pytest.importorskip("openai", reason="the dev extra installs the openai client")
 pytest.importorskip("starlette", reason="the serve extra installs starlette")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_api import CLIP, HTTP_TIMEOUT_S, LLM, WHISPER  # noqa: E402
+from tests.api.api_testlib import CLIP, HTTP_TIMEOUT_S, LLM, WHISPER  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples" / "api"

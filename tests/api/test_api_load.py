@@ -21,9 +21,8 @@ import pytest
 pytest.importorskip("openai", reason="the dev extra installs the openai client")
 pytest.importorskip("starlette", reason="the serve extra installs starlette")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_api import (CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM, WHISPER, _multipart,  # noqa: E402
+from tests.api.api_testlib import (CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM, WHISPER, multipart_body,  # noqa: E402
                       chat_messages, raw_request, reference_chat, reference_transcript)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -248,7 +247,7 @@ def test_sixteen_streams_and_four_uploads_at_once(pool, server_url, llama, whisp
             outcomes[("chat", index)] = result
 
     def upload(index: int) -> None:
-        body, content_type = _multipart({"model": WHISPER}, "clip.wav",
+        body, content_type = multipart_body({"model": WHISPER}, "clip.wav",
                                         clips[index].read_bytes())
         status, _, reply = raw_request(server_url, "POST", "/v1/audio/transcriptions", body,
                                        {"Content-Type": content_type})

@@ -12,18 +12,15 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("openai", reason="the dev extra installs the openai client")
 pytest.importorskip("ray.serve", reason="the cluster extra installs ray[serve]")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "batch"))
 
-from batch_testlib import RAY, LocalCluster, cli_env  # noqa: E402
-from test_api import HTTP_TIMEOUT_S, LLM, chat_messages, raw_request  # noqa: E402
+from tests.batch.batch_testlib import RAY, LocalCluster, cli_env  # noqa: E402
+from tests.api.api_testlib import HTTP_TIMEOUT_S, LLM, chat_messages, raw_request  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?",
              "Say hello in Spanish."]

@@ -7,7 +7,7 @@ fused row kernels, attention on a KV cache's capacity stride with masks, quantiz
 every GGML type the module multiplies, the cases that must fall through to numpy unchanged,
 the two hosts' argument handling, and one real model decoding the same tokens as numpy.
 
-Tolerances are derived per element (tests/tolerances.py): matmul and qmatmul as dot products
+Tolerances are derived per element (tests/tolerances_testlib.py): matmul and qmatmul as dot products
 (any summation order), the row kernels and attention from their lengths and the softmax
 weights, activations from the ulps of the functions they are made of. The kernels' own
 accuracy on edge cases is tests/kernels' business; here one bound per op checks the wiring.
@@ -28,9 +28,9 @@ from candle_web.backend.numpy_backend import NumpyBackend
 from candle_web.core.errors import CandleError
 from candle_web.quantized import GgmlDType, QTensor
 
-from wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitudes, random_qweight,
+from tests.wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitudes, random_qweight,
                           rope_bound)
-from tolerances import (assert_within, attention_bound, dot_bound, layer_norm_bound,
+from tests.tolerances_testlib import (assert_within, attention_bound, dot_bound, layer_norm_bound,
                         log_softmax_bound, rms_norm_bound, silu_mul_bound, softmax_bound,
                         unary_bound)
 

@@ -4,7 +4,7 @@ same kernels.wasm the page runs, under wasmtime, against the numpy backend's gen
 Tolerances, as for numba's parts (tests/native/test_numba_whisper.py,
 tests/models/test_llama_fused_decode.py): each part's outputs are measured against the same
 network run in float64 on the numpy backend, and may be MEASURED_FACTOR times as far from it
-as the numpy backend's f32 outputs are (assert_near_truth, tests/tolerances.py); the kernels
+as the numpy backend's f32 outputs are (assert_near_truth, tests/tolerances_testlib.py); the kernels
 only re-associate f32 sums (GEMM blocking, SIMD lanes, FMA, online softmax). Greedy LLaMA ids
 must be identical to the generic path's.
 Skipped, with the reason, where wasmtime or the built module (`make web`) is missing.
@@ -12,23 +12,20 @@ Skipped, with the reason, where wasmtime or the built module (`make web`) is mis
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
-from parts_testlib import (decode_logits, encode, generic_and_truth, llama_part, llama_steps,
+from tests.parts_testlib import (decode_logits, encode, generic_and_truth, llama_part, llama_steps,
                            ran_fused, random_text_decoder, same_encoders, whisper_decoder_part,
                            whisper_encoder_part)
-from tolerances import assert_near_truth
+from tests.tolerances_testlib import assert_near_truth
 
 from candle_web import Device
 from candle_web.backend import parts
 from candle_web.core.errors import BackendUnavailable
 
 # The tiny random LLaMA checkpoints of the model tests (llama_testlib) live in tests/models.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 AUDIO = np.random.default_rng(8).standard_normal((2, 30, 64)).astype(np.float32)
 
@@ -139,7 +136,7 @@ def _greedy(model, prompt, steps, fused, feed=None):
     ("Q6_K", True), (None, False),
 ], ids=["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "f32"])
 def test_llama_decoder_step_matches_the_generic_path(wasm_device, tmp_path, qtype, wide):
-    import llama_testlib
+    from tests.models import llama_testlib
     from candle_web.models.llama import Llama
 
     path, state, config, kind = llama_testlib.tiny_gguf(tmp_path, qtype, wide)  # wide: K-quants
@@ -164,7 +161,7 @@ def q5_k_gguf(folder, seed: int = 4):
     project's quantizer does not write Q5_K, so its blocks are random bytes with small f16
     super-block scales (every byte pattern is a valid block). Returns (path, config, prompt,
     the file's weights decoded, in HF layout)."""
-    import llama_testlib
+    from tests.models import llama_testlib
     from candle_web.quantized import GgmlDType, QTensor
 
     config = llama_testlib.WIDE_CONFIG
@@ -195,7 +192,7 @@ def q5_k_gguf(folder, seed: int = 4):
 def assert_part_decodes_like_the_reference(model, path, config, decoded, prompt, label):
     """The wasm part's greedy decode: the numpy generic path's ids, logits near the float64
     truth of the decoded weights (transformers)."""
-    import llama_testlib
+    from tests.models import llama_testlib
     from candle_web.models.llama import Llama
 
     reference_model = Llama.load(path, device=Device.cpu(backend="numpy"))
@@ -224,7 +221,7 @@ def test_llama_decoder_step_with_q5_k(wasm_device, tmp_path):
 def qwen2_mixed_gguf(folder):
     """llama_testlib's qwen2 GGUF of mixed types with q|k|v biases (numba's test of the same
     step: tests/models/test_llama_fused_decode.py). Returns (path, config, decoded HF state)."""
-    import llama_testlib
+    from tests.models import llama_testlib
 
     path, decoded = llama_testlib.qwen2_mixed_gguf(folder)
     return path, llama_testlib.QWEN2_CONFIG, decoded

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from parts_testlib import (decode_logits, encode, llama_part, llama_steps, random_encoder,
+from tests.parts_testlib import (decode_logits, encode, llama_part, llama_steps, random_encoder,
                            random_text_decoder, whisper_decoder_part, whisper_encoder_part)
 
 from candle_web import Device, Tensor
@@ -27,7 +27,6 @@ from candle_web.backend.wasm import abi as wasm_abi
 from candle_web.backend.wasm import team as wasm_team
 from candle_web.core.errors import BackendUnavailable, CandleError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 THREADS_BUILD = REPO_ROOT / "web" / "vendor" / "kernels-threads.wasm"
@@ -155,7 +154,7 @@ def _one_and_two_threads(path, attach, team, run):
 ], ids=["Q4_0", "Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q6_K", "f32"])
 def test_llama_steps_on_two_threads_equal_one_thread_bit_for_bit(with_team, team, tmp_path,
                                                                  qtype, wide):
-    import llama_testlib
+    from tests.models import llama_testlib
 
     path = llama_testlib.tiny_gguf(tmp_path, qtype, wide)[0]  # wide: rows for the K-quants
     prompt = [1, 5, 9, 33, 70] if not wide else [2, 7, 100]
@@ -169,7 +168,7 @@ def test_a_cache_the_generic_path_extended_is_copied_in_before_the_next_step(wit
                                                                               tmp_path):
     """Fused steps, then a 3-token chunk through the generic path into the same cache, then
     fused steps again: the team's mirror must pick up the chunk's keys and values."""
-    import llama_testlib
+    from tests.models import llama_testlib
 
     path = llama_testlib.tiny_gguf(tmp_path, seed=5)[0]
     run = lambda model: _greedy(model, [1, 5, 9], 8, extend=(3, [40, 41, 42]))  # noqa: E731
@@ -179,7 +178,7 @@ def test_a_cache_the_generic_path_extended_is_copied_in_before_the_next_step(wit
 
 
 def test_a_team_without_its_helper_runs_alone_with_the_same_numbers(backend, tmp_path):
-    import llama_testlib
+    from tests.models import llama_testlib
     from candle_web.models.llama import Llama
 
     pytest.importorskip("wasmtime")
@@ -352,7 +351,7 @@ def test_real_tiny_en_transcribes_the_same_on_two_threads(with_team, team, model
 def test_the_cache_mirrors_are_kept_from_step_to_step(with_team, team, tmp_path):
     """The model hands the part new views of the same cache buffers every step: the team must
     keep its copies (copying the whole cache in per token would cost more than the step)."""
-    import llama_testlib
+    from tests.models import llama_testlib
     from candle_web.models.llama import Llama
 
     with_team(team)
@@ -370,7 +369,7 @@ def test_the_cache_mirrors_are_kept_from_step_to_step(with_team, team, tmp_path)
 
 
 def _tiny_llama(tmp_path):
-    import llama_testlib
+    from tests.models import llama_testlib
 
     return llama_testlib.tiny_gguf(tmp_path)[0]
 

@@ -1,5 +1,5 @@
 """Fixtures of the batch tests: a two-node Ray cluster on this machine (batch_testlib.LocalCluster),
-the clips (batch_clips.py), and the single-file command's answers for them."""
+the clips (clips_testlib.py), and the single-file command's answers for them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from batch_testlib import RAY, LocalCluster, cli_env  # noqa: E402
+from tests.batch.batch_testlib import RAY, LocalCluster, cli_env  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +32,7 @@ def ray_cluster():
 def clip_set(tmp_path_factory):
     from candle_web import hub
 
-    from batch_clips import make_clips
+    from tests.batch.clips_testlib import make_clips
 
     speech = hub.cache_dir() / "testdata" / "speech"
     if not (speech / "librivox").is_dir():

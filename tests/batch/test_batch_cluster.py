@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from batch_testlib import cli_env, read_results, run_cli
+from tests.batch.batch_testlib import cli_env, read_results, run_cli
 
 WHISPER = "whisper-tiny.en"
 SEGMENT_KEYS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from batch_testlib import REPO, cli_env
+from tests.batch.batch_testlib import REPO, cli_env
 
 from candle_web.core.errors import InvalidOption
 

@@ -1,7 +1,7 @@
 """Forward values of the maths ops against numpy and PyTorch, on every CPU backend.
 
 Tolerances against numpy's closed forms: per element, derived from the computation
-(tests/tolerances.py): unary ops from the ulps of the functions they are made of (f32: one
+(tests/tolerances_testlib.py): unary ops from the ulps of the functions they are made of (f32: one
 evaluation against the float64 closed form; f64: two evaluations in double precision), binary
 ops one rounding per side, sums from their length and the magnitudes summed, max/min exactly,
 matmul from its inner length (half precision: f32 accumulation, then one rounding of the
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from candle_web import Tensor, bf16, f16, f32, f64
-from core_testing import away_from, away_from_integers
-from tolerances import assert_within, dot_bound, elementwise_bound, sum_bound, unary_bound
+from tests.core.core_testlib import away_from, away_from_integers
+from tests.tolerances_testlib import assert_within, dot_bound, elementwise_bound, sum_bound, unary_bound
 
 RTOL = {f64: 1e-12, f32: 1e-5}
 ATOL = {f64: 1e-12, f32: 1e-6}

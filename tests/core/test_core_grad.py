@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from candle_web import Tensor, Var, f32, f64
-from core_testing import away_from
+from tests.core.core_testlib import away_from
 
 FD_STEP = 1e-6
 FD_ATOL = 1e-6

@@ -103,7 +103,7 @@ def run_case(run, data: bytes) -> dict:
 def main() -> None:
     memory_bytes, dump_path = int(sys.argv[1]), sys.argv[2]
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    for folder in (REPO_ROOT / "native", REPO_ROOT / "pkg"):
+    for folder in (REPO_ROOT / "native", REPO_ROOT / "pkg", REPO_ROOT):  # REPO_ROOT: tests.fuzz
         sys.path.insert(0, str(folder))
     protocol = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -111,7 +111,7 @@ def main() -> None:
     dump = open(dump_path, "w")
     faulthandler.enable(file=dump)
 
-    import fuzz_targets  # after the cap: imports count against it, as in real use
+    from tests.fuzz import targets_testlib  # after the cap: imports count against it, as in real use
 
     write_message(protocol, {"ready": True})
     while (request := read_message(requests)) is not None:
@@ -119,7 +119,7 @@ def main() -> None:
         dump.seek(0)
         dump.truncate()
         faulthandler.dump_traceback_later(max(timeout - DUMP_LEAD_SECONDS, 0.1), file=dump)
-        result = run_case(fuzz_targets.find(name).run, data)
+        result = run_case(targets_testlib.find(name).run, data)
         faulthandler.cancel_dump_traceback_later()
         write_message(protocol, result)
 

@@ -5,10 +5,10 @@
     python tests/fuzz/harness.py --replay gguf tests/fuzz/findings/gguf/<file>.bin
     python tests/fuzz/harness.py --list
 
-How a case runs: the parent builds the seeds (fuzz_seeds: real files from the model cache and
+How a case runs: the parent builds the seeds (seeds_testlib: real files from the model cache and
 small files made from them), mutates one deterministically from (--seed, target, case number)
-(fuzz_mutators), and sends it to a child process (fuzz_worker) that runs the target
-(fuzz_targets) under a 2 GiB address-space cap. The case passes when the target returns or
+(mutators_testlib), and sends it to a child process (fuzz_worker) that runs the target
+(targets_testlib) under a 2 GiB address-space cap. The case passes when the target returns or
 raises a CandleError. It is a finding when it raises anything else ("untyped"), runs past the
 per-case limit ("hang": the parent kills the child and starts a new one), raises MemoryError
 under the cap ("memory": an allocation beyond the bound), or kills the child ("crash").
@@ -37,14 +37,15 @@ from pathlib import Path
 
 FUZZ_DIR = Path(__file__).resolve().parent
 REPO_ROOT = FUZZ_DIR.parent.parent
-for _folder in (REPO_ROOT / "native", REPO_ROOT / "pkg", FUZZ_DIR):
+# Run as a script: the package sources, and the repo root for the tests.fuzz modules.
+for _folder in (REPO_ROOT / "native", REPO_ROOT / "pkg", REPO_ROOT):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-import fuzz_seeds  # noqa: E402  (needs the paths above)
-import fuzz_targets  # noqa: E402
-from fuzz_mutators import case_rng, mutate  # noqa: E402
-from fuzz_worker import LENGTH, choose_site, relative_site, run_case  # noqa: E402
+from tests.fuzz import seeds_testlib  # noqa: E402  (needs the paths above)
+from tests.fuzz import targets_testlib  # noqa: E402
+from tests.fuzz.mutators_testlib import case_rng, mutate  # noqa: E402
+from tests.fuzz.fuzz_worker import LENGTH, choose_site, relative_site, run_case  # noqa: E402
 
 WORKER = FUZZ_DIR / "fuzz_worker.py"
 DEFAULT_FINDINGS = FUZZ_DIR / "findings"
@@ -277,7 +278,7 @@ _seed_cache: dict = {}
 def seeds_for(target) -> list:
     """The target's seeds, built once per run (the config targets share theirs)."""
     if target.seeds not in _seed_cache:
-        _seed_cache[target.seeds] = fuzz_seeds.SEED_BUILDERS[target.seeds]()
+        _seed_cache[target.seeds] = seeds_testlib.SEED_BUILDERS[target.seeds]()
     seeds = _seed_cache[target.seeds]
     if target.kind:
         seeds = [dataclasses.replace(s, weight=s.weight if s.kind == target.kind
@@ -326,7 +327,7 @@ def run_targets(names: list, settings: Settings, out=None) -> list:
     reports = []
     try:
         for name in names:
-            target = fuzz_targets.find(name)
+            target = targets_testlib.find(name)
             started = time.monotonic()
             seeds = seeds_for(target) if target.seeds else broken_target_seeds()
             print(f"== {name}: {target.about} ({len(seeds)} seeds, built in "
@@ -341,7 +342,7 @@ def run_targets(names: list, settings: Settings, out=None) -> list:
 
 def broken_target_seeds() -> list:
     """Inputs for the deliberately broken targets: any bytes will do."""
-    from fuzz_mutators import Seed
+    from tests.fuzz.mutators_testlib import Seed
 
     return [Seed("odd first byte", b"\x01fuzz"), Seed("even first byte", b"\x02fuzz")]
 
@@ -350,7 +351,7 @@ def broken_target_seeds() -> list:
 def print_report(report: TargetReport, out=None) -> None:
     out = out or sys.stdout
     if not report.seeds:
-        missing = ", ".join(sorted(fuzz_seeds.missing)) or "?"
+        missing = ", ".join(sorted(seeds_testlib.missing)) or "?"
         print(f"   NO SEEDS: the model cache lacks {missing}; run `make models`", file=out)
         return
     rate = report.cases / report.seconds if report.seconds else 0.0
@@ -391,7 +392,7 @@ def replay(target_name: str, path: Path, memory_bytes: int) -> int:
 
 def _replay_here(target_name: str, path: Path, memory_bytes: int) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    target = fuzz_targets.find(target_name)
+    target = targets_testlib.find(target_name)
     data = Path(path).read_bytes()
     print(f"replaying {path} ({len(data)} bytes) on {target_name}; Ctrl-C stops a hang")
     result = run_case(target.run, data)
@@ -419,7 +420,7 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="list the targets")
     args = parser.parse_args(argv)
     if args.list:
-        for target in fuzz_targets.TARGETS.values():
+        for target in targets_testlib.TARGETS.values():
             print(f"{target.name:20} {target.about}")
         return 0
     if args.replay:
@@ -428,7 +429,7 @@ def main(argv=None) -> int:
         return _replay_here(args.replay_here[0], Path(args.replay_here[1]), args.memory_mib << 20)
     if args.seconds is None and args.cases is None:
         args.seconds = 60.0
-    names = args.targets.split(",") if args.targets else list(fuzz_targets.TARGETS)
+    names = args.targets.split(",") if args.targets else list(targets_testlib.TARGETS)
     settings = Settings(args.seconds, args.cases, args.seed, args.case_seconds,
                         args.memory_mib << 20, args.findings)
     print(f"fuzzing {len(names)} targets, "

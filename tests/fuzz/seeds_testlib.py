@@ -5,7 +5,7 @@ are impractical to mutate whole, so each gives (a) its first SEED_PREFIX_BYTES (
 cut short: an interesting input of its own) and (b) a small file of the same format written
 from its real metadata and a few of its real tensors, sliced small. Every seed records its
 integer fields (counts, lengths, offsets, dtypes), because boundary values written over them
-find more than random noise does (see fuzz_mutators).
+find more than random noise does (see mutators_testlib).
 
 Seeds are built in the fuzzing parent once per run; a missing cache file just drops the seeds
 made from it (``missing`` lists them, so a run can say what it could not use).
@@ -24,7 +24,7 @@ import numpy as np
 
 from candle_web import hub
 from candle_web.core.errors import CandleError
-from fuzz_mutators import IntField, Seed, mutate_json_value
+from tests.fuzz.mutators_testlib import IntField, Seed, mutate_json_value
 
 SEED_PREFIX_BYTES = 256 * 1024
 # Vocabulary entries kept in the small tokenizer and GGUF seeds: enough for real merges and
@@ -913,7 +913,7 @@ SEED_TEXTS = ("Hello world! It's 2024: na\u00efve caf\u00e9, \u65e5\u672c\u8a9e,
 def text_seeds() -> list:
     """Texts for the real tokenizers' encode: rebuilt with hostile pieces (invalid UTF-8,
     lone surrogates, long runs) most of the time."""
-    from fuzz_mutators import hostile_text
+    from tests.fuzz.mutators_testlib import hostile_text
 
     return [Seed(f"text {index}", text.encode(),
                  rebuild=functools.partial(hostile_text, base=text.encode()))
@@ -924,7 +924,7 @@ def regex_seeds() -> list:
     """Patterns of real files and hostile ones (exponential, polynomial, unparsable); the
     rebuild joins two of them, inside a repeat or side by side."""
     from candle_web.tokenizers import gguf_vocab
-    from fuzz_mutators import HOSTILE_PATTERNS
+    from tests.fuzz.mutators_testlib import HOSTILE_PATTERNS
 
     real = [value for name, value in vars(gguf_vocab).items()
             if name.endswith("_PATTERN") and isinstance(value, str)]
@@ -947,7 +947,7 @@ def vocab_seeds() -> list:
     gives), built to blow up derived tables; JSON-mutated or rebuilt."""
     import random
 
-    from fuzz_mutators import blow_up_vocabulary
+    from tests.fuzz.mutators_testlib import blow_up_vocabulary
 
     def rebuild(rng):
         return json.dumps(blow_up_vocabulary(rng)).encode()
@@ -960,7 +960,7 @@ def vocab_seeds() -> list:
     return seeds
 
 
-# What a command-line path can name besides a regular file (fuzz_targets.SPECIAL_PATHS).
+# What a command-line path can name besides a regular file (targets_testlib.SPECIAL_PATHS).
 SPECIAL_FILE_KINDS = ("/dev/zero", "/dev/urandom", "/dev/null", "fifo", "directory",
                       "symlink to /dev/zero", "socket", "regular")
 

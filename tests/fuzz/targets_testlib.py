@@ -31,7 +31,7 @@ MAX_TENSORS_READ = 16
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """``run(data)``: the case; ``seeds``: the fuzz_seeds builder; ``kind``: for config.json
+    """``run(data)``: the case; ``seeds``: the seeds_testlib builder; ``kind``: for config.json
     targets, the seeds of this loader (others are used less often)."""
 
     name: str
@@ -192,9 +192,9 @@ def _empty_safetensors() -> bytes:
 
 @functools.lru_cache(maxsize=1)
 def _small_whisper_bin() -> bytes:
-    import fuzz_seeds
+    from tests.fuzz import seeds_testlib
 
-    built = fuzz_seeds.small_whisper_ct2_bytes()
+    built = seeds_testlib.small_whisper_ct2_bytes()
     if built is None:
         raise RuntimeError("whisper-tiny.en model.bin is not in the cache")
     return built[0]
@@ -306,28 +306,28 @@ PATTERN_PROBES = ("a" * PATTERN_PROBE_CHARS, " " * PATTERN_PROBE_CHARS,
 def _real_tokenizers() -> tuple:
     """The cached models' tokenizers (BPE, WordPiece, Unigram, SentencePiece GGUF), built once
     per child."""
-    import fuzz_seeds
+    from tests.fuzz import seeds_testlib
     from candle_web.io.gguf import GgufFile
     from candle_web.tokenizers import Tokenizer
 
     import json
 
     found = []
-    for model in fuzz_seeds.TOKENIZER_MODELS:
-        path = fuzz_seeds.cached(model, "tokenizer.json")
+    for model in seeds_testlib.TOKENIZER_MODELS:
+        path = seeds_testlib.cached(model, "tokenizer.json")
         if path is None:
             continue
-        if path.stat().st_size <= fuzz_seeds.MAX_WHOLE_TOKENIZER_BYTES:
+        if path.stat().st_size <= seeds_testlib.MAX_WHOLE_TOKENIZER_BYTES:
             found.append(Tokenizer.from_file(path))
         else:  # e5's 17 MB: its normalizer (a precompiled charsmap) with a cut vocabulary
-            found.append(Tokenizer.from_dict(fuzz_seeds.reduce_tokenizer(
+            found.append(Tokenizer.from_dict(seeds_testlib.reduce_tokenizer(
                 json.loads(path.read_bytes()))))
-    for index, (model, filename) in enumerate(fuzz_seeds.GGUF_FILES):
-        path = fuzz_seeds.cached(model, filename)
+    for index, (model, filename) in enumerate(seeds_testlib.GGUF_FILES):
+        path = seeds_testlib.cached(model, filename)
         if path is not None:
             metadata = GgufFile(path).metadata
             if index:  # Gemma's 262k pieces take seconds: cut
-                metadata = fuzz_seeds._small_vocab_metadata(metadata)
+                metadata = seeds_testlib._small_vocab_metadata(metadata)
             found.append(Tokenizer.from_gguf_metadata(metadata))
     return tuple(found)
 
@@ -400,7 +400,7 @@ def gguf_vocabulary(data: bytes) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _special_paths() -> dict:
-    """kind -> a path of that kind (fuzz_seeds.SPECIAL_FILE_KINDS), made once per child."""
+    """kind -> a path of that kind (seeds_testlib.SPECIAL_FILE_KINDS), made once per child."""
     import socket
 
     folder = _scratch_folder()
@@ -425,12 +425,12 @@ SPECIAL_FILE_READERS = ("load_audio", ".gguf", ".safetensors", ".bin", ".npz", "
 def special_file(data: bytes) -> None:
     """A path the CLI may be given that is not a regular file, through the reader the CLI
     uses for it (load_audio for `transcribe FILE`, open_weights for a weights file)."""
-    import fuzz_seeds
+    from tests.fuzz import seeds_testlib
     from candle_web.io.audio import load_audio
     from candle_web.io.weights import open_weights
 
     data = bytes(data) + b"\0\0"  # a mutation may have cut the two bytes off
-    kind = fuzz_seeds.SPECIAL_FILE_KINDS[data[0] % len(fuzz_seeds.SPECIAL_FILE_KINDS)]
+    kind = seeds_testlib.SPECIAL_FILE_KINDS[data[0] % len(seeds_testlib.SPECIAL_FILE_KINDS)]
     reader = SPECIAL_FILE_READERS[data[1] % len(SPECIAL_FILE_READERS)]
     path = _special_paths()[kind]
     if reader == "load_audio":

@@ -1,6 +1,6 @@
 """The fuzz harness itself: it must be able to fail, and its cases must be reproducible.
 
-Deliberately broken targets (fuzz_targets.BROKEN_TARGETS) must come back as an untyped
+Deliberately broken targets (targets_testlib.BROKEN_TARGETS) must come back as an untyped
 exception, a hang (a sleep, and a hang inside re's C code, where no signal handler runs), an
 allocation beyond the bound and a crash, each within the per-case limit, naming the code site.
 """
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-import fuzz_targets
-import harness
-from fuzz_mutators import Seed, boundary_value, case_rng, dump_json, mutate, mutate_json_text
+from tests.fuzz import targets_testlib
+from tests.fuzz import harness
+from tests.fuzz.mutators_testlib import Seed, boundary_value, case_rng, dump_json, mutate, mutate_json_text
 
 pytestmark = pytest.mark.fuzz
 
@@ -26,7 +26,7 @@ RESTART_SLACK_SECONDS = 10.0
 
 
 def run_broken(name: str, cases: int, tmp_path) -> harness.TargetReport:
-    target = fuzz_targets.BROKEN_TARGETS[name]
+    target = targets_testlib.BROKEN_TARGETS[name]
     settings = harness.Settings(cases=cases, case_seconds=CASE_SECONDS, findings=tmp_path)
     pool = harness.ChildPool(harness.DEFAULT_MEMORY_BYTES)
     try:
@@ -44,7 +44,7 @@ def test_untyped_exception_is_a_finding_and_a_candle_error_is_not(tmp_path):
     report = run_broken("broken.key-error", 40, tmp_path)
     group = only_group(report)
     assert (group.kind, group.type) == ("untyped", "KeyError")
-    assert "fuzz_targets.py" in group.site and "broken_key_error" in group.site
+    assert "targets_testlib.py" in group.site and "broken_key_error" in group.site
     assert report.passed["typed"] > 0  # the FormatError cases passed
     assert group.count + report.passed["typed"] == report.cases
     saved = group.saved[0]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-import fuzz_seeds
-import fuzz_targets
-import harness
+from tests.fuzz import seeds_testlib
+from tests.fuzz import targets_testlib
+from tests.fuzz import harness
 
 pytestmark = pytest.mark.fuzz
 
@@ -43,13 +43,13 @@ def describe_findings(report: harness.TargetReport) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("name", list(fuzz_targets.TARGETS))
+@pytest.mark.parametrize("name", list(targets_testlib.TARGETS))
 def test_parser_survives_mutated_real_files(name, pool):
-    target = fuzz_targets.TARGETS[name]
+    target = targets_testlib.TARGETS[name]
     seeds = harness.seeds_for(target)
     if not seeds:
         pytest.fail(f"no seed files for {name}: the model cache lacks "
-                    f"{sorted(fuzz_seeds.missing)}; run `make test` (or python models/fetch.py "
+                    f"{sorted(seeds_testlib.missing)}; run `make test` (or python models/fetch.py "
                     f"--default)", pytrace=False)
     settings = harness.Settings(cases=SHORT_CASES, run_seed=RUN_SEED, case_seconds=CASE_SECONDS,
                                 findings=FINDINGS)

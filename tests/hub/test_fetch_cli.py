@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_testlib import REVISION, file_entry, registry_data
+from tests.hub.hub_testlib import REVISION, file_entry, registry_data
 
 FETCH_SCRIPT = Path(__file__).resolve().parents[2] / "models" / "fetch.py"
 BODY = b"0123456789" * 50_000

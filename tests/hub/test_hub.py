@@ -14,7 +14,7 @@ import pytest
 
 from candle_web import hub
 from candle_web.core.errors import CandleError, HashMismatch, ModelNotFound
-from hub_testlib import REVISION, file_entry, registry_data
+from tests.hub.hub_testlib import REVISION, file_entry, registry_data
 
 REPO = "test-org/tiny-model"
 # Bigger than hub.CHUNK_BYTES so that progress is reported several times.

@@ -14,7 +14,7 @@ import pytest
 from candle_web import hub
 from candle_web.core.errors import FormatError, HashMismatch, ModelNotFound
 from candle_web.hub.content import GIT_BLOB_SHA1, AnnouncedContent, ContentChecker
-from hub_testlib import REVISION, registry_data
+from tests.hub.hub_testlib import REVISION, registry_data
 
 REPO = "test-org/tiny-t5"
 WEIGHTS = np.random.default_rng(1).integers(0, 256, size=(1 << 20) + 77, dtype=np.uint8).tobytes()

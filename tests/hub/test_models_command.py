@@ -63,7 +63,7 @@ def test_models_verify_rehashes_every_file_and_fails_on_corruption(cache, fake_h
                                                                    capsys):
     """--verify re-hashes whatever the stamps say (a stamp cannot vouch for bit rot that left
     every attribute alone), reports each file and exits 1 when one was corrupt."""
-    from hub_testlib import REVISION, file_entry, registry_data
+    from tests.hub.hub_testlib import REVISION, file_entry, registry_data
 
     repo, weights, config = "test-org/verify-me", b"w" * 1000, b'{"a": 1}'
     fake_hub.add(repo, REVISION, "weights.bin", weights)

@@ -13,7 +13,7 @@ import pytest
 
 from candle_web import hub
 from candle_web.core.errors import HashMismatch, ModelNotFound
-from hub_testlib import REVISION, file_entry, registry_data
+from tests.hub.hub_testlib import REVISION, file_entry, registry_data
 
 VERSION = "1.0.0"
 PART1 = "candle-web-testmirror-part1"

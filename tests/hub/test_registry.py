@@ -9,7 +9,7 @@ import pytest
 
 from candle_web import hub
 from candle_web.core.errors import FormatError, ModelNotFound
-from hub_testlib import REVISION, file_entry, registry_data
+from tests.hub.hub_testlib import REVISION, file_entry, registry_data
 
 # sha256 of the main weight files as published upstream (DESIGN.md section 6), an independent
 # cross-check of the hashes computed for the registry.

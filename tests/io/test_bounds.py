@@ -1,6 +1,6 @@
 """Issue 28, the readers' stated bounds (README "Bounds"): an npz deflate bomb inside the old
 caps, and paths that are not regular files. Each reproducer runs in a child process capped at
-200 MB over the interpreter (tests/bounded_run.py) and must end in a typed error or a correct
+200 MB over the interpreter (tests/bounded_run_testlib.py) and must end in a typed error or a correct
 result."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
-from bounded_run import assert_typed_error, run_bounded
+from tests.bounded_run_testlib import assert_typed_error, run_bounded
 from candle_web.core.errors import FormatError
 from candle_web.io import npz
 from candle_web.io.files import check_regular_file, open_regular_file

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wasm_harness import BUILDS, KernelModule, KernelsUnavailable  # noqa: E402
+from tests.kernels.wasm_harness_testlib import BUILDS, KernelModule, KernelsUnavailable
 
 _instances: dict[str, object] = {}
 

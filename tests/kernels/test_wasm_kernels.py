@@ -3,7 +3,7 @@ natively under wasmtime, both builds (relaxed SIMD with FMA, plain SIMD).
 
 References: numpy f32 (`@`, the numpy backend's fused ops) and candle_web.quantized's
 dequantization; float64 for the accuracy of the module's own exp/tanh/erf. Tolerances come
-from tests/tolerances.py: dot-product bounds (gamma(K) sum |a b|) for GEMM, linear and
+from tests/tolerances_testlib.py: dot-product bounds (gamma(K) sum |a b|) for GEMM, linear and
 attention, the unary ulp table, the derived softmax/norm bounds. Edge cases: M or N = 1, K
 not a multiple of 4 or of a block, strided and transposed operands, batch broadcast, NaN and
 inf, the largest real shapes (Whisper tiny's encoder, its vocabulary projection).
@@ -18,7 +18,7 @@ import pytest
 
 from candle_web.backend.numpy_backend import NumpyBackend
 from candle_web.quantized import GgmlDType, dequantize, quantize
-from tolerances import (assert_within, attention_bound, layer_norm_bound, log_softmax_bound,
+from tests.tolerances_testlib import (assert_within, attention_bound, layer_norm_bound, log_softmax_bound,
                         rms_norm_bound, silu_mul_bound, softmax_bound, sum_bound, unary_bound)
 
 NP = NumpyBackend()

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from llama_testlib import TINY_CONFIG, random_state, to_gguf
+from tests.models.llama_testlib import TINY_CONFIG, random_state, to_gguf
 
 from candle_web.core.errors import CandleError, FormatError
 

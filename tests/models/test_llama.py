@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_testlib import one_blas_thread
+from tests.models.llama_testlib import one_blas_thread
 
 from candle_web.generation.chat_templates import CHATML, chat_template_for
 from candle_web.core.errors import Cancelled

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llama_testlib import TINY_CONFIG, random_state, to_gguf
+from tests.models.llama_testlib import TINY_CONFIG, random_state, to_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 

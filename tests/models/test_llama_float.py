@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_testlib import one_blas_thread, reference_script
+from tests.models.llama_testlib import one_blas_thread, reference_script
 
 from candle_web.generation import GenerationOptions, generate
 

@@ -5,7 +5,7 @@ Both multiply the same unpacked weights; the fused kernels only re-associate f32
 pairs sharing activation loads, lanes in registers). Tolerance: measured against the float64
 truth, transformers' LlamaForCausalLM in float64 on the weights the GGUF holds (decoded): the
 numba logits (fused and generic) may be MEASURED_FACTOR times as far from it as the numpy
-backend's f32 logits are, plus a floor (assert_near_truth, tests/tolerances.py; numpy's error
+backend's f32 logits are, plus a floor (assert_near_truth, tests/tolerances_testlib.py; numpy's error
 measured 2-5e-7 of the largest logit, worst error/bound ratio 0.33). Scales off by 1e-5 in the
 numba kernels fail it. Greedy ids must be identical. Covered:
 32-element groups with and without offsets (Q4_0, Q4_1, Q5_1, Q8_0), 16-element groups
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llama_testlib import (QWEN2_CONFIG, TINY_CONFIG, WIDE_CONFIG, dequantized_state,
+from tests.models.llama_testlib import (QWEN2_CONFIG, TINY_CONFIG, WIDE_CONFIG, dequantized_state,
                            qwen2_mixed_gguf, random_state, to_gguf, transformers_logits)
-from parts_testlib import llama_part, llama_steps
-from tolerances import assert_near_truth
+from tests.parts_testlib import llama_part, llama_steps
+from tests.tolerances_testlib import assert_near_truth
 
 from candle_web import Device
 from candle_web.core.errors import BackendUnavailable

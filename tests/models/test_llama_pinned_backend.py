@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llama_testlib import TINY_CONFIG, random_state, to_hf_folder
+from tests.models.llama_testlib import TINY_CONFIG, random_state, to_hf_folder
 
 from candle_web import Device, Tensor
 from candle_web.models.llama import Llama

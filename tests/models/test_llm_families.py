@@ -11,7 +11,7 @@ Tolerance: both sides run the same function in f32 but sum in other orders (BLAS
 fused QKV, grouped-query attention), so each of the L = 2 layers adds reassociation error that
 the next amplifies; rather than bound that by hand, `assert_near_truth` measures transformers'
 own f32 error against its float64 run on the same weights and allows ours MEASURED_FACTOR (4)
-times that, plus FLOOR_ULPS of the largest logit (tests/tolerances.py). The greedy ids are
+times that, plus FLOOR_ULPS of the largest logit (tests/tolerances_testlib.py). The greedy ids are
 compared with the float64 truth's, whose top-2 margin at each step is checked to exceed that
 bound (so an equal id is not luck).
 """
@@ -21,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llama_testlib import (GGUF_ARCHITECTURE, one_blas_thread, to_gguf, transformers_logits,
+from tests.models.llama_testlib import (GGUF_ARCHITECTURE, one_blas_thread, to_gguf, transformers_logits,
                            transformers_model)
-from tolerances import assert_near_truth, measured_bound
+from tests.tolerances_testlib import assert_near_truth, measured_bound
 
 from candle_web.models.llama import Llama
 
@@ -262,7 +262,7 @@ def test_parts_without_the_family_fields_leave_it_to_the_reference_path(tmp_path
     from candle_web import Device
     from candle_web.backend import get_backend
     from candle_web.core.errors import BackendUnavailable
-    from parts_testlib import llama_part, llama_steps
+    from tests.parts_testlib import llama_part, llama_steps
 
     try:
         get_backend(backend)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_testlib import one_blas_thread
+from tests.models.llama_testlib import one_blas_thread
 
 from candle_web import Device
 from candle_web.backend import parts

@@ -158,11 +158,7 @@ def test_live_openai_whisper_gives_the_recorded_tokens(greedy_transcripts, speec
     (so the recorded JSON cannot silently go stale)."""
     pytest.importorskip("torch")
     pytest.importorskip("whisper")
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-    import record_whisper
+    from tests.reference import record_whisper
 
     clip = "goforward.raw"
     model = record_whisper.load_openai_model(model_file("whisper-tiny.en", "model.bin"))

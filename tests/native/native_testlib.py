@@ -1,11 +1,11 @@
 """Error bounds of the native-twin tests that need the native package (the unpacked quantized
-layout) or one op's layout (RoPE); the general ones are in tests/tolerances.py."""
+layout) or one op's layout (RoPE); the general ones are in tests/tolerances_testlib.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tolerances import dot_bound, sum_bound
+from tests.tolerances_testlib import dot_bound, sum_bound
 
 # Roundings per product term of a quantized dot beyond the product and the sum: the group scale
 # times a partial sum, the offset times the group's sum of x and its add, and the rounding of

@@ -2,7 +2,7 @@
 
 Skips with "no CUDA device present" when cupy or a GPU is missing (run scripts/gpu_check.sh
 on a GPU machine). Tolerances per element, derived from each computation as in the numba
-suites (tests/tolerances.py): sums, matmuls and convolutions from their length and the
+suites (tests/tolerances_testlib.py): sums, matmuls and convolutions from their length and the
 magnitudes of their terms (cuBLAS and the kernels sum in other orders; TF32 is not enabled, it
 would fail these bounds), elementwise ops from the ulps of CUDA's and numpy's functions, the row
 kernels from the row length; integer, indexing, max/min and exact float ops exactly."""
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from candle_web.quantized import QTensor
-from native_testing import qmatmul_bound, rope_bound
-from tolerances import (assert_within, attention_bound, dot_bound, elementwise_bound,
+from tests.native.native_testlib import qmatmul_bound, rope_bound
+from tests.tolerances_testlib import (assert_within, attention_bound, dot_bound, elementwise_bound,
                         layer_norm_bound, log_softmax_bound, rms_norm_bound, silu_mul_bound,
                         softmax_bound, sum_bound, unary_bound)
 

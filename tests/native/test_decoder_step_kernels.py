@@ -5,10 +5,10 @@ The model tests (tests/models/test_llama_fused_decode.py) compare whole decode s
 generic path; these pin the two kernels that do the work on shapes the tiny models miss (odd
 row counts, the SmolLM2 head size and cache lengths in the hundreds).
 Tolerances, per element against the float64 references (one f32 evaluation):
-- matvec: qmatmul_bound (tests/native/native_testing.py): f32 products summed per 8 lanes and
+- matvec: qmatmul_bound (tests/native/native_testlib.py): f32 products summed per 8 lanes and
   scaled once per 32-element group stay within gamma(k + 4) of the exact dot of |x| with the
   magnitudes of the terms summed;
-- attention: attention_bound (tests/tolerances.py): the score dots, the softmax and the
+- attention: attention_bound (tests/tolerances_testlib.py): the score dots, the softmax and the
   weighted sum of values in f32.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from native_testing import qmatmul_bound
-from tolerances import assert_within, attention_bound
+from tests.native.native_testlib import qmatmul_bound
+from tests.tolerances_testlib import assert_within, attention_bound
 
 WIDTH = 576  # SmolLM2-135M's hidden size: 18 groups of 32
 # Odd counts take the single-row tail; 130 rows span three ROW_CHUNKs when threaded.

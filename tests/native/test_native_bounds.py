@@ -1,4 +1,4 @@
-"""The native suites' own bounds (native_testing.py) can fail: each accepts another correct f32
+"""The native suites' own bounds (native_testlib.py) can fail: each accepts another correct f32
 evaluation and rejects a realistic kernel mistake (numpy only, no numba needed)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from candle_web.backend import get_backend
 from candle_web.quantized import QTensor
 from candle_native.quant_unpack import unpack
-from native_testing import qmatmul_bound, rope_bound
-from tolerances import assert_within
+from tests.native.native_testlib import qmatmul_bound, rope_bound
+from tests.tolerances_testlib import assert_within
 
 REF = get_backend("numpy")
 

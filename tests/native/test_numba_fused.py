@@ -1,6 +1,6 @@
 """Numba fused kernels against the numpy reference backend.
 
-Tolerances are per element and derived from each computation (tests/tolerances.py, which says
+Tolerances are per element and derived from each computation (tests/tolerances_testlib.py, which says
 where every term comes from): softmax and the norms from the row length and the rounded shift,
 mean and variance; attention from the head size, the cached length and the softmax weights;
 activations from the ulps of the library functions they are made of; RoPE as sums of two
@@ -15,8 +15,8 @@ import pytest
 from candle_native.numba.backend import (FUSED_ATTENTION_MAX_QUERIES, PARALLEL_MIN_ELEMENTS,
                                          SOFTMAX_NUMBA_MAX_ELEMENTS)
 
-from native_testing import rope_bound
-from tolerances import (assert_within, attention_bound, layer_norm_bound, log_softmax_bound,
+from tests.native.native_testlib import rope_bound
+from tests.tolerances_testlib import (assert_within, attention_bound, layer_norm_bound, log_softmax_bound,
                         rms_norm_bound, silu_mul_bound, softmax_bound, unary_bound)
 
 # (rows..., width): small odd shapes take the serial kernels, the last one the threaded kernels.

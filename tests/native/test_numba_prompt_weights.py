@@ -5,7 +5,7 @@ against the band-at-a-time path used beyond the budget and the numpy reference.
 The cached matrix is the exact dequantization (dequantize_rows_into is bit-identical to the
 reference dequantizers, tests/native/test_quant_unpack.py) and is multiplied by the same BLAS
 call as the numpy backend's dequantized QMatMul, so the results differ by BLAS blocking at most:
-dot_bound on the dequantized weight (tests/tolerances.py; observed identical)."""
+dot_bound on the dequantized weight (tests/tolerances_testlib.py; observed identical)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from candle_web.core.errors import UnsupportedError
 from candle_web.quantized import GgmlDType, QTensor
 from candle_native.numba import backend as nb
 
-from tolerances import assert_within, dot_bound
+from tests.tolerances_testlib import assert_within, dot_bound
 
 ROWS = nb.QMATMUL_BLAS_MIN_ROWS + 3
 

@@ -1,7 +1,7 @@
 """Numba quantized matmul against the numpy reference (qmatmul_ref), on synthetic and real
 GGUF weights.
 
-Tolerance: per output, qmatmul_bound (tests/native/native_testing.py): the kernel multiplies
+Tolerance: per output, qmatmul_bound (tests/native/native_testlib.py): the kernel multiplies
 the same f32 weight values as the reference (the unpacked layout is bit-exact, see
 test_quant_unpack) but sums them in a different order (vector lanes, per-group partial sums,
 offsets folded through sums of x), so each side is within gamma(k + 4) of the exact dot of
@@ -18,8 +18,8 @@ from candle_web.core.errors import ShapeMismatch
 from candle_web.quantized import GgmlDType, QTensor
 from candle_native.numba.backend import QMATMUL_BLAS_MIN_ROWS, kernel_weight
 
-from native_testing import qmatmul_bound
-from tolerances import assert_within
+from tests.native.native_testlib import qmatmul_bound
+from tests.tolerances_testlib import assert_within
 
 # The eight types named by the design (all with a quantizer or random blocks).
 KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]

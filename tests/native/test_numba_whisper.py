@@ -6,7 +6,7 @@ Tolerances:
   f64; the rest is f32 evaluation, an ulp at |x| = 4 is 4.8e-7);
 - exp against f64 numpy: 5e-7 relative (Cody-Waite reduction and a degree-5 fit, ~2.5 ulp);
 - GELU and attention against the numpy reference: per-element bounds derived from the
-  computation (tests/tolerances.py: unary_bound, attention_bound);
+  computation (tests/tolerances_testlib.py: unary_bound, attention_bound);
 - whole decode steps (fused against the generic tensor path): measured against the same decoder
   run in float64 on the numpy backend; the fused logits may be MEASURED_FACTOR times as far from
   those as the numpy f32 logits are (assert_near_truth). The fused error measured 0.2-0.8 times
@@ -22,9 +22,9 @@ import math
 import numpy as np
 import pytest
 
-from parts_testlib import (decode_logits, generic_and_truth, ran_fused, random_text_decoder,
+from tests.parts_testlib import (decode_logits, generic_and_truth, ran_fused, random_text_decoder,
                            whisper_decoder_part)
-from tolerances import assert_near_truth, assert_within, attention_bound, gamma, unary_bound
+from tests.tolerances_testlib import assert_near_truth, assert_within, attention_bound, gamma, unary_bound
 
 GELU_ABS = 5e-7
 EXP_REL = 5e-7

@@ -2,7 +2,7 @@
 path of the numpy reference backend.
 
 Tolerance: measured against the same encoder run in float64 on the numpy backend
-(assert_near_truth, tests/tolerances.py): the fused features may be MEASURED_FACTOR times as far
+(assert_near_truth, tests/tolerances_testlib.py): the fused features may be MEASURED_FACTOR times as far
 from those as the numpy backend's f32 features are. Both do the same f32 products and sums in
 other orders (one-threaded BLAS on row blocks, the convolutions' three taps summed separately
 instead of one im2col product), numba's GELU uses its own erf fit (5e-7 absolute).
@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
 
-from parts_testlib import (encode, encoder_in_float64, random_encoder, same_encoders,
+from tests.parts_testlib import (encode, encoder_in_float64, random_encoder, same_encoders,
                            whisper_encoder_part)
-from tolerances import assert_near_truth
+from tests.tolerances_testlib import assert_near_truth
 
 
 @pytest.mark.parametrize("frames", [300, 301, 97, 1])

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
 
-from parts_testlib import (decode_logits, generic_and_truth, ran_fused, random_text_decoder,
+from tests.parts_testlib import (decode_logits, generic_and_truth, ran_fused, random_text_decoder,
                            whisper_decoder_part)
-from tolerances import assert_near_truth
+from tests.tolerances_testlib import assert_near_truth
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from candle_web import CandleError, ShapeMismatch, Tensor, UnsupportedError, Var, nn
-from nn_testlib import (ATOL_ELEMENTWISE, RTOL_ELEMENTWISE, assert_close, assert_grads_close,
+from tests.nn.nn_testlib import (ATOL_ELEMENTWISE, RTOL_ELEMENTWISE, assert_close, assert_grads_close,
                         pair, randn)
 
 torch = pytest.importorskip("torch")

@@ -8,7 +8,7 @@ import pytest
 
 from candle_web import ShapeMismatch, Tensor, Var
 from candle_web.nn import loss, ops
-from nn_testlib import assert_close, pair, randn
+from tests.nn.nn_testlib import assert_close, pair, randn
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -10,7 +10,7 @@ import pytest
 
 from candle_web import Tensor, Var, nn
 from candle_web.nn import SGD, AdamW, ParamsAdamW
-from nn_testlib import assert_close
+from tests.nn.nn_testlib import assert_close
 
 torch = pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ import pytest
 
 from candle_web import ShapeMismatch, Tensor, bf16, nn
 from candle_web.nn import rope, rope_frequencies, rope_i
-from nn_testlib import assert_close, assert_grads_close, pair, randn
+from tests.nn.nn_testlib import assert_close, assert_grads_close, pair, randn
 
 torch = pytest.importorskip("torch")
 

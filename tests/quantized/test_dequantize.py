@@ -18,7 +18,7 @@ from candle_web.core.errors import FormatError, ShapeError, UnsupportedError
 from candle_web.io.gguf import GgufFile
 from candle_web.quantized import GgmlDType, dequantize
 
-from quantized_testlib import random_blocks
+from tests.quantized.quantized_testlib import random_blocks
 
 BLOCK_TYPES_IN_GGUF_PY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]

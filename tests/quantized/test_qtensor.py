@@ -9,7 +9,7 @@ import pytest
 from candle_web.core.errors import FormatError, ShapeError, ShapeMismatch
 from candle_web.quantized import GgmlDType, QTensor, qmatmul_ref
 from candle_web.quantized import qtensor as qtensor_module
-from tolerances import assert_within, dot_bound
+from tests.tolerances_testlib import assert_within, dot_bound
 
 
 def test_type_ids_and_sizes_agree_with_gguf_py():
@@ -94,7 +94,7 @@ def test_qmatmul_ref_matches_a_dense_matmul(name, rng, monkeypatch):
     dense = weight.dequantize().astype(np.float64)
     expected = x.astype(np.float64) @ dense.T
     # Same f32 weights; only the f32 rounding of the banded matmul differs from the f64
-    # product: one f32 evaluation of a length-512 dot (tests/tolerances.py).
+    # product: one f32 evaluation of a length-512 dot (tests/tolerances_testlib.py).
     assert_within(out, expected, dot_bound(x, dense.T, evaluations=1), name, dtype=np.float32)
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_llama import REPO, TOP_LOGITS, torch_greedy  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.<area> imports
+from tests.reference.record_llama import REPO, TOP_LOGITS, torch_greedy  # noqa: E402
 
 sys.path[:0] = [str(REPO / "pkg")]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_whisper import REPO, load_openai_model, speech_clips  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.<area> imports
+from tests.reference.record_whisper import REPO, load_openai_model, speech_clips  # noqa: E402
 
 MODELS = {"whisper-tiny.en": "tiny.en", "whisper-base": "base"}
 OUT = Path(__file__).with_name("whisper_words_reference.json")

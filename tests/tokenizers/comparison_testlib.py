@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-if str(DATA_DIR) not in sys.path:
-    sys.path.insert(0, str(DATA_DIR))
-
-from tokenizer_corpus import build_corpus  # noqa: E402  (path set just above)
+from tests.tokenizers.corpus_testlib import build_corpus
 
 FIELDS = ("ids", "tokens", "type_ids", "attention_mask", "special_tokens_mask")
 MAX_REPORTED = 5

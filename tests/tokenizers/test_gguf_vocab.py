@@ -12,7 +12,7 @@ import pytest
 from candle_web.core.errors import FormatError, UnsupportedError
 from candle_web.io.gguf import read_gguf
 from candle_web.tokenizers import Tokenizer
-from comparison import corpus_for, differences, report
+from tests.tokenizers.comparison_testlib import corpus_for, differences, report
 
 hf = pytest.importorskip("tokenizers")
 

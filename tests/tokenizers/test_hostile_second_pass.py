@@ -1,5 +1,5 @@
 """Issue 28, hostile inputs second pass: the tokenizer findings of the outside fuzzer. Each
-reproducer runs in a child process capped at 200 MB over the interpreter (tests/bounded_run.py)
+reproducer runs in a child process capped at 200 MB over the interpreter (tests/bounded_run_testlib.py)
 and ends in a typed error naming the argument or field, or in the same result as HF
 `tokenizers` (the independent reference)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bounded_run import assert_typed_error, run_bounded
+from tests.bounded_run_testlib import assert_typed_error, run_bounded
 from candle_web.core.errors import FormatError, InvalidText, UnsupportedError
 from candle_web.tokenizers import Tokenizer
 

@@ -4,7 +4,7 @@ Real data: the tokenizer.json of multilingual-e5-small (XLM-R's SentencePiece Un
 charsmap is SentencePiece's nmt_nfkc rule set: 224,711 keys). Compared with HF on the whole
 tokenizer (ids, tokens, masks, decoding) over the varied corpus, then the normalizer alone on
 every assigned code point, on the trie's own keys and on seeded key + combining-mark sequences.
-Hand-made charsmaps (tests/tokenizers/charsmap_builder.py) add what nmt_nfkc lacks: printable
+Hand-made charsmaps (tests/tokenizers/charsmap_testlib.py) add what nmt_nfkc lacks: printable
 ASCII keys, CR LF as a key, keys whose shorter prefix is also a key, and they probe HF's
 grapheme boundaries for every code point. Zero differences allowed everywhere.
 """
@@ -23,8 +23,8 @@ from candle_web.tokenizers import Tokenizer
 from candle_web.tokenizers import _grapheme_table
 from candle_web.tokenizers.precompiled import (LABEL_MASK, LEAF_FLAG_SHIFT,
                                                PrecompiledNormalizer, _unit_offset)
-from charsmap_builder import build_charsmap
-from comparison import corpus_for, differences, report
+from tests.tokenizers.charsmap_testlib import build_charsmap
+from tests.tokenizers.comparison_testlib import corpus_for, differences, report
 
 hf = pytest.importorskip("tokenizers")
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from candle_web.tokenizers import Tokenizer
-from comparison import corpus_for, differences, encoding_fields, report
+from tests.tokenizers.comparison_testlib import corpus_for, differences, encoding_fields, report
 
 hf_tokenizers = pytest.importorskip("tokenizers")
 

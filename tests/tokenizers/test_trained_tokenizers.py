@@ -9,7 +9,7 @@ import json
 import pytest
 
 from candle_web.tokenizers import Tokenizer
-from comparison import corpus_for, differences, report
+from tests.tokenizers.comparison_testlib import corpus_for, differences, report
 
 hf = pytest.importorskip("tokenizers")
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402

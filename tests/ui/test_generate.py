@@ -14,7 +14,7 @@ from numpy's PCG64 with the same seed, so the sampled ids must be equal too.
 from __future__ import annotations
 
 import pytest
-from ui_text_views import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
+from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
                            view_state)
 
 MODEL = "smollm2-135m-instruct"

@@ -14,7 +14,7 @@ The op suite, on each of the two builds: inputs are made here (numpy, seeded), s
 page's worker, and each op runs there twice, through the page's wasm backend (on a host that
 records the kernels it calls, so a silent fall-through to numpy cannot pass) and through the
 numpy backend; both results come back and are compared here within the bounds
-tests/tolerances.py derives for two f32
+tests/tolerances_testlib.py derives for two f32
 evaluations of the same op (any summation order, FMA or not): dot products for matmul and the
 f16 / GGML linears, the softmax, norm and attention bounds from their lengths and weights, and
 the ulps of the activations. The shapes include the real models' (whisper-tiny's 384/1536
@@ -36,9 +36,9 @@ import pytest
 from candle_web.backend.wasm import abi as wasm_abi
 from candle_web.quantized import GgmlDType, QTensor
 
-from wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitudes, random_qweight,
+from tests.wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitudes, random_qweight,
                           rope_bound)
-from tolerances import (assert_within, attention_bound, dot_bound, layer_norm_bound,
+from tests.tolerances_testlib import (assert_within, attention_bound, dot_bound, layer_norm_bound,
                         log_softmax_bound, rms_norm_bound, silu_mul_bound, softmax_bound,
                         unary_bound)
 

@@ -17,7 +17,7 @@ import base64
 
 import numpy as np
 import pytest
-from ui_text_views import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
+from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
                            view_state)
 
 MODEL = "all-minilm-l6-v2"

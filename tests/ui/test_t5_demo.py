@@ -14,7 +14,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from ui_text_views import NativeTextJobs, open_view, run_and_wait, view_state
+from tests.ui.text_views_testlib import NativeTextJobs, open_view, run_and_wait, view_state
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "t5_spell_numbers.py"
 DEMO_NAME = "t5-spell-numbers"

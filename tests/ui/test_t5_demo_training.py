@@ -14,7 +14,7 @@ import os
 import urllib.request
 
 import pytest
-from ui_text_views import open_view, view_state
+from tests.ui.text_views_testlib import open_view, view_state
 
 DEMO_NAME = "t5-spell-numbers"
 DEMO_TASK = "spell out: "

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ui_text_views import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
+from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
                            view_state)
 
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "reference"

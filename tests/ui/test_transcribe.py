@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ui_transcribe import (ARTIFACTS_DIR, SAMPLES_DIR, TRANSCRIBE_TIMEOUT_MS,
+from tests.ui.transcribe_testlib import (ARTIFACTS_DIR, SAMPLES_DIR, TRANSCRIBE_TIMEOUT_MS,
                            assert_matches_reference, run_to_end, run_tool, samples_manifest, tool,
                            view_state, wait_idle_with_clip)
 

@@ -6,7 +6,7 @@ references are the sentence itself and its meaning: the words of each must be th
 from __future__ import annotations
 
 import pytest
-from ui_transcribe import (MODEL_TINY, choose_model, run_to_end, run_tool, screenshot, tool,
+from tests.ui.transcribe_testlib import (MODEL_TINY, choose_model, run_to_end, run_tool, screenshot, tool,
                            view_state, wait_idle_with_clip, words, words_found_in_order)
 
 pytestmark = pytest.mark.ui

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ui_transcribe import drop_files, run_to_end, sample_file, screenshot, wait_idle_with_clip
+from tests.ui.transcribe_testlib import drop_files, run_to_end, sample_file, screenshot, wait_idle_with_clip
 
 pytestmark = pytest.mark.ui
 
@@ -68,7 +68,7 @@ def test_skip_silence_loads_silero_vad_and_keeps_the_times(ready_page, tmp_path,
     6 s of silence before and after it gives the clip's words at the clip's place."""
     import subprocess
 
-    from ui_transcribe import SAMPLES_DIR, assert_matches_reference, tool
+    from tests.ui.transcribe_testlib import SAMPLES_DIR, assert_matches_reference, tool
 
     page = ready_page
     clip = "sense_and_sensibility_01_austen_64kb-0880.wav"
