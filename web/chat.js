@@ -92,7 +92,9 @@ class ChatView {
     const reply = await loadModel(this.client, KIND, { model }, this.status, { label, track, events: state.events });
     state.lastLoad = reply;
     state.loadedModel = reply.key;
-    this.ui.modelNote.textContent = `${label} loaded (${describeLoad(reply)}); context ${reply.model.context} tokens.`;
+    // Without the vendored jinja2 the prompts use a built-in format: say so (chatTemplateNote).
+    const templateNote = reply.model.chatTemplateNote ? ` Note: ${reply.model.chatTemplateNote}.` : "";
+    this.ui.modelNote.textContent = `${label} loaded (${describeLoad(reply)}); context ${reply.model.context} tokens.${templateNote}`;
   }
 
   // Streaming: the prompt pass (with what the cache reused), then one event per token.

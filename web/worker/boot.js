@@ -87,11 +87,29 @@ function startDownloads(id, phases, choice, threads) {
   const team = wantTeam && choice !== "numpy" && choice !== "wasm-simd128"
     ? later(startPhase(id, phases, "threads", () => startTeam(manifest))) : null;
   const wheel = later(startPhase(id, phases, "wheel", async () => {
+    const templates = templateWheels(manifest); // at the same time; never throws
     const { wheel: file, sha256 } = await manifest;
     const bytes = await fetchVerified(new URL(file, WHEEL_DIR_URL).href, file, sha256);
-    return { manifest: await manifest, entries: await unpackWheel(bytes) };
+    return { manifest: await manifest, entries: await unpackWheel(bytes), templates: await templates };
   }));
   return { manifest, kernels, team, wheel, wantTeam, cores };
+}
+
+// Jinja2 + MarkupSafe (the manifest's templateWheels, vendored by scripts/vendor_pyodide.py)
+// for models' own chat templates: {entries, reason} (entries [] and why when they cannot be
+// used: the page then renders the chat formats it recognises, and says so).
+async function templateWheels(manifestPromise) {
+  try {
+    const wanted = (await manifestPromise).templateWheels ?? [];
+    if (wanted.length === 0) return { entries: [], reason: "jinja2 was not vendored (scripts/vendor_pyodide.py could not fetch it)" };
+    const unpacked = await Promise.all(wanted.map(async ({ file, sha256 }) => {
+      const bytes = await fetchVerified(new URL(file, WHEEL_DIR_URL).href, file, sha256);
+      return unpackWheel(bytes, file);
+    }));
+    return { entries: unpacked.flat(), reason: null };
+  } catch (error) {
+    return { entries: [], reason: describeError(error).message };
+  }
 }
 
 // Pyodide itself, with its memory captured for the kernels; the page's interrupt slot armed.
@@ -196,10 +214,14 @@ async function startRuntime(id, { choice, useSnapshot, threads, controlSlots }) 
   const packages = startPhase(id, phases, "packages", async () => {
     await runtime.pyodide.loadPackage(loaded.kernels === null ? ["numpy", "scipy"] : ["numpy"], quietLoaderOptions());
   });
-  const { manifest, entries } = await downloads.wheel;
+  const { manifest, entries, templates } = await downloads.wheel;
   installWheelFiles(runtime.pyodide, entries);
+  if (templates.entries.length) {
+    installWheelFiles(runtime.pyodide, templates.entries); // imported when a model has a template
+  } else {
+    console.warn(`candle-web: models' own chat templates are not rendered, the recognised chat formats (ChatML, Llama) are: ${templates.reason}`);
+  }
   await packages;
-  if (manifest.pyodidePackages?.length) await runtime.pyodide.loadPackage(manifest.pyodidePackages, quietLoaderOptions()); // jinja2: chat templates
   const backend = await chooseBackend(id, phases, started, choice, loaded);
   const { team, threadsReason } = await startThreads(downloads, backend, choice, threads);
   return {
@@ -207,6 +229,7 @@ async function startRuntime(id, { choice, useSnapshot, threads, controlSlots }) 
     totalMs: performance.now() - startedAt,
     versions: versions(),
     wheel: manifest,
+    chatTemplates: { jinja2: templates.entries.length > 0, reason: templates.reason },
     snapshot: { used: started.snapshot, reason: started.snapshotReason },
     backend: {
       name: backend.name,

@@ -62,14 +62,15 @@ export async function unzipEntries(buffer) {
   return entries.map((entry, i) => ({ name: entry.name, data: data[i] }));
 }
 
-// The files of the candle_web wheel, checked to stay inside site-packages. Installing is then
-// writing them there: all an installer does for a pure-Python wheel without scripts or data
-// files (build_wheel.py makes exactly that), with no micropip and no Python code run.
-export async function unpackWheel(bytes) {
+// The files of a pure wheel (the candle_web wheel, or Jinja2/MarkupSafe), checked to stay
+// inside site-packages. Installing is then writing them there: all an installer does for a
+// pure-Python wheel without scripts or data files (build_wheel.py and vendor_pyodide.py make
+// or pick exactly those), with no micropip and no Python code run.
+export async function unpackWheel(bytes, what = "candle_web wheel") {
   const entries = await unzipEntries(bytes);
   for (const { name } of entries) {
     if (name.startsWith("/") || name.split("/").some((part) => part === ".." || part === "")) {
-      throw new Error(`candle_web wheel: unsafe path ${JSON.stringify(name)}`);
+      throw new Error(`${what}: unsafe path ${JSON.stringify(name)}`);
     }
   }
   return entries;

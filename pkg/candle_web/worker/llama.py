@@ -65,16 +65,11 @@ class LlamaSession(Session):
         return loaded.model, loaded.tokenizer
 
     def describe(self, model) -> dict:
-        from candle_web.generation.chat_templates import chat_template_for
-
         llama, tokenizer = model
-        try:
-            chat_format = chat_template_for(llama, tokenizer).format
-        except CandleError:
-            chat_format = None  # no template, or one the renderer does not know: plain prompts
         cfg = llama.config
         return {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
-                "context": cfg.max_position_embeddings, "chatFormat": chat_format,
+                "context": cfg.max_position_embeddings,
+                **chat_template_summary(llama, tokenizer),
                 "blockWeightBytes": sum(_weight_bytes(block) for block in llama.blocks)}
 
     def compute(self, model, prompt=None, chat: bool = False, options=None, messages=None,
@@ -154,6 +149,34 @@ class LlamaSession(Session):
                 "newTokens": turn.new_tokens, "droppedMessages": turn.dropped_messages,
                 "notice": turn.notice, "context": conversation.context_length,
                 "stopReason": turn.stop_reason, "timings": timings}
+
+
+def chat_template_summary(llama, tokenizer) -> dict:
+    """How the page renders this model's chat prompts: {"chatFormat": the recognised format
+    ("chatml", "llama3", "llama2"), "jinja" for another template, None without one;
+    "chatTemplate": "jinja" (the model's own template, rendered by Jinja2 as natively),
+    "builtin" (the recognised format rendered directly) or None; "chatTemplateNote": why the
+    model's own template is not rendered, for the page to show, else None}. In the page jinja2
+    is there when the worker installed the vendored Jinja2/MarkupSafe wheels."""
+    import importlib.util
+
+    from candle_web.generation.chat_templates import JinjaChatTemplate, chat_template_for
+
+    try:
+        template = chat_template_for(llama, tokenizer)
+    except CandleError as exc:
+        # No template, or one neither Jinja nor the recognised formats render: plain prompts.
+        return {"chatFormat": None, "chatTemplate": None,
+                "chatTemplateNote": None if not llama.chat_template else str(exc)}
+    if isinstance(template, JinjaChatTemplate):
+        return {"chatFormat": template.format, "chatTemplate": "jinja", "chatTemplateNote": None}
+    if importlib.util.find_spec("jinja2") is None:
+        why = "jinja2 is not loaded in this page (the browser console says why)"
+    else:
+        why = "Jinja could not parse it"
+    return {"chatFormat": template.format, "chatTemplate": "builtin",
+            "chatTemplateNote": f"chat prompts use the built-in {template.format} format, not "
+                                f"the model's own template: {why}"}
 
 
 def _context(llama, context) -> int:
