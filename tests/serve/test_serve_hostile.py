@@ -4,12 +4,19 @@ requests, too many connections, garbage request lines. Traffic stays on 127.0.0.
 from __future__ import annotations
 
 import http.client
+import os
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from candle_web.serve import ISOLATION_HEADERS, SiteConfig, start_in_thread
+from candle_web import serve
+from candle_web.serve import ISOLATION_HEADERS, SiteConfig, allowed_host_name, start_in_thread
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 IDLE_S = 0.5  # short for the test; the default is serve.IDLE_TIMEOUT_S
 MAX_CONNECTIONS = 4
@@ -102,3 +109,71 @@ def test_connections_beyond_the_bound_get_503_and_the_rest_still_work(server):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+# --- --allowed-host: the names a server on 0.0.0.0 is reached by ---------------------------
+
+@pytest.fixture
+def named_server(tmp_path):
+    """A server that also answers to box.example (as `--allowed-host box.example` makes it)."""
+    (tmp_path / "index.html").write_text("<!doctype html><title>t</title>")
+    site = SiteConfig(web_root=tmp_path, allowed_hosts=(allowed_host_name("Box.Example"),))
+    running, _ = start_in_thread(site=site)
+    yield running.server_address[1]
+    running.shutdown()
+    running.server_close()
+
+
+@pytest.mark.parametrize("host", ["box.example", "box.example:{port}", "BOX.example:8080",
+                                  "box.example.", "127.0.0.1:{port}"])
+def test_an_allowed_host_name_is_served(named_server, host):
+    assert get(named_server, host.format(port=named_server)).status == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "box.example.evil.example", "www.box.example",
+                                  "box.exampl"])
+def test_a_name_not_allowed_is_still_refused(named_server, host):
+    response = get(named_server, host)
+    assert response.status == 421
+    for name, value in ISOLATION_HEADERS.items():
+        assert response.getheader(name) == value
+
+
+@pytest.mark.parametrize("text, expected", [("Box.Example.", "box.example"),
+                                            ("[fe80::1]", "fe80::1"), ("10.0.0.5", "10.0.0.5")])
+def test_allowed_host_names_are_normalised(text, expected):
+    assert allowed_host_name(text) == expected
+
+
+@pytest.mark.parametrize("text, fragment", [("box.example:8000", "without a port"),
+                                            ("", "not a host name"), ("a b", "not a host name"),
+                                            ("box/evil", "not a host name"),
+                                            ("-box.example", "not a host name")])
+def test_the_command_line_refuses_a_bad_allowed_host(text, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        serve.main([f"--allowed-host={text}", "--port", "0"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "--allowed-host" in error and fragment in error and repr(text) in error
+
+
+def test_candle_web_serve_passes_allowed_hosts_to_the_running_server():
+    """`candle-web serve --allowed-host box.example` (the real command, a child process): the
+    listed name is served, another gets 421."""
+    environment = dict(os.environ, PYTHONUNBUFFERED="1")
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT / "pkg"), environment.get("PYTHONPATH", "")])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "candle_web.cli", "serve", "--port", "0", "--allowed-host",
+         "box.example", "--allowed-host", "other.example"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("candle-web: serving "), line
+        port = int(line.rsplit(":", 1)[1].strip().rstrip("/"))
+        assert get(port, f"box.example:{port}").status == 200
+        assert get(port, "other.example").status == 200
+        assert get(port, f"third.example:{port}").status == 421
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -46,7 +46,7 @@ def test_wheel_is_pure_and_holds_only_candle_web(built):
         dist_info = f"candle_web-{manifest['version']}.dist-info/"
         assert all(name.startswith(("candle_web/", dist_info)) for name in names), names
         assert not any("__pycache__" in name or name.endswith((".pyc", ".so")) for name in names)
-        assert "candle_web/__init__.py" in names and "candle_web/serve.py" in names
+        assert "candle_web/__init__.py" in names and "candle_web/serve/__init__.py" in names
         metadata = wheel.read(dist_info + "METADATA").decode()
         assert "Name: candle-web" in metadata
         assert f"Version: {manifest['version']}" in metadata
