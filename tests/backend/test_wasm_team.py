@@ -214,7 +214,7 @@ def test_real_smollm2_q4_1_decodes_the_same_on_two_threads(with_team, team, mode
 @pytest.mark.parametrize("make", ["qwen2-mixed", "q5_k"])
 def test_qwen2_bias_and_q5_k_steps_on_two_threads_equal_one_thread(with_team, team, tmp_path,
                                                                     make):
-    from test_wasm_parts import q5_k_gguf, qwen2_mixed_gguf
+    from tests.backend.test_wasm_parts import q5_k_gguf, qwen2_mixed_gguf
 
     path = qwen2_mixed_gguf(tmp_path)[0] if make == "qwen2-mixed" else q5_k_gguf(tmp_path)[0]
     (ids1, logits1), (ids2, logits2) = _one_and_two_threads(
@@ -244,6 +244,48 @@ def test_real_qwen2_5_coder_decodes_the_same_on_two_threads_and_generic(with_tea
         want.append(int(np.argmax(steps([[want[-1]]], generic.seq_len).to_numpy()[0])))
     assert ids1 == want
 
+
+
+@pytest.mark.parametrize("shape, qtype", [
+    (dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+          intermediate_size=48), None),
+    (dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=16,
+          intermediate_size=64), None),
+    (dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=16,
+          intermediate_size=64), "Q8_0"),
+    (dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+          intermediate_size=96), None),
+    (dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+          intermediate_size=40), None),
+], ids=["head_dim-8", "3-kv-heads", "3-kv-heads-Q8_0", "1-kv-head", "ffn-40-fused-gate-up"])
+def test_llama_block_phases_split_by_kv_heads_give_the_same_numbers(with_team, team, tmp_path,
+                                                                   shape, qtype):
+    """The team's LLaMA block runs q|k|v, RoPE, the cache write and attention of each thread's
+    kv heads in one phase and gate|up with silu in another (web/kernels/steps.c): kv heads that
+    do not split evenly (3), a thread with none (1), heads whose rows would start a share off
+    the 16-row alignment (head_dim 8: one thread takes the phase), and an f32 model's fused
+    q|k|v and gate|up pieces with ffn 40 (up's rows would start unaligned: one thread takes
+    it). Two threads equal one bit for bit; the greedy ids are the numpy generic path's."""
+    from tests.models import llama_testlib
+    from candle_web.models.llama import Llama
+    from candle_web.quantized import GgmlDType
+
+    config = dict(llama_testlib.TINY_CONFIG, **shape)
+    state = llama_testlib.random_state(config, seed=11)
+    path = llama_testlib.to_gguf(state, config, tmp_path / "odd.gguf",
+                                 quantize_to=None if qtype is None else GgmlDType.parse(qtype))
+    prompt = [3, 17, 40, 8]
+    (ids1, logits1), (ids2, logits2) = _one_and_two_threads(
+        path, with_team, team, lambda model: _greedy(model, prompt, 8))
+    assert ids2 == ids1
+    np.testing.assert_array_equal(logits2, logits1)
+    generic = Llama.load(path, device=Device.cpu(backend="numpy"))
+    steps = llama_steps(generic, fused=False)
+    generic.clear_kv_cache(capacity=4)
+    want = [int(np.argmax(steps([prompt], 0).to_numpy()[0]))]
+    for _ in range(8):
+        want.append(int(np.argmax(steps([[want[-1]]], generic.seq_len).to_numpy()[0])))
+    assert ids1 == want
 
 # -- Whisper ------------------------------------------------------------------------------------
 def _half_valued(decoder):

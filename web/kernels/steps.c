@@ -28,10 +28,34 @@
  * x [d]: the hidden state, updated in place. keys, values [n_kv, capacity, head_dim]: this
  * step writes position `pos`; kv_out (may be 0) gets the same new key then value [2, n_kv *
  * head_dim]. cos_row, sin_row: the rotary tables' row of `pos` [head_dim / 2].
- * work: d + (q + 2 kv) + q + 3 ffn floats, q = n_heads * head_dim, kv = n_kv * head_dim. */
+ * work: d + (q + 2 kv) + q + 3 ffn floats, q = n_heads * head_dim, kv = n_kv * head_dim; h:
+ * this thread's own d floats (the first thread's are work's first d).
+ *
+ * On a team, four barriers a block, one before each product that reads what both threads
+ * wrote (the floor for products split by output rows):
+ *   1. x complete: each thread computes the whole rms_norm into its own h (the same numbers),
+ *      then, for its kv heads [g0, g1), their query heads' q, k and v (+ bias), RoPE, the cache
+ *      row `pos` and kv_out, and their attention (which reads only those heads);
+ *   2. attention complete: its columns of the output projection and of the residual;
+ *   3. x complete: the whole rms_norm again into h, its columns of gate and up, silu * up;
+ *   4. the activation complete: its columns of down and of the residual;
+ * the next block's (or the logits') first barrier completes x. Every product row is computed
+ * by the same code on the same operands wherever the cut falls (shares start at multiples of
+ * TEAM_ROW_ALIGN, else one thread takes the phase), so one and two threads agree bit for bit. */
+
+/* Y[c] (+ bias[c]; bias may be 0) for the columns c in [lo, hi) that belong to one stored piece
+ * of a projection passed piece by piece: the piece makes columns [start, start + rows). */
+static void piece_cols(int lo, int hi, int start, int type, int rows, const void *W, int K,
+                       const float *X, float *Y, const float *bias, uint8_t *scratch) {
+    int a = imax(lo, start) - start, b = imin(hi, start + rows) - start;
+    if (b <= a) return;
+    matmul_cols(1, type, a, b, K, W, X, Y + start, rows, scratch);
+    if (bias) add_into(b - a, Y + start + a, bias + start + a);
+}
+
 static void llama_block(int tid, int nt, TeamCtrl *team, int d, int n_heads, int n_kv,
                         int head_dim, int ffn, int interleaved, int pos, int capacity,
-                        float scale, float *x, float *work, const float *attn_norm,
+                        float scale, float *x, float *work, float *h, const float *attn_norm,
                         const float *mlp_norm, float eps, int q_type, int q_rows,
                         const void *q_w, int k_type, int k_rows, const void *k_w, int v_type,
                         int v_rows, const void *v_w, const float *qkv_b, int o_type,
@@ -41,69 +65,82 @@ static void llama_block(int tid, int nt, TeamCtrl *team, int d, int n_heads, int
                         const float *cos_row, const float *sin_row, float *kv_out,
                         uint8_t *scratch) {
     int q_size = n_heads * head_dim, kv_size = n_kv * head_dim, n_rep = n_heads / n_kv;
-    float *h = work;
-    float *qkv = h + d;
+    float *qkv = work + d;
     float *att = qkv + q_size + 2 * kv_size;
     float *gu = att + q_size;
     float *act = gu + 2 * ffn;
 
-    team_barrier(team, nt); /* x complete: the previous block's residual was split */
-    if (tid == 0) rms_norm_rows(1, d, x, attn_norm, eps, h);
-    team_barrier(team, nt);
-    /* qkv_b (qwen2's bias on q|k|v, 0: none) is added to each piece's own columns. */
-    linear_share(tid, nt, 1, q_type, q_rows, d, q_w, h, qkv, qkv_b, scratch);
-    linear_share(tid, nt, 1, k_type, k_rows, d, k_w, h, qkv + q_rows,
-                 qkv_b ? qkv_b + q_rows : 0, scratch);
-    linear_share(tid, nt, 1, v_type, v_rows, d, v_w, h, qkv + q_rows + k_rows,
-                 qkv_b ? qkv_b + q_rows + k_rows : 0, scratch);
-    team_barrier(team, nt);
-    if (tid == 0) {
-        rope_f32(interleaved, n_heads + n_kv, 1, head_dim, qkv, cos_row, sin_row, qkv);
-        const float *k_new = qkv + q_size, *v_new = qkv + q_size + kv_size;
-        for (int kh = 0; kh < n_kv; kh++) {
+    /* 1. (x complete: the caller's barrier) norm, then this thread's kv heads end to end */
+    rms_norm_rows(1, d, x, attn_norm, eps, h);
+    int aligned = head_dim % TEAM_ROW_ALIGN == 0;
+    int g0 = aligned ? HEAD_LO(n_kv, tid, nt) : 0;
+    int g1 = aligned ? HEAD_HI(n_kv, tid, nt) : (tid == 0 ? n_kv : 0);
+    if (g1 > g0) {
+        int qh = n_rep * head_dim, gn = g1 - g0;
+        /* its columns of q, of k and of v; qkv_b (qwen2's bias on q|k|v, 0: none) on each */
+        for (int part = 0; part < 3; part++) {
+            int lo = part == 0 ? g0 * qh : q_size + (part - 1) * kv_size + g0 * head_dim;
+            int hi = part == 0 ? g1 * qh : q_size + (part - 1) * kv_size + g1 * head_dim;
+            piece_cols(lo, hi, 0, q_type, q_rows, q_w, d, h, qkv, qkv_b, scratch);
+            piece_cols(lo, hi, q_rows, k_type, k_rows, k_w, d, h, qkv, qkv_b, scratch);
+            piece_cols(lo, hi, q_rows + k_rows, v_type, v_rows, v_w, d, h, qkv, qkv_b, scratch);
+        }
+        float *q = qkv + g0 * qh, *k_new = qkv + q_size, *v_new = k_new + kv_size;
+        rope_f32(interleaved, gn * n_rep, 1, head_dim, q, cos_row, sin_row, q);
+        rope_f32(interleaved, gn, 1, head_dim, k_new + g0 * head_dim, cos_row, sin_row,
+                 k_new + g0 * head_dim);
+        for (int kh = g0; kh < g1; kh++) {
             float *kd = keys + (kh * capacity + pos) * head_dim;
             float *vd = values + (kh * capacity + pos) * head_dim;
             for (int c = 0; c < head_dim; c++) {
                 kd[c] = k_new[kh * head_dim + c];
                 vd[c] = v_new[kh * head_dim + c];
             }
+            if (kv_out)
+                for (int c = 0; c < head_dim; c++) {
+                    kv_out[kh * head_dim + c] = kd[c];
+                    kv_out[kv_size + kh * head_dim + c] = vd[c];
+                }
         }
-        if (kv_out)
-            for (int c = 0; c < 2 * kv_size; c++) kv_out[c] = k_new[c];
+        /* Grouped queries: the n_rep query heads of kv head g are n_rep query rows of it. */
+        attention_f32(gn, n_rep, pos + 1, head_dim, q, qh, keys + g0 * capacity * head_dim,
+                      capacity * head_dim, values + g0 * capacity * head_dim,
+                      capacity * head_dim, 0, 0, scale, att + g0 * qh, qh, scratch);
     }
     team_barrier(team, nt);
-    /* Grouped queries: the n_rep query heads of kv head g are n_rep query rows of it. */
-    int g0 = HEAD_LO(n_kv, tid, nt), g1 = HEAD_HI(n_kv, tid, nt);
-    if (g1 > g0)
-        attention_f32(g1 - g0, n_rep, pos + 1, head_dim, qkv + g0 * n_rep * head_dim,
-                      n_rep * head_dim, keys + g0 * capacity * head_dim, capacity * head_dim,
-                      values + g0 * capacity * head_dim, capacity * head_dim, 0, 0, scale,
-                      att + g0 * n_rep * head_dim, n_rep * head_dim, scratch);
-    team_barrier(team, nt);
+    /* 2. the output projection and the residual on this thread's columns (h: its own) */
     linear_share(tid, nt, 1, o_type, d, q_size, o_w, att, h, 0, scratch);
     residual_share(tid, nt, 1, d, x, h, 0);
     team_barrier(team, nt);
 
-    if (tid == 0) rms_norm_rows(1, d, x, mlp_norm, eps, h);
-    team_barrier(team, nt);
-    linear_share(tid, nt, 1, g_type, g_rows, d, g_w, h, gu, 0, scratch);
-    linear_share(tid, nt, 1, u_type, u_rows, d, u_w, h, gu + g_rows, 0, scratch);
-    team_barrier(team, nt);
+    /* 3. norm, then gate and up on this thread's columns of each, and their product */
+    rms_norm_rows(1, d, x, mlp_norm, eps, h);
     int f0 = SHARE_LO(ffn, tid, nt), f1 = SHARE_HI(ffn, tid, nt);
-    if (f1 > f0) silu_mul(f1 - f0, gu + f0, gu + ffn + f0, act + f0);
+    if (g_rows != ffn && ffn % TEAM_ROW_ALIGN != 0) { /* up's columns would start unaligned */
+        f0 = tid == 0 ? 0 : ffn;
+        f1 = tid == 0 ? ffn : ffn;
+    }
+    if (f1 > f0) {
+        for (int half = 0; half < 2; half++) {
+            int lo = half * ffn + f0, hi = half * ffn + f1;
+            piece_cols(lo, hi, 0, g_type, g_rows, g_w, d, h, gu, 0, scratch);
+            piece_cols(lo, hi, g_rows, u_type, u_rows, u_w, d, h, gu, 0, scratch);
+        }
+        silu_mul(f1 - f0, gu + f0, gu + ffn + f0, act + f0);
+    }
     team_barrier(team, nt);
+    /* 4. down and the residual on this thread's columns */
     linear_share(tid, nt, 1, down_type, d, ffn, down_w, act, h, 0, scratch);
     residual_share(tid, nt, 1, d, x, h, 0);
 }
 
-/* logits [rows] = W rms_norm(x); work: d floats. */
+/* logits [rows] = W rms_norm(x); h: d floats of this thread's own. */
 static void rms_logits(int tid, int nt, TeamCtrl *team, int d, int rows, const float *x,
-                       const float *norm, float eps, int w_type, const void *w, float *work,
+                       const float *norm, float eps, int w_type, const void *w, float *h,
                        float *logits, uint8_t *scratch) {
     team_barrier(team, nt); /* x complete (the last block's residual was split) */
-    if (tid == 0) rms_norm_rows(1, d, x, norm, eps, work);
-    team_barrier(team, nt);
-    linear_share(tid, nt, 1, w_type, rows, d, w, work, logits, 0, scratch);
+    rms_norm_rows(1, d, x, norm, eps, h);
+    linear_share(tid, nt, 1, w_type, rows, d, w, h, logits, 0, scratch);
 }
 
 KERNEL void llama_block_step(int d, int n_heads, int n_kv, int head_dim, int ffn,
@@ -119,7 +156,7 @@ KERNEL void llama_block_step(int d, int n_heads, int n_kv, int head_dim, int ffn
                              uint8_t *scratch) {
     int half = head_dim / 2;
     llama_block(0, 1, 0, d, n_heads, n_kv, head_dim, ffn, interleaved, pos, capacity, scale, x,
-                work, attn_norm, mlp_norm, eps, q_type, q_rows, q_w, k_type, k_rows, k_w,
+                work, work, attn_norm, mlp_norm, eps, q_type, q_rows, q_w, k_type, k_rows, k_w,
                 v_type, v_rows, v_w, qkv_b, o_type, o_w, g_type, g_rows, g_w, u_type, u_rows,
                 u_w,
                 down_type, down_w, keys, values, cos + pos * half, sin + pos * half, 0,
@@ -141,10 +178,18 @@ void llama_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a, uint8_t 
     float *x = ARG_P(a, LH(X)), *work = ARG_P(a, LH(WORK)), *kv_out = ARG_P(a, LH(KV_OUT));
     const float *cos_row = ARG_P(a, LH(COS_ROW)), *sin_row = ARG_P(a, LH(SIN_ROW));
     int kv_size = n_kv * head_dim;
+    /* this thread's own d floats: the first thread's are work's first; the others' follow the
+     * block's work (d + (q + 2 kv) + q + 3 ffn floats), one d each */
+    float *h = tid == 0 ? work
+                        : work + d + 2 * n_heads * head_dim + 2 * kv_size + 3 * ffn
+                          + (tid - 1) * d;
     for (int l = 0; l < n_layers; l++) {
         const int32_t *L = a + TEAM_LLAMA_HEADER + l * layer_words;
+        /* x complete: the previous block's residual was split (the host wrote the first x
+         * before team_run handed the job over) */
+        if (l > 0) team_barrier(team, nt);
         llama_block(tid, nt, team, d, n_heads, n_kv, head_dim, ffn, interleaved, pos,
-                    ARG_I(L, LL(CAPACITY)), scale, x, work, ARG_P(L, LL(ATTN_NORM)),
+                    ARG_I(L, LL(CAPACITY)), scale, x, work, h, ARG_P(L, LL(ATTN_NORM)),
                     ARG_P(L, LL(MLP_NORM)), ARG_F(L, LL(EPS)),
                     ARG_I(L, LL(Q_TYPE)), ARG_I(L, LL(Q_ROWS)), ARG_P(L, LL(Q_W)),
                     ARG_I(L, LL(K_TYPE)), ARG_I(L, LL(K_ROWS)), ARG_P(L, LL(K_W)),
@@ -159,6 +204,6 @@ void llama_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a, uint8_t 
     float *logits = ARG_P(a, LH(LOGITS));
     if (logits)
         rms_logits(tid, nt, team, d, ARG_I(a, LH(VOCAB)), x, ARG_P(a, LH(NORM)),
-                   ARG_F(a, LH(NORM_EPS)), ARG_I(a, LH(HEAD_TYPE)), ARG_P(a, LH(HEAD_W)), work,
+                   ARG_F(a, LH(NORM_EPS)), ARG_I(a, LH(HEAD_TYPE)), ARG_P(a, LH(HEAD_W)), h,
                    logits, scratch);
 }

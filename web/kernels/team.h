@@ -5,8 +5,8 @@
  * team_worker() and the Pyodide worker calls team_run(). Both threads then run the same step
  * function with their thread id: every product is split by output rows (each row is computed
  * exactly as one thread computes it, so the numbers do not change), the small elementwise
- * phases run on thread 0, and a barrier separates phases that read what the other thread
- * wrote. The other builds compile the same step code for one thread: the barrier is then
+ * phases run on thread 0 or on both (LLaMA's norms: each thread the whole, into its own
+ * buffer), and a barrier separates phases that read what the other thread wrote. The other builds compile the same step code for one thread: the barrier is then
  * nothing and every share is the whole.
  *
  * The control block (TeamCtrl), the job codes and the argument blocks' layouts are the ABI
@@ -34,9 +34,10 @@ void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a
 #define TEAM_ROW_ALIGN 16
 
 /* Busy-wait this many polls (tens of milliseconds) before sleeping in memory.atomic.wait32.
- * A step has ~270 barriers (30 LLaMA blocks x 9) a few hundred microseconds apart, and a
- * wake-up from wait costs about that much: measured under wasmtime on SmolLM2 Q4_1, a step
- * took 27-32 ms on two threads with 2^16 polls and 19.3-19.7 ms with 2^24 (34-41 ms alone).
+ * A step has ~120 barriers (30 LLaMA blocks x 4) a few hundred microseconds apart, and a
+ * wake-up from wait costs about that much: measured under wasmtime on SmolLM2 Q4_1 when a
+ * block had 9, a step took 27-32 ms on two threads with 2^16 polls and 19.3-19.7 ms with 2^24
+ * (34-41 ms alone).
  * The helper also polls this long for the next step (the caller's Python between tokens takes
  * a few ms), then sleeps: an idle page costs no CPU. */
 #define TEAM_SPINS (1 << 24)

@@ -246,6 +246,8 @@ TEAM_EXPORT_NAMES = tuple(e.name for e in TEAM_EXPORTS)
 # kind "i" (i32), "f" (f32 bits) or "p" (pointer into the shared memory, 0: absent). The C
 # side (steps.c: llama_team_step, whisper_team_step, whisper_encoder_team_step) reads each word
 # by the index the generated header names after it (TEAM_LLAMA_LAYER_Q_TYPE, ...).
+# The LLaMA job's `work` is llama_block_step's (d + (q + 2 kv) + q + 3 ffn floats) and then d
+# floats for each thread after the first (its own rms_norm output).
 TEAM_LLAMA_HEADER = (
     ("d", "i"), ("n_heads", "i"), ("n_kv", "i"), ("head_dim", "i"), ("ffn", "i"),
     ("interleaved", "i"), ("pos", "i"), ("scale", "f"), ("n_layers", "i"),

@@ -207,7 +207,8 @@ class TeamLlamaDecoderStep:
         self.vocab = base.head.n
         self.layers = len(base.layers)
         self.x = team.alloc(d * 4)
-        self.work = team.alloc(base.work.nbytes)
+        # the block's work, then the second thread's own d floats (its rms_norm output)
+        self.work = team.alloc(base.work.nbytes + d * 4)
         self.cos_row = team.alloc(self.half * 4)
         self.sin_row = team.alloc(self.half * 4)
         self.kv_out = team.alloc(self.layers * 2 * nkv * hd * 4)
