@@ -410,19 +410,38 @@ class FusedCausalSteps:
 
 
 # -- continuous batching: B sequences, each at its own position, in one step ---------------------
-def start_batched_causal_decoding(model):
+def start_batched_causal_decoding(model, exact: bool = True):
     """How a server advances several causal-LM sequences by one token each, every sequence at
     its own position with its own KV caches (`nn.KvCache` per block, as `model.caches` holds
     them): `FusedBatchedSteps` when the model's `llama.decoder_step` part offers `step_rows`
     (numba), else `ReferenceBatchedSteps`. Both are called as
     steps(ids [B] ints, row_caches [B][blocks]) -> f32 numpy logits [B, vocab], and both give
     each row exactly the logits (bit for bit) that `start_causal_decoding(model)` gives that
-    sequence alone, so a request's greedy ids do not depend on its batch."""
+    sequence alone, so a request's greedy ids do not depend on its batch (the API uses this).
+    exact=False: without the part, `ModelBatchedSteps` (the model's `forward_rows`, one numpy
+    product per weight for all rows) instead: the reference computation, close to the single
+    step but not bit-identical to it."""
     if hasattr(model, "part_weights"):
         path = fast_path(LLAMA_DECODER_STEP, model, model.device)
         if getattr(path.impl, "step_rows", None) is not None:
             return FusedBatchedSteps(model, path)
+    if not exact and hasattr(model, "forward_rows"):
+        return ModelBatchedSteps(model)
     return ReferenceBatchedSteps(model)
+
+
+class ModelBatchedSteps:
+    """The model's own batched tensor path (`forward_rows`): each weight read once per step for
+    all rows, attention per row. NOT bit-identical to the single-sequence step: a numpy/BLAS
+    product over B rows (sgemm, M = B) may sum a row in another order than M = 1, so a row's
+    logits can differ in the last bits and a near-tie argmax flip; the server therefore takes
+    `ReferenceBatchedSteps` where no batched part exists."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, ids, row_caches) -> np.ndarray:
+        return self.model.forward_rows(ids, row_caches).to_numpy()
 
 
 class ReferenceBatchedSteps:

@@ -165,11 +165,19 @@ class Attention:
         self.rotary, self.window = rotary, window
 
     def __call__(self, x: Tensor, cos, sin, cache: KvCache, mask) -> Tensor:
-        b, t, _ = x.dims()
-        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
+        return self.out(self.attend(self.project_qkv(x), cos, sin, cache, mask))  # [b, t, d]
+
+    def project_qkv(self, x: Tensor) -> Tensor:
         qkv = self.qkv(x)  # [b, t, (h + 2kv) * hd]
         if self.qkv_bias is not None:
             qkv = qkv.broadcast_add(self.qkv_bias)
+        return qkv
+
+    def attend(self, qkv: Tensor, cos, sin, cache: KvCache, mask) -> Tensor:
+        """Projected qkv [b, t, (h + 2kv) * hd] -> the heads' output [b, t, h * hd] before the
+        output projection; the new keys and values are appended to `cache`."""
+        b, t, _ = qkv.dims()
+        h, kv, hd = self.n_heads, self.n_kv, self.head_dim
         heads = qkv.reshape(b, t, h + 2 * kv, hd).transpose(1, 2)  # [b, h+2kv, t, hd]
         qk = heads.narrow(1, 0, h + kv)
         if self.q_norm is not None:
@@ -189,8 +197,7 @@ class Attention:
             if mask is not None:
                 scores = scores.broadcast_add(mask)  # [b, kv, n_rep * t, T]
             y = ops.softmax_last_dim(scores).matmul(v)
-        y = y.reshape(b, h, t, hd).transpose(1, 2).reshape(b, t, h * hd)
-        return self.out(y)  # [b, t, d]
+        return y.reshape(b, h, t, hd).transpose(1, 2).reshape(b, t, h * hd)
 
 
 class Mlp:
@@ -284,6 +291,43 @@ class Llama:
         return logits if all_logits else logits.squeeze(1)
 
     __call__ = forward
+
+    def forward_rows(self, ids, row_caches: list) -> Tensor:
+        """One new token for each of B sequences, row r at its own position (the length of its
+        caches) with its own caches row_caches[r] (an nn.KvCache per block, as `caches`) ->
+        f32 logits [B, vocab]. The projections run once for all rows (each weight read once);
+        RoPE, the cache append and attention per row. The reference of the batched decode step
+        (backend/parts.py start_batched_causal_decoding): row r equals `forward([[ids[r]]])` on
+        its caches up to the summation order of the batched products -- not bit for bit (a
+        BLAS product of B rows may round a row differently from one of a single row)."""
+        ids = token_ids(np.asarray(ids).reshape(-1, 1), self.device, "llama forward_rows")
+        rows = ids.dims()[0]
+        if len(row_caches) != rows or any(len(c) != len(self.blocks) for c in row_caches):
+            raise ShapeMismatch(f"llama forward_rows: {rows} ids need {rows} rows of "
+                                f"{len(self.blocks)} caches, got {len(row_caches)} rows")
+        cfg = self.config
+        x = self.embed(ids)  # [B, 1, d]
+        if cfg.embedding_scale != 1.0:
+            x = x.affine(cfg.embedding_scale, 0.0)
+        for index, block in enumerate(self.blocks):
+            attn = block.attn
+            qkv = attn.project_qkv(block.attn_norm(x))  # [B, 1, n]
+            heads = []
+            for row, caches in enumerate(row_caches):
+                cos, sin = attn.rotary.tables(caches[index].length, 1)
+                heads.append(attn.attend(qkv.narrow(0, row, 1), cos, sin, caches[index], None))
+            a = attn.out(Tensor.cat(heads, 0))
+            if block.attn_post_norm is not None:
+                a = block.attn_post_norm(a)
+            x = x.add(a)
+            m = block.mlp(block.mlp_norm(x))
+            if block.mlp_post_norm is not None:
+                m = block.mlp_post_norm(m)
+            x = x.add(m)
+        logits = self.lm_head(self.norm(x))  # [B, 1, vocab]
+        if cfg.final_logit_softcap is not None:
+            logits = softcap(logits, cfg.final_logit_softcap)
+        return logits.squeeze(1)
 
     def part_weights(self) -> parts.LlamaDecoderWeights:
         """The weights the accelerated part `llama.decoder_step` takes (the same objects)."""
