@@ -131,6 +131,19 @@ def _greedy(model, prompt, steps, extend=None):
     return ids, np.array(logits)
 
 
+def _numpy_generic_greedy_ids(path, prompt, steps):
+    """The greedy ids of the file on the numpy backend's generic (reference) path."""
+    from candle_web.models.llama import Llama
+
+    generic = Llama.load(path, device=Device.cpu(backend="numpy"))
+    steps_of = llama_steps(generic, fused=False)
+    generic.clear_kv_cache(capacity=4)
+    ids = [int(np.argmax(steps_of([prompt], 0).to_numpy()[0]))]
+    for _ in range(steps):
+        ids.append(int(np.argmax(steps_of([[ids[-1]]], generic.seq_len).to_numpy()[0])))
+    return ids
+
+
 def _one_and_two_threads(path, attach, team, run):
     from candle_web.models.llama import Llama
 
@@ -228,21 +241,13 @@ def test_real_qwen2_5_coder_decodes_the_same_on_two_threads_and_generic(with_tea
     """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Q5_0/Q8_0/Q4_K/Q6_K pieces, the q|k|v bias, a tied
     Q8_0 head of 151,936 rows): two threads equal one bit for bit, and the greedy ids equal
     the numpy backend's generic path."""
-    from candle_web.models.llama import Llama
-
     path = model_file("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
     prompt = [151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198, 151644, 77091, 198]
     (ids1, logits1), (ids2, logits2) = _one_and_two_threads(
         path, with_team, team, lambda model: _greedy(model, prompt, 6))
     assert ids2 == ids1
     np.testing.assert_array_equal(logits2, logits1)
-    generic = Llama.load(path, device=Device.cpu(backend="numpy"))
-    steps = llama_steps(generic, fused=False)
-    generic.clear_kv_cache(capacity=4)
-    want = [int(np.argmax(steps([prompt], 0).to_numpy()[0]))]
-    for _ in range(6):
-        want.append(int(np.argmax(steps([[want[-1]]], generic.seq_len).to_numpy()[0])))
-    assert ids1 == want
+    assert ids1 == _numpy_generic_greedy_ids(path, prompt, 6)
 
 
 
@@ -267,7 +272,6 @@ def test_llama_block_phases_split_by_kv_heads_give_the_same_numbers(with_team, t
     q|k|v and gate|up pieces with ffn 40 (up's rows would start unaligned: one thread takes
     it). Two threads equal one bit for bit; the greedy ids are the numpy generic path's."""
     from tests.models import llama_testlib
-    from candle_web.models.llama import Llama
     from candle_web.quantized import GgmlDType
 
     config = dict(llama_testlib.TINY_CONFIG, **shape)
@@ -279,13 +283,7 @@ def test_llama_block_phases_split_by_kv_heads_give_the_same_numbers(with_team, t
         path, with_team, team, lambda model: _greedy(model, prompt, 8))
     assert ids2 == ids1
     np.testing.assert_array_equal(logits2, logits1)
-    generic = Llama.load(path, device=Device.cpu(backend="numpy"))
-    steps = llama_steps(generic, fused=False)
-    generic.clear_kv_cache(capacity=4)
-    want = [int(np.argmax(steps([prompt], 0).to_numpy()[0]))]
-    for _ in range(8):
-        want.append(int(np.argmax(steps([[want[-1]]], generic.seq_len).to_numpy()[0])))
-    assert ids1 == want
+    assert ids1 == _numpy_generic_greedy_ids(path, prompt, 8)
 
 # -- Whisper ------------------------------------------------------------------------------------
 def _half_valued(decoder):
