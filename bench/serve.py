@@ -7,13 +7,29 @@ with `--parallel 8` on the same GGUF), C clients (1, 4, 8) each stream one greed
 tokens of all clients / wall time from the first request to the last answer) and the p50/p95
 time to first token, then the ratio candle-web / llama-server. It also prints each server's
 time from process start to its first answer. Loopback only; one run, so compare the ratios.
+Both servers get the same --threads (llama-server's -t; candle-web's NUMBA_NUM_THREADS; its
+BLAS keeps the caller's OPENBLAS_NUM_THREADS: on a loaded machine set it to 1, OpenBLAS's
+spinning threads made one answer 15x slower here).
 
-llama-server comes from the llama.cpp sources the other benches build
-(scripts/build_llama_cpp.sh builds llama-bench only): pass --llama-server PATH or set
-$LLAMA_SERVER; without one its column is empty and the reason is printed.
+--startup measures only the start of `candle-web serve --api --model M` and prints where the
+time goes, from the process's start to the first chat answer (a one-token greedy chat of the
+first prompt, through the chat template): the interpreter, the imports (candle_web, the server
+stack, numba), the model's load (GGUF, tokenizer, weight layout), the warm-up (numba's cached
+machine code loaded, first-call costs, the prompt path's f32 weights), the bind, and the first
+answer; then a second answer for comparison, whether numba compiled anything (files written to
+its cache during the start; 0 means every kernel came from the on-disk cache) and the load
+average. The server child writes its own timestamps (it wraps ModelPool._warm_up_text and
+announce for that, nothing else); .pyc files are used as an installed package would
+(PYTHONDONTWRITEBYTECODE is dropped for the child).
+
+llama-server comes from the llama.cpp sources the other benches build: scripts/build_llama_cpp.sh
+builds it beside llama-bench (~/.cache/candle-web/llama.cpp/bin/llama-server); or pass
+--llama-server PATH or set $LLAMA_SERVER; without one its column is empty and the reason is
+printed. It runs with --parallel 8, 2048 context tokens per slot (-c 16384) and no web UI.
 
     .venv/bin/python bench/serve.py [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
                                     [--clients 1,4,8] [--tokens 64] [--llama-server PATH]
+                                    [--threads 2] [--startup]
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -40,6 +57,9 @@ PROMPTS = ["Write a short poem about the sea.", "Explain what a CPU does.",
            "Why is the sky blue?", "Give advice for a job interview.",
            "What is a prime number?", "Tell a story about a lost key."]
 START_TIMEOUT_S = 600
+SLOTS = 8
+CONTEXT_PER_SLOT = 2048
+STARTUP_CHILD_FLAG = "--startup-child"
 
 
 def free_port() -> int:
@@ -138,23 +158,165 @@ class Server:
                 self.process.kill()
 
 
-def candle_server(model: str) -> Server:
+def candle_environment(threads: int) -> dict:
+    environment = dict(os.environ, PYTHONPATH=str(REPO / "pkg"), NUMBA_NUM_THREADS=str(threads))
+    environment.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package has its .pyc
+    return environment
+
+
+def candle_argv(model: str, port: int) -> list:
+    return ["serve", "--api", "--model", model, "--parallel", str(SLOTS), "--port", str(port)]
+
+
+def candle_server(model: str, threads: int) -> Server:
     port = free_port()
-    environment = dict(os.environ, PYTHONPATH=str(REPO / "pkg"))
-    argv = [sys.executable, "-m", "candle_web.cli", "serve", "--api", "--model", model,
-            "--parallel", "8", "--port", str(port)]
-    return Server(argv, f"http://127.0.0.1:{port}/v1", model, environment)
+    argv = [sys.executable, "-m", "candle_web.cli", *candle_argv(model, port)]
+    return Server(argv, f"http://127.0.0.1:{port}/v1", model, candle_environment(threads))
 
 
-def llama_server(binary: str, model: str) -> Server:
+def llama_server(binary: str, model: str, threads: int) -> Server:
     from candle_web import hub  # noqa: PLC0415
 
     files = hub.fetch_model(model)
     gguf = next(path for path in files.values() if str(path).endswith(".gguf"))
     port = free_port()
-    argv = [binary, "-m", str(gguf), "--parallel", "8", "--port", str(port), "--host",
-            "127.0.0.1", "-c", str(8 * 2048), "--threads", str(os.cpu_count() or 2)]
+    # --parallel slots split -c evenly (the KV cache is not unified when the slot count is
+    # given), so each slot holds CONTEXT_PER_SLOT tokens, as candle-web's slots hold the
+    # model's context.
+    argv = [binary, "-m", str(gguf), "--parallel", str(SLOTS), "--port", str(port), "--host",
+            "127.0.0.1", "-c", str(SLOTS * CONTEXT_PER_SLOT), "--threads", str(threads),
+            "--no-webui"]
     return Server(argv, f"http://127.0.0.1:{port}/v1", model)
+
+
+# -- --startup: where the time from process start to the first answer goes -----------------
+
+def startup_child(marks_path: str, cli_argv: list) -> int:
+    """The server process of --startup: `candle-web serve` itself, with timestamps appended to
+    marks_path (JSON lines [name, time.time(), CPU seconds of the process]) at each stage's
+    end."""
+    marks = open(marks_path, "a", encoding="utf-8")
+
+    def mark(name: str) -> None:
+        marks.write(json.dumps([name, time.time(), sum(os.times()[:2])]) + "\n")
+        marks.flush()
+
+    mark("interpreter")
+    import candle_web.cli as cli  # noqa: PLC0415
+    import candle_web.serve as serve  # noqa: PLC0415
+    from candle_web import api  # noqa: F401, PLC0415
+    from candle_web.api import engine  # noqa: PLC0415
+
+    serve.import_server_stack()
+    import starlette.applications  # noqa: F401, PLC0415
+    try:
+        import numba  # noqa: F401, PLC0415
+    except ImportError:
+        pass
+    mark("imports")
+    warm_up = getattr(engine.ModelPool, "_warm_up_text", None)
+    if warm_up is not None:
+        def timed_warm_up(*args, **kwargs):
+            mark("load")
+            result = warm_up(*args, **kwargs)
+            mark("warm-up")
+            return result
+        engine.ModelPool._warm_up_text = staticmethod(timed_warm_up)
+    announce = serve.server.announce
+
+    def timed_announce(*args, **kwargs):
+        mark("bind")
+        return announce(*args, **kwargs)
+    serve.server.announce = timed_announce
+    return cli.main(cli_argv)
+
+
+def numba_cache_files() -> tuple:
+    try:
+        import candle_native  # noqa: PLC0415
+    except ImportError:
+        return None, 0
+    folder = candle_native.numba_cache_dir()
+    return folder, sum(1 for _ in folder.rglob("*.nb[ic]")) if folder.is_dir() else 0
+
+
+def process_cpu_seconds(pid: int):
+    """User + system CPU seconds of a running process (Linux's /proc), else None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wait_until_listening(port: int, process, deadline: float) -> None:
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"candle-web serve exited with {process.returncode}: "
+                               f"{process.stderr.read()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on port {port} after {START_TIMEOUT_S} s")
+            time.sleep(0.01)
+
+
+def _cpu(now, before=0.0) -> str:
+    return "     -" if now is None or before is None else f"{now - before:6.2f}s"
+
+
+def measure_startup(model: str, threads: int) -> None:
+    port = free_port()
+    cache, files_before = numba_cache_files()
+    with tempfile.TemporaryDirectory() as folder:
+        marks_path = os.path.join(folder, "marks.jsonl")
+        argv = [sys.executable, str(Path(__file__).resolve()), STARTUP_CHILD_FLAG, marks_path,
+                *candle_argv(model, port)]
+        started = time.time()
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   text=True, env=candle_environment(threads))
+        try:
+            wait_until_listening(port, process, time.monotonic() + START_TIMEOUT_S)
+            base = f"http://127.0.0.1:{port}/v1"
+            asked = time.time()
+            stream_chat(base, model, PROMPTS[0], 1)
+            answered = time.time()
+            answered_cpu = process_cpu_seconds(process.pid)
+            stream_chat(base, model, PROMPTS[0], 1)
+            second = time.time() - answered
+            second_cpu = process_cpu_seconds(process.pid)
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        with open(marks_path, encoding="utf-8") as handle:
+            marks = [json.loads(line) for line in handle]
+    _, files_after = numba_cache_files()
+    # CPU seconds (all the server's threads) depend far less on the machine's load than the wall
+    # clock does: on a loaded machine they say what a quiet one would take, roughly.
+    print(f"{model}: start to first answer {answered - started:.2f} s wall, "
+          f"{_cpu(answered_cpu).strip()} CPU (load average {os.getloadavg()[0]:.1f}, {threads} threads)")
+    print(f"  {'stage':62} {'wall':>7} {'CPU':>7}")
+    previous, previous_cpu = started, 0.0
+    labels = {"interpreter": "interpreter start", "imports": "imports (candle_web, uvicorn, "
+              "starlette, numba)", "load": "model load (GGUF, tokenizer, weight layout)",
+              "warm-up": "warm-up (numba cache loads, first calls, f32 prompt weights)",
+              "bind": "pool ready to listening"}
+    for name, at, cpu in marks:
+        print(f"  {labels.get(name, name):62} {at - previous:6.2f}s {cpu - previous_cpu:6.2f}s")
+        previous, previous_cpu = at, cpu
+    print(f"  {'listening to the first answer (a 1-token chat, asked at once)':62} "
+          f"{answered - max(previous, asked):6.2f}s {_cpu(answered_cpu, previous_cpu)}")
+    print(f"  {'(a second 1-token chat, for comparison)':62} {second:6.2f}s "
+          f"{_cpu(second_cpu, answered_cpu)}")
+    if cache is not None:
+        print(f"  numba cache {cache}: {files_after - files_before} file(s) written during the "
+              f"start (0: nothing compiled, all loaded from the cache)")
 
 
 def find_llama_server(given: str):
@@ -172,19 +334,29 @@ def main() -> int:
     parser.add_argument("--clients", default="1,4,8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--llama-server", default=None)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads for each server (llama-server -t; candle-web's numba "
+                             "threads)")
+    parser.add_argument("--startup", action="store_true",
+                        help="only measure candle-web's start to its first answer, by stage")
     args = parser.parse_args()
+    if args.startup:
+        for model in args.models.split(","):
+            measure_startup(model, args.threads)
+        return 0
     levels = [int(x) for x in args.clients.split(",")]
     peer = find_llama_server(args.llama_server)
     if peer is None:
-        print("llama-server: not built here (scripts/build_llama_cpp.sh builds llama-bench only; "
-              "pass --llama-server PATH or set $LLAMA_SERVER): its column is left empty")
+        print("llama-server: not found (scripts/build_llama_cpp.sh builds it into "
+              "~/.cache/candle-web/llama.cpp/bin/; or pass --llama-server PATH or set "
+              "$LLAMA_SERVER): its column is left empty")
     print(f"load average {os.getloadavg()[0]:.1f}; {args.tokens} greedy tokens per client\n")
     print(f"{'model':30} {'clients':>7} {'server':12} {'tok/s':>8} {'TTFT p50':>9} "
           f"{'TTFT p95':>9} {'ratio tok/s':>12}")
     for model in args.models.split(","):
         figures = {}
-        for name, start in (("candle-web", lambda m=model: candle_server(m)),
-                            ("llama-server", (lambda m=model: llama_server(peer, m))
+        for name, start in (("candle-web", lambda m=model: candle_server(m, args.threads)),
+                            ("llama-server", (lambda m=model: llama_server(peer, m, args.threads))
                              if peer else None)):
             if start is None:
                 continue
@@ -217,4 +389,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == [STARTUP_CHILD_FLAG]:
+        sys.exit(startup_child(sys.argv[2], sys.argv[3:]))
     sys.exit(main())
