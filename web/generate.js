@@ -105,7 +105,9 @@ class GenerateView {
     state.lastLoad = reply;
     state.loadedModel = reply.key;
     const option = this.ui.modelSelect.selectedOptions[0];
-    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).${licenceNote(option?.dataset.license)}`;
+    // Without the vendored jinja2, --chat prompts use a built-in format: say so, as Chat does.
+    const templateNote = reply.model?.chatTemplateNote ? ` Note: ${reply.model.chatTemplateNote}.` : "";
+    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).${licenceNote(option?.dataset.license)}${templateNote}`;
   }
 
   showSpeed(tokens, tokensPerSecond) {

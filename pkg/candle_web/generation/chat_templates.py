@@ -7,8 +7,8 @@ lstrip_blocks, the loop controls, the `{% generation %}` tag), the globals `rais
 `strftime_now`, a plain `dict` and a namespace that refuses underscore names, a `tojson` filter
 taking json.dumps' options (not HTML-escaping), and the variables `messages`,
 `add_generation_prompt`, `bos_token`/`eos_token`, `tools`/`documents` none. jinja2 is imported
-when a template is loaded (Pyodide ships it; natively the `chat` extra). A render is bounded:
-a step budget (a template cannot loop for ever), sizes of `*`/`**` results, the output length.
+when a template is loaded (natively the `chat` extra; the page vendors Jinja2 3.1.6 and a pure
+MarkupSafe from PyPI, scripts/vendor_pyodide.py). A render is bounded: a step budget (a template cannot loop for ever), sizes of `*`/`**` results, the output length.
 
 Without jinja2, or for a template jinja2 cannot parse, `ChatTemplate.detect` recognises the
 three formats below by their marker tokens and renders them directly, and raises
@@ -230,8 +230,8 @@ def _environment_class():
 
         def is_safe_attribute(self, obj, attr, value):
             # str.format reached any other way than `getattr` below (item access, the attr
-            # filter) would skip the sandboxed formatter on jinja2 < 3.1.5 (Pyodide 0.27 has
-            # 3.1.3): refused.
+            # filter) would skip the sandboxed formatter on jinja2 < 3.1.5 (Pyodide 0.27's own
+            # package is 3.1.3): refused.
             if isinstance(obj, str) and attr in ("format", "format_map"):
                 return False
             return super().is_safe_attribute(obj, attr, value)
