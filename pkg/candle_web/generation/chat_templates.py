@@ -8,7 +8,8 @@ lstrip_blocks, the loop controls, the `{% generation %}` tag), the globals `rais
 taking json.dumps' options (not HTML-escaping), and the variables `messages`,
 `add_generation_prompt`, `bos_token`/`eos_token`, `tools`/`documents` none. jinja2 is imported
 when a template is loaded (natively the `chat` extra; the page vendors Jinja2 3.1.6 and a pure
-MarkupSafe from PyPI, scripts/vendor_pyodide.py). A render is bounded: a step budget (a template cannot loop for ever), sizes of `*`/`**` results, the output length.
+MarkupSafe from PyPI, scripts/vendor_pyodide.py). A render is bounded: a step budget (a
+template cannot loop for ever), sizes of `*`/`**` results, the output length.
 
 Without jinja2, or for a template jinja2 cannot parse, `ChatTemplate.detect` recognises the
 three formats below by their marker tokens and renders them directly, and raises
