@@ -12,7 +12,7 @@ $TMPDIR/candle-web-rev-<commit[:12]> (made once, reused by later runs while it i
 that commit; a worktree there with local changes, or at another commit, is refused with what
 to do). Its page is built by its own scripts: scripts/vendor_pyodide.py --offline (the wasm
 kernels with its scripts/build_kernels.py, its candle_web wheel), after the Pyodide runtime
-files of this checkout's web/vendor/pyodide are hard-linked in (the old vendor script keeps
+files of this checkout's web/vendor/pyodide are copied in (the old vendor script keeps
 files whose sha256 it pins, so nothing is downloaded) and the Pyodide snapshot copied (its
 script rebuilds it when its key differs). Python is this interpreter (the main .venv); models
 come from the shared model cache (~/.cache/candle-web, or $CANDLE_WEB_CACHE): nothing is
@@ -123,12 +123,9 @@ def checkout(commit: str, root: Path | None = None, repo: Path = REPO) -> Path:
     return path
 
 
-def link_or_copy(source: Path, target: Path) -> None:
-    if target.exists():
-        return
-    try:
-        os.link(source, target)
-    except OSError:
+def copy_missing(source: Path, target: Path) -> None:
+    """A copy, not a hard link: a vendor script writing a file in place would change ours."""
+    if not target.exists():
         shutil.copy2(source, target)
 
 
@@ -143,7 +140,7 @@ def child_env(tree: Path, with_native: bool = False) -> dict:
 
 
 def build_page(tree: Path, log_dir: Path) -> dict:
-    """The tree's page: this checkout's Pyodide files linked in, then its own vendor script
+    """The tree's page: this checkout's Pyodide files copied in, then its own vendor script
     (kernels, wheel, samples). Returns its wheel manifest; RevisionError when it fails."""
     source = REPO / "web" / "vendor"
     if not (source / "pyodide").is_dir():
@@ -153,10 +150,10 @@ def build_page(tree: Path, log_dir: Path) -> dict:
     (target / "pyodide").mkdir(parents=True, exist_ok=True)
     for file in (source / "pyodide").iterdir():
         if file.is_file():
-            link_or_copy(file, target / "pyodide" / file.name)
+            copy_missing(file, target / "pyodide" / file.name)
     for name in SHARED_VENDOR_FILES:
         if (source / name).is_file():
-            link_or_copy(source / name, target / name)
+            copy_missing(source / name, target / name)
     log = log_dir / f"vendor-{tree.name}.log"
     with log.open("w") as handle:
         done = subprocess.run([sys.executable, str(tree / "scripts" / "vendor_pyodide.py"),
