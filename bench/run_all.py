@@ -2,8 +2,8 @@
 
     python bench/run_all.py [NAME ...] [--skip NAME ...] [--list]
 
-A workload is a bench/*.py script whose name does not start with "_" (helpers) and is not this
-file. Each runs with this interpreter and its own defaults, one after another, so no two share
+A workload is a bench/*.py script whose name does not start with "_" (helpers), is not this
+file and is not in NOT_WORKLOADS. Each runs with this interpreter and its own defaults, one after another, so no two share
 the cores or a warm cache; their tables print as they come. A script that declares
 `NEEDS_CUDA = True` on a line of its own is skipped, with the reason, when no CUDA device is
 usable (cupy missing or no device). NAMEs select scripts by file stem (e.g. `whisper gpu`).
@@ -26,11 +26,15 @@ NEEDS_CUDA_LINE = "NEEDS_CUDA = True"
 CUDA_PROBE = ("import cupy, sys; "
               "sys.exit(0 if cupy.cuda.runtime.getDeviceCount() > 0 else 1)")
 CUDA_PROBE_TIMEOUT_S = 120
+# revisions.py compares two commits (a check a refactor asks for, ~25 min with its own worktrees),
+# not this tree against a peer: run it by hand.
+NOT_WORKLOADS = {"revisions"}
 
 
 def workload_scripts() -> list:
     return sorted(path for path in BENCH_DIR.glob("*.py")
-                  if not path.name.startswith("_") and path.name != Path(__file__).name)
+                  if not path.name.startswith("_") and path.name != Path(__file__).name
+                  and path.stem not in NOT_WORKLOADS)
 
 
 def needs_cuda(script: Path) -> bool:
