@@ -10,8 +10,8 @@ import pytest
 
 from candle_web.backend import get_backend
 from tests.tolerances_testlib import (assert_near_truth, assert_within, attention_bound, dot_bound,
-                        layer_norm_bound, log_softmax_bound, rms_norm_bound, softmax_bound,
-                        unary_bound)
+                                      layer_norm_bound, log_softmax_bound, rms_norm_bound,
+                                      softmax_bound, unary_bound)
 
 REF = get_backend("numpy")
 

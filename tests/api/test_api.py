@@ -21,9 +21,9 @@ pytest.importorskip("starlette", reason="the serve extra installs starlette")
 from candle_web import hub  # noqa: E402
 from candle_web.serve import ISOLATION_HEADERS, SiteConfig, start_in_thread  # noqa: E402
 from tests.api.api_testlib import (API_KEY, BERT, CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM,  # noqa: E402
-                                   MAX_TOKENS, WHISPER, chat_messages,
-                                   multipart_body, post_json, raw_request, reference_chat,
-                                   reference_generate, reference_transcript)
+                                   MAX_TOKENS, WHISPER, chat_messages, multipart_body, post_json,
+                                   raw_request, reference_chat, reference_generate,
+                                   reference_transcript)
 
 # Small limits for the refusal tests (a second app on the same models).
 SMALL_BODY, SMALL_UPLOAD, SHORT_IDLE_S = 64 << 10, 256 << 10, 1.0

@@ -21,9 +21,9 @@ import pytest
 pytest.importorskip("openai", reason="the dev extra installs the openai client")
 pytest.importorskip("starlette", reason="the serve extra installs starlette")
 
-
-from tests.api.api_testlib import (CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM, WHISPER, multipart_body,  # noqa: E402
-                      chat_messages, raw_request, reference_chat, reference_transcript)
+from tests.api.api_testlib import (CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM,  # noqa: E402
+                                   WHISPER, chat_messages, multipart_body, raw_request,
+                                   reference_chat, reference_transcript)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.",

@@ -12,13 +12,13 @@ Skipped, with the reason, where wasmtime or the built module (`make web`) is mis
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from candle_web.backend.settings import reload_settings
+from tests.wasm_testlib import q5_k_gguf
 from tests.parts_testlib import (decode_logits, encode, generic_and_truth, llama_part, llama_steps,
-                           ran_fused, random_text_decoder, same_encoders, whisper_decoder_part,
-                           whisper_encoder_part)
+                                 ran_fused, random_text_decoder, same_encoders,
+                                 whisper_decoder_part, whisper_encoder_part)
 from tests.tolerances_testlib import assert_near_truth
 
 from candle_web import Device
@@ -154,39 +154,6 @@ def test_llama_decoder_step_matches_the_generic_path(wasm_device, tmp_path, qtyp
     ids, logits = _greedy(model, prompt, STEPS, fused=True)
     assert_near_truth(logits, reference, truth, f"{qtype} decoder part")
     assert ids == expected_ids
-
-
-def q5_k_gguf(folder, seed: int = 4):
-    """The wide tiny LLaMA with Q5_K v/o/gate/up/down/head/embedding and Q8_0 q/k. The
-    project's quantizer does not write Q5_K, so its blocks are random bytes with small f16
-    super-block scales (every byte pattern is a valid block). Returns (path, config, prompt,
-    the file's weights decoded, in HF layout)."""
-    from tests.models import llama_testlib
-    from candle_web.quantized import GgmlDType, QTensor
-
-    config = llama_testlib.WIDE_CONFIG
-    rng = np.random.default_rng(seed)
-    state = llama_testlib.random_state(config, seed=seed)
-    q5_k, q8_0 = GgmlDType.Q5_K, GgmlDType.Q8_0
-    block_elements, block_bytes = q5_k.block_size, q5_k.type_size
-    file_tensors, decoded = {}, dict(state)
-    for name, values in state.items():
-        if values.ndim != 2:
-            continue
-        heads = {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads"}
-        head_key = next((key for part, key in heads.items() if part in name), None)
-        if head_key is not None:  # Q8_0 (the converter's row order; quantizing commutes)
-            q = QTensor.from_float(llama_testlib.permute_rows(values, config[head_key]), q8_0)
-            decoded[name] = QTensor.from_float(values, q8_0).dequantize()
-        else:
-            blocks = rng.integers(0, 256, (values.size // block_elements, block_bytes), np.uint8)
-            scales = rng.uniform(1e-4, 3e-4, (blocks.shape[0], 2)).astype(np.float16)
-            blocks[:, :4] = scales.view(np.uint8)  # d, dmin
-            q = QTensor(q5_k, values.shape, blocks.reshape(-1))
-            decoded[name] = q.dequantize()
-        file_tensors[llama_testlib.gguf_name(name)] = q
-    path = llama_testlib.to_gguf(state, config, folder / "q5_k.gguf", extra_tensors=file_tensors)
-    return path, config, [2, 7, 100], decoded
 
 
 def assert_part_decodes_like_the_reference(model, path, config, decoded, prompt, label):

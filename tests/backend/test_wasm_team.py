@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tests.parts_testlib import (decode_logits, encode, llama_part, llama_steps, random_encoder,
-                           random_text_decoder, whisper_decoder_part, whisper_encoder_part)
+                                 random_text_decoder, whisper_decoder_part, whisper_encoder_part)
 
 from candle_web import Device, Tensor
 from candle_web.backend.wasm import abi as wasm_abi
@@ -227,7 +227,8 @@ def test_real_smollm2_q4_1_decodes_the_same_on_two_threads(with_team, team, mode
 @pytest.mark.parametrize("make", ["qwen2-mixed", "q5_k"])
 def test_qwen2_bias_and_q5_k_steps_on_two_threads_equal_one_thread(with_team, team, tmp_path,
                                                                     make):
-    from tests.backend.test_wasm_parts import q5_k_gguf, qwen2_mixed_gguf
+    from tests.models.llama_testlib import qwen2_mixed_gguf
+    from tests.wasm_testlib import q5_k_gguf
 
     path = qwen2_mixed_gguf(tmp_path)[0] if make == "qwen2-mixed" else q5_k_gguf(tmp_path)[0]
     (ids1, logits1), (ids2, logits2) = _one_and_two_threads(

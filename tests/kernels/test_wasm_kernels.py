@@ -18,8 +18,9 @@ import pytest
 
 from candle_web.backend.numpy_backend import NumpyBackend
 from candle_web.quantized import GgmlDType, dequantize, quantize
-from tests.tolerances_testlib import (assert_within, attention_bound, layer_norm_bound, log_softmax_bound,
-                        rms_norm_bound, silu_mul_bound, softmax_bound, sum_bound, unary_bound)
+from tests.tolerances_testlib import (assert_within, attention_bound, layer_norm_bound,
+                                      log_softmax_bound, rms_norm_bound, silu_mul_bound,
+                                      softmax_bound, sum_bound, unary_bound)
 
 NP = NumpyBackend()
 

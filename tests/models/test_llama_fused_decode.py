@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tests.models.llama_testlib import (QWEN2_CONFIG, TINY_CONFIG, WIDE_CONFIG, dequantized_state,
-                           qwen2_mixed_gguf, random_state, to_gguf, transformers_logits)
+                                        qwen2_mixed_gguf, random_state, to_gguf,
+                                        transformers_logits)
 from tests.parts_testlib import llama_part, llama_steps
 from tests.tolerances_testlib import assert_near_truth
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.models.llama_testlib import (TINY_CONFIG, dequantized_state, gguf_metadata, one_blas_thread,
-                           permute_rows, random_state, reference_script, to_gguf, to_hf_folder,
-                           transformers_logits)
+from tests.models.llama_testlib import (TINY_CONFIG, dequantized_state, gguf_metadata,
+                                        one_blas_thread, permute_rows, random_state,
+                                        reference_script, to_gguf, to_hf_folder,
+                                        transformers_logits)
 from tests.tolerances_testlib import assert_near_truth
 
 from candle_web import Tensor, bf16

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.models.llama_testlib import (GGUF_ARCHITECTURE, one_blas_thread, to_gguf, transformers_logits,
-                           transformers_model)
+from tests.models.llama_testlib import (GGUF_ARCHITECTURE, one_blas_thread, to_gguf,
+                                        transformers_logits, transformers_model)
 from tests.tolerances_testlib import assert_near_truth, measured_bound
 
 from candle_web.models.llama import Llama

@@ -15,8 +15,8 @@ import pytest
 from candle_web.quantized import QTensor
 from tests.native.native_testlib import qmatmul_bound, rope_bound
 from tests.tolerances_testlib import (assert_within, attention_bound, dot_bound, elementwise_bound,
-                        layer_norm_bound, log_softmax_bound, rms_norm_bound, silu_mul_bound,
-                        softmax_bound, sum_bound, unary_bound)
+                                      layer_norm_bound, log_softmax_bound, rms_norm_bound,
+                                      silu_mul_bound, softmax_bound, sum_bound, unary_bound)
 
 # add, sub, mul, div, maximum, minimum: one IEEE rounding (half an ulp) on each side.
 ONE_ROUNDING_ULPS = 0.5

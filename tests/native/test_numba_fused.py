@@ -16,8 +16,9 @@ from candle_native.numba.backend import (FUSED_ATTENTION_MAX_QUERIES, PARALLEL_M
                                          SOFTMAX_NUMBA_MAX_ELEMENTS)
 
 from tests.native.native_testlib import rope_bound
-from tests.tolerances_testlib import (assert_within, attention_bound, layer_norm_bound, log_softmax_bound,
-                        rms_norm_bound, silu_mul_bound, softmax_bound, unary_bound)
+from tests.tolerances_testlib import (assert_within, attention_bound, layer_norm_bound,
+                                      log_softmax_bound, rms_norm_bound, silu_mul_bound,
+                                      softmax_bound, unary_bound)
 
 # (rows..., width): small odd shapes take the serial kernels, the last one the threaded kernels.
 ROW_SHAPES = [(1, 1), (3, 5, 17), (7, 1000), (PARALLEL_MIN_ELEMENTS // 1031 + 3, 1031)]

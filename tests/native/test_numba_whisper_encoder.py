@@ -24,7 +24,7 @@ import pytest
 from candle_web.backend.settings import reload_settings
 
 from tests.parts_testlib import (encode, encoder_in_float64, random_encoder, same_encoders,
-                           whisper_encoder_part)
+                                 whisper_encoder_part)
 from tests.tolerances_testlib import assert_near_truth
 
 

@@ -23,7 +23,7 @@ import pytest
 from candle_web.backend.settings import reload_settings
 
 from tests.parts_testlib import (decode_logits, generic_and_truth, ran_fused, random_text_decoder,
-                           whisper_decoder_part)
+                                 whisper_decoder_part)
 from tests.tolerances_testlib import assert_near_truth
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from candle_web import CandleError, ShapeMismatch, Tensor, UnsupportedError, Var, nn
-from tests.nn.nn_testlib import (ATOL_ELEMENTWISE, RTOL_ELEMENTWISE, assert_close, assert_grads_close,
-                        pair, randn)
+from tests.nn.nn_testlib import (ATOL_ELEMENTWISE, RTOL_ELEMENTWISE, assert_close,
+                                 assert_grads_close, pair, randn)
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

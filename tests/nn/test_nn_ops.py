@@ -8,8 +8,8 @@ import pytest
 
 from candle_web import CandleError, ShapeMismatch, Tensor, Var, manual_seed
 from candle_web.nn import ops
-from tests.nn.nn_testlib import (ATOL_ELEMENTWISE, RTOL_ELEMENTWISE, assert_close, assert_grads_close,
-                        pair, randn)
+from tests.nn.nn_testlib import (ATOL_ELEMENTWISE, RTOL_ELEMENTWISE, assert_close,
+                                 assert_grads_close, pair, randn)
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -14,8 +14,8 @@ from numpy's PCG64 with the same seed, so the sampled ids must be equal too.
 from __future__ import annotations
 
 import pytest
-from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
-                           view_state)
+from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view,
+                                         run_and_wait, view_state)
 
 MODEL = "smollm2-135m-instruct"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

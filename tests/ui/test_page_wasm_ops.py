@@ -37,10 +37,10 @@ from candle_web.backend.wasm import abi as wasm_abi
 from candle_web.quantized import GgmlDType, QTensor
 
 from tests.wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitudes, random_qweight,
-                          rope_bound)
+                                rope_bound)
 from tests.tolerances_testlib import (assert_within, attention_bound, dot_bound, layer_norm_bound,
-                        log_softmax_bound, rms_norm_bound, silu_mul_bound, softmax_bound,
-                        unary_bound)
+                                      log_softmax_bound, rms_norm_bound, silu_mul_bound,
+                                      softmax_bound, unary_bound)
 
 pytestmark = pytest.mark.ui
 

@@ -17,8 +17,8 @@ import base64
 
 import numpy as np
 import pytest
-from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
-                           view_state)
+from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view,
+                                         run_and_wait, view_state)
 
 MODEL = "all-minilm-l6-v2"
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")

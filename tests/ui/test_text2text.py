@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view, run_and_wait,
-                           view_state)
+from tests.ui.text_views_testlib import (NativeTextJobs, leave_page_as_found, open_view,
+                                         run_and_wait, view_state)
 
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "reference"
 CONFIG = "v1_1"

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 from tests.ui.transcribe_testlib import (ARTIFACTS_DIR, SAMPLES_DIR, TRANSCRIBE_TIMEOUT_MS,
-                           assert_matches_reference, run_to_end, run_tool, samples_manifest, tool,
-                           view_state, wait_idle_with_clip)
+                                         assert_matches_reference, run_to_end, run_tool,
+                                         samples_manifest, tool, view_state, wait_idle_with_clip)
 
 NATIVE_SCRIPT = Path(__file__).with_name("native_whisper.py")
 MODEL = "whisper-tiny.en"

@@ -6,8 +6,9 @@ references are the sentence itself and its meaning: the words of each must be th
 from __future__ import annotations
 
 import pytest
-from tests.ui.transcribe_testlib import (MODEL_TINY, choose_model, run_to_end, run_tool, screenshot, tool,
-                           view_state, wait_idle_with_clip, words, words_found_in_order)
+from tests.ui.transcribe_testlib import (MODEL_TINY, choose_model, run_to_end, run_tool, screenshot,
+                                         tool, view_state, wait_idle_with_clip, words,
+                                         words_found_in_order)
 
 pytestmark = pytest.mark.ui
 

@@ -17,8 +17,9 @@ import os
 import re
 
 import pytest
-from tests.ui.transcribe_testlib import (MODEL_TINY, SAMPLES_DIR, assert_matches_reference, choose_model,
-                           run_tool, screenshot, tool, view_state, wait_idle_with_clip)
+from tests.ui.transcribe_testlib import (MODEL_TINY, SAMPLES_DIR, assert_matches_reference,
+                                         choose_model, run_tool, screenshot, tool, view_state,
+                                         wait_idle_with_clip)
 
 pytestmark = pytest.mark.ui
 

@@ -7,8 +7,9 @@ page keeps working. The references are the clips' LibriVox transcripts."""
 from __future__ import annotations
 
 import pytest
-from tests.ui.transcribe_testlib import (MODEL_TINY, TRANSCRIBE_TIMEOUT_MS, assert_matches_reference,
-                           choose_model, playwright_config, screenshot, view_state)
+from tests.ui.transcribe_testlib import (MODEL_TINY, TRANSCRIBE_TIMEOUT_MS,
+                                         assert_matches_reference, choose_model, playwright_config,
+                                         screenshot, view_state)
 
 pytestmark = pytest.mark.ui
 

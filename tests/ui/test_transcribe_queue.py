@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.ui.transcribe_testlib import (TRANSCRIBE_TIMEOUT_MS, assert_matches_reference, drop_files, items,
-                           sample_file, screenshot, view_state)
+from tests.ui.transcribe_testlib import (TRANSCRIBE_TIMEOUT_MS, assert_matches_reference,
+                                         drop_files, items, sample_file, screenshot, view_state)
 
 pytestmark = pytest.mark.ui
 
