@@ -149,9 +149,9 @@ EXPORTS = (
 )
 
 
-# The fused decode steps (web/kernels/steps.c): one call per block. A matrix is (type, rows,
-# pointer): type 0 f32 rows, 1 f16 bits, else a GGML type id; a projection stored as several
-# tensors comes piece by piece (rows 0 and a null pointer for an absent piece).
+# The fused decode steps (web/kernels/steps.c, whisper_steps.c): one call per block. A matrix
+# is (type, rows, pointer): type 0 f32 rows, 1 f16 bits, else a GGML type id; a projection
+# stored as several tensors comes piece by piece (rows 0 and a null pointer for an absent piece).
 def _matrix(name, rows=True, optional=False):
     args = [_i(f"{name}_type")]
     if rows:
@@ -244,8 +244,9 @@ TEAM_EXPORT_NAMES = tuple(e.name for e in TEAM_EXPORTS)
 
 # The argument blocks: a header, then one record per block. Each entry is (name, kind) with
 # kind "i" (i32), "f" (f32 bits) or "p" (pointer into the shared memory, 0: absent). The C
-# side (steps.c: llama_team_step, whisper_team_step, whisper_encoder_team_step) reads each word
-# by the index the generated header names after it (TEAM_LLAMA_LAYER_Q_TYPE, ...).
+# side (steps.c: llama_team_step; whisper_steps.c: whisper_team_step,
+# whisper_encoder_team_step) reads each word by the index the generated header names after it
+# (TEAM_LLAMA_LAYER_Q_TYPE, ...).
 # The LLaMA job's `work` is llama_block_step's (d + (q + 2 kv) + q + 3 ffn floats) and then d
 # floats for each thread after the first (its own rms_norm output).
 TEAM_LLAMA_HEADER = (
@@ -287,7 +288,7 @@ TEAM_ENCODER_BLOCK = (
 
 
 def team_encoder_work_floats(frames_in: int, d: int, ffn: int) -> int:
-    """Floats of the encoder job's activations (steps.c: whisper_encoder_team_step)."""
+    """Floats of the encoder job's activations (whisper_steps.c: whisper_encoder_team_step)."""
     frames = (frames_in - 1) // 2 + 1
     return (frames_in + 2) * d + frames * d * 10 + frames * ffn
 

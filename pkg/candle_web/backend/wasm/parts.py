@@ -4,9 +4,10 @@ run; this package's __init__ registers them).
 
 Why a part and not the tensor path: in Pyodide every tensor op costs tens of microseconds of
 interpreter work before any arithmetic, and a decode step is ~60 ops per block. Here a decode
-step is one kernel call per block (web/kernels/steps.c: `llama_block_step`,
-`whisper_block_step`) plus one for the final norm and the vocabulary projection, with every
-weight and KV buffer passed in place and the activations in a `work` buffer allocated once.
+step is one kernel call per block (web/kernels/steps.c: `llama_block_step`;
+whisper_steps.c: `whisper_block_step`) plus one for the final norm and the vocabulary
+projection, with every weight and KV buffer passed in place and the activations in a `work`
+buffer allocated once.
 The encoder, whose products are large, is a dozen calls per block.
 
 The arithmetic is the tensor path's (layer/RMS norms, biased products, attention with the same

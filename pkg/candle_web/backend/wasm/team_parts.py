@@ -372,7 +372,8 @@ class TeamWhisperDecoderStep:
 
 class TeamWhisperEncoder:
     """`whisper.encoder` on two threads: the convolutions and every block of one audio window
-    in one team job (steps.c: whisper_encoder_team_step); the weights are copied in once."""
+    in one team job (whisper_steps.c: whisper_encoder_team_step); the weights are copied in
+    once."""
 
     def __init__(self, backend, weights, team):
         base = one_thread.WhisperEncoder(backend, weights)  # raises UnfitWeights
