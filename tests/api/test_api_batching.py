@@ -1,0 +1,89 @@
+"""Continuous batching in the API's text scheduler (api/engine.py TextScheduler): requests
+joining at different rounds, with prompts of different lengths and budgets, run in one batched
+decode step per round (backend/parts.py start_batched_causal_decoding) and each gets the
+greedy ids `generate` gives it alone -- the batched step's rows are bit-identical to the
+single step (tests/backend/test_batched_decoding.py), so any difference here is the
+scheduler's (a row fed the wrong token, position or cache). A request cancelled mid-way
+frees its slot and leaves the others' ids unchanged. No timings: the scheduler's counters say
+that rounds were batched."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from candle_web.generation import GenerationOptions, generate
+
+MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
+TEXTS = ["Hello", "The capital of France is", "def fibonacci(n):",
+         "Once upon a time, in a land far away, there lived a", "1, 2, 3,",
+         "Write a haiku about the sea.", "import numpy as np\n"]
+BUDGETS = [10, 6, 12, 5, 9, 7, 8]
+# Request i is submitted once the scheduler has run JOIN_ROUNDS[i] rounds.
+JOIN_ROUNDS = [0, 0, 2, 3, 5, 6, 8]
+CANCELLED = 4  # this one's client goes away after its third token
+BOUNDED_WAIT_S = 300
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + BOUNDED_WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {what}")
+        time.sleep(0.005)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def served(request):
+    from candle_web.api import ModelPool
+
+    pool = ModelPool(parallel=4, queue_size=16)
+    served = pool.add(request.param)
+    yield served
+    pool.close()
+
+
+def test_requests_joining_at_different_rounds_get_their_ids_alone(served):
+    from candle_web.api.engine import TextRequest
+
+    loaded, scheduler = served.loaded, served.scheduler
+    prompts = [loaded.tokenizer.encode(text).ids for text in TEXTS]
+    alone = [generate(loaded.model, loaded.tokenizer, prompt,
+                      GenerationOptions(max_new_tokens=budget)).token_ids
+             for prompt, budget in zip(prompts, BUDGETS)]
+    results, events = {}, threading.Event()
+    requests = []
+
+    def emitter(index):
+        def emit(kind, payload):
+            if kind == "token" and index == CANCELLED and len(requests[index].generated) >= 3:
+                requests[index].cancelled = True
+            if kind in ("done", "error"):
+                results[index] = (kind, payload)
+            if len(results) == len(TEXTS) - 1 and CANCELLED not in results:
+                events.set()
+            if len(results) == len(TEXTS):
+                events.set()
+        return emit
+
+    start_rounds, start_cancelled = scheduler.rounds, scheduler.cancelled
+    for index, (prompt, budget) in enumerate(zip(prompts, BUDGETS)):
+        wait_until(lambda: scheduler.rounds - start_rounds >= JOIN_ROUNDS[index],
+                   f"round {JOIN_ROUNDS[index]}")
+        requests.append(TextRequest(list(prompt), GenerationOptions(max_new_tokens=budget),
+                                    emitter(index), budget=budget))
+        scheduler.submit(requests[-1])
+    assert events.wait(BOUNDED_WAIT_S), "the requests did not all finish"
+    wait_until(lambda: scheduler.load()["active"] == 0, "the slots to empty")
+    for index, expected in enumerate(alone):
+        if index == CANCELLED:
+            assert index not in results  # no "done" after its client went away
+            assert requests[index].generated == expected[:len(requests[index].generated)]
+            continue
+        kind, payload = results[index]
+        assert kind == "done", payload
+        assert payload["token_ids"] == expected, f"request {index} ({TEXTS[index]!r})"
+    assert scheduler.cancelled - start_cancelled == 1
+    assert scheduler.max_batch_seen >= 3, "rounds were not batched"
