@@ -75,7 +75,7 @@ CANDLE_WHISPER = textwrap.dedent("""
     import json, sys
     import numpy as np
     from candle_web import Device
-    from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+    from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
     from candle_web.pipelines import load_whisper
     loaded = load_whisper(sys.argv[1], device=Device.cpu(backend=sys.argv[2]))
     model, tokenizer = loaded.model, loaded.tokenizer

@@ -36,7 +36,7 @@ sys.path.insert(0, "/repo_pkg")
 import numpy as np
 from candle_web.io.audio import load_audio
 from candle_web.models.whisper import Whisper
-from candle_web.models.whisper_decode import transcribe, TranscribeOptions
+from candle_web.pipelines.transcribe import transcribe, TranscribeOptions
 from candle_web.tokenizers import Tokenizer
 from candle_web.backend import numpy_backend
 

@@ -53,7 +53,7 @@ class CandleEngine:
 
     def transcribe(self, samples, words=False, vad=False):
         from candle_web.models.silero_vad import VadOptions
-        from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+        from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
         from candle_web.pipelines import load_vad
 
         language = "en" if self.model.config.is_multilingual else None

@@ -651,7 +651,7 @@ def whisper_clip_check(clip: Path, cw_model, tokenizer, encoder, decoder, genera
 
     from candle_web import Tensor
     from candle_web.io import audio
-    from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+    from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
 
     samples = audio.load_audio(str(clip))
     options = TranscribeOptions(temperatures=(0.0,), without_timestamps=True)

@@ -73,7 +73,7 @@ def _download_progress():
 def cmd_transcribe(args) -> int:
     from .pipelines import subtitles
     from .io.audio import load_audio
-    from .models.whisper_decode import transcribe
+    from .pipelines.transcribe import transcribe
     from .pipelines import load_vad, load_whisper
     from .pipelines.transcribe import options_from_args
 

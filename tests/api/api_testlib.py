@@ -46,7 +46,7 @@ def reference_transcript(pool, whisper, path, task: str = "transcribe"):
     parser's defaults through options_from_args)."""
     from candle_web.cli import build_parser
     from candle_web.io.audio import load_audio
-    from candle_web.models.whisper_decode import transcribe
+    from candle_web.pipelines.transcribe import transcribe
     from candle_web.pipelines.transcribe import options_from_args
 
     options = options_from_args(build_parser().parse_args(["transcribe", str(path), "--task",

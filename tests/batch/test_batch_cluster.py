@@ -107,7 +107,7 @@ def runs(cli_started, ray_cluster, clip_set, tmp_path_factory):
 def test_every_good_file_has_one_result_equal_to_the_cli(runs, clip_set, cli_transcripts):
     """Exactly one result per good clip, the CLI's text and segments (every field exact: the
     same code on the same samples with the same kernels), and its SRT file."""
-    from candle_web.models.whisper_decode import Segment, Transcript
+    from candle_web.pipelines.transcribe import Segment, Transcript
     from candle_web.pipelines import subtitles
 
     rows = runs["after"]

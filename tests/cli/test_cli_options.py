@@ -100,7 +100,7 @@ def test_help_figures_match_the_beam_state_estimate():
     ({"language": 7}, "language must be a string"),
 ])
 def test_transcribe_options_are_checked(fields, named):
-    from candle_web.models.whisper_decode import TranscribeOptions
+    from candle_web.pipelines.transcribe import TranscribeOptions
 
     with pytest.raises(InvalidOption) as info:
         TranscribeOptions(**fields)

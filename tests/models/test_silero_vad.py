@@ -156,7 +156,7 @@ def test_bad_options_and_weights_are_named():
 def test_vad_transcript_keeps_the_words_on_the_original_timeline(vad, whisper_models, speech_clips):
     """A recording that is half silence: with --vad only the speech is decoded (at most 60% of
     the recording reaches Whisper), the words are the same, and every segment lies in speech."""
-    from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+    from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
 
     model, tokenizer = whisper_models("whisper-tiny.en")
     pieces, spans, cursor = [], [], 0.0

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
 
 GREEDY = TranscribeOptions(temperatures=(0.0,))
 MODELS = ["whisper-tiny.en", "whisper-base"]

@@ -76,7 +76,7 @@ def test_eight_channel_96k_audio_transcribes(tmp_path, speech_clips, whisper_mod
     """Multichannel high-rate input is downmixed and resampled, then transcribed."""
     from candle_web.io.audio import load_audio
     from candle_web.io.wav import write_wav
-    from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+    from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
 
     mono16k = speech_clips["goforward.raw"]
     # upsample 16k -> 96k by linear interpolation (speech stays intelligible), 8 channels

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from candle_web.models.whisper import Whisper
-from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
 
 
 def ct2_to_hf(ct2):

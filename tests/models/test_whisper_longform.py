@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from candle_web.pipelines import subtitles
-from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
 
 SILENCE_S = 6.0  # also exercises windows that start in silence
 SRT_TIME = r"(\d\d):(\d\d):(\d\d),(\d\d\d)"

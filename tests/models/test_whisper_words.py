@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from candle_web.models import whisper_timing
-from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
 from candle_web.pipelines import subtitles
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "whisper_words_reference.json"

@@ -163,7 +163,7 @@ def test_a_pass_decodes_its_window_with_the_kept_text_as_prompt(session, whisper
     promises (the last PROMPT_CHARACTERS of the kept text), placed by hand."""
     from dataclasses import replace
 
-    from candle_web.models.whisper_decode import TranscribeOptions, transcribe
+    from candle_web.pipelines.transcribe import TranscribeOptions, transcribe
 
     passes, _, _, seen = session
     model, tokenizer = whisper

@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
         return 2
     from candle_web import Device
     from candle_web.io.audio import load_audio
-    from candle_web.models.whisper_decode import transcribe
+    from candle_web.pipelines.transcribe import transcribe
     from candle_web.pipelines import load_whisper
     from candle_web.worker.whisper import transcribe_options, transcript_payload
 

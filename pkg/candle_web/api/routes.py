@@ -521,7 +521,7 @@ class OpenAiApi:
         """In the model's worker thread: decode the upload, then transcribe with the CLI's
         options (temperature fallback unless a temperature above 0 is given)."""
         from ..io.audio import load_audio  # noqa: PLC0415
-        from ..models.whisper_decode import transcribe  # noqa: PLC0415
+        from ..pipelines.transcribe import transcribe  # noqa: PLC0415
 
         try:
             samples = load_audio(data)

@@ -64,7 +64,7 @@ def transcribe_many(inputs, out, *, model: str = "whisper-tiny.en", options=None
     """Transcribe audio files (paths, folders, globs, list files) into OUT (records.py)."""
     from dataclasses import asdict
 
-    from ..models.whisper_decode import TranscribeOptions
+    from ..pipelines.transcribe import TranscribeOptions
     from ..pipelines.subtitles import FORMATS
     from .inputs import expand_audio_inputs
 

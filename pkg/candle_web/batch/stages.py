@@ -117,7 +117,7 @@ def read_audio(batch, *, config: dict, skip: frozenset, progress=None):
 def transcript_from_row(row: dict):
     """The Transcript a result row stores (what subtitles.render needs), for per-file outputs
     written after the fact (a rerun asking for a format the first run did not write)."""
-    from ..models.whisper_decode import Segment, Transcript
+    from ..pipelines.transcribe import Segment, Transcript
 
     segments = [Segment(**segment) for segment in row["segments"] or []]
     return Transcript(text=row["text"], segments=segments, language=row["language"],
@@ -166,7 +166,7 @@ class Transcriber:
 
     def _model(self):
         if self.loaded is None:
-            from ..models.whisper_decode import TranscribeOptions
+            from ..pipelines.transcribe import TranscribeOptions
             from ..pipelines import load_whisper
 
             from ..models.silero_vad import VadOptions
@@ -183,7 +183,7 @@ class Transcriber:
         return self.loaded
 
     def __call__(self, batch):
-        from ..models.whisper_decode import transcribe
+        from ..pipelines.transcribe import transcribe
 
         out = []
         for row in batch.to_pylist():

@@ -1,32 +1,30 @@
-"""Whisper decoding: prompts, logit filters, greedy and beam search, and long-form
-transcription by seeking through 30 s windows with temperature fallback.
+"""Whisper decoding of one 30 s window: the tokenizer's special tokens, decoding options,
+prompts, logit filters (blank and token suppression, timestamp rules), greedy and beam search,
+and language detection. Long-form transcription (seeking through a recording's windows,
+temperature fallback, segments, VAD) is pipelines/transcribe.py, which calls `WindowDecoder`.
 
 The algorithm follows openai-whisper's published behaviour (the reference the tests record
 token ids from): the same initial tokens, suppression rules, timestamp rules, fallback
 thresholds and segment splitting, so greedy output is token-identical.
 
 One callback hook serves progress, streaming and cancellation: `on_event(kind, payload)`
-receives ("window", {...}), ("token", {...}), ("segment", {...}); raising `Cancelled` (or
-returning False from `should_continue`) stops between steps.
+receives ("token", {...}) here, and ("window", {...}), ("segment", {...}) from the long-form
+loop; raising `Cancelled` (or returning False from `should_continue`) stops between steps.
 """
 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..io import audio as audio_mod
 from ..generation import option_limits as limits
-from ..core.errors import Cancelled, CandleError, InvalidOption, UnsupportedError
+from ..core.errors import CandleError, InvalidOption, UnsupportedError
 from ..core.tensor import Tensor
-from . import whisper_timing
-from .silero_vad import SpeechMap, VadOptions
 
 TIME_PRECISION = 0.02  # seconds per timestamp token: 30 s / 1500 encoder positions
 INPUT_STRIDE = 2  # mel frames per encoder position
-DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 TASKS = ("transcribe", "translate")
 F32_BYTES = 4
 
@@ -494,278 +492,3 @@ def detect_language(model, tokenizer: WhisperTokenizer, audio_features: Tensor) 
     probs = np.exp(chosen - chosen.max())
     probs /= probs.sum()
     return dict(zip(codes, probs.tolist()))
-
-
-# -- long-form transcription ---------------------------------------------------------------
-@dataclass(frozen=True)
-class TranscribeOptions:
-    language: str = None
-    task: str = "transcribe"
-    temperatures: tuple = DEFAULT_TEMPERATURES
-    beam_size: int = None
-    best_of: int = 5
-    patience: float = None
-    compression_ratio_threshold: float = 2.4
-    logprob_threshold: float = -1.0
-    no_speech_threshold: float = 0.6
-    condition_on_previous_text: bool = True
-    initial_prompt: str = None
-    without_timestamps: bool = False
-    suppress_tokens: object = "-1"
-    word_timestamps: bool = False  # per-word start, end and probability (whisper_timing.py)
-    prepend_punctuations: str = whisper_timing.PREPEND_PUNCTUATIONS
-    append_punctuations: str = whisper_timing.APPEND_PUNCTUATIONS
-    vad: VadOptions = None  # transcribe only the speech Silero VAD finds (needs vad_model)
-
-    def __post_init__(self):
-        """Range checks at construction (CLI, browser worker and Python callers alike), so a
-        bad value fails before the audio is decoded and names the option and its range."""
-        limits.BEAM_SIZE.check(self.beam_size, "beam_size", optional=True)
-        limits.BEST_OF.check(self.best_of, "best_of", optional=True)
-        limits.PATIENCE.check(self.patience, "patience", optional=True)
-        if not isinstance(self.temperatures, (tuple, list)) or not self.temperatures:
-            raise InvalidOption(f"temperatures must be a non-empty list of numbers >= 0, got "
-                                f"{self.temperatures!r}")
-        for temperature in self.temperatures:
-            limits.TEMPERATURE.check(temperature, "temperatures entry")
-        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
-            limits.THRESHOLD.check(getattr(self, name), name, optional=True)
-        if self.task not in TASKS:
-            raise InvalidOption(f"task must be one of {list(TASKS)}, got {self.task!r}")
-        if self.word_timestamps and self.without_timestamps:
-            raise InvalidOption("word_timestamps needs the timestamp tokens: it cannot be "
-                                "combined with without_timestamps")
-        if self.vad is not None and not isinstance(self.vad, VadOptions):
-            raise InvalidOption(f"vad must be a silero_vad.VadOptions or None, got {self.vad!r}")
-        for name in ("prepend_punctuations", "append_punctuations"):
-            if not isinstance(getattr(self, name), str):
-                raise InvalidOption(f"{name} must be a string, got {getattr(self, name)!r}")
-        for name in ("language", "initial_prompt"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise InvalidOption(f"{name} must be a string, got {getattr(self, name)!r}")
-
-
-@dataclass
-class Segment:
-    id: int
-    seek: int
-    start: float
-    end: float
-    text: str
-    tokens: list
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
-    words: list = None  # whisper_timing.Word per word, with word_timestamps
-
-
-@dataclass
-class Transcript:
-    text: str
-    segments: list
-    language: str
-    duration: float
-    windows: list = field(default_factory=list)  # DecodingResult of each decoded window
-
-
-def transcribe(model, tokenizer, samples, options: TranscribeOptions = TranscribeOptions(),
-               on_event=None, should_continue=None, vad_model=None) -> Transcript:
-    """Transcribe float32 16 kHz mono samples of any length. With `options.vad`, only the
-    speech `vad_model` (a silero_vad.SileroVad: pipelines.load_vad()) finds is decoded, joined
-    into one shorter recording; the times stay on the original timeline."""
-    samples = np.asarray(samples, dtype=np.float32)
-    if options.vad is not None:
-        return _transcribe_speech(model, tokenizer, samples, options, on_event, should_continue,
-                                  vad_model)
-    # Before any work: a beam width whose decoder state cannot fit fails now, not mid-way.
-    check_decoder_rows(model.config, options.beam_size or 1, "beam_size")
-    check_decoder_rows(model.config, options.best_of or 1, "best_of")
-    if samples.ndim != 1:
-        raise CandleError(f"transcribe: expected mono samples [n], got shape {list(samples.shape)}")
-    n_mels = model.config.n_mels
-    mel = audio_mod.log_mel_spectrogram(samples, n_mels=n_mels, padding=audio_mod.N_SAMPLES)
-    content_frames = mel.shape[-1] - audio_mod.N_FRAMES
-    duration = len(samples) / audio_mod.SAMPLE_RATE
-    multilingual = model.config.is_multilingual
-    tk = WhisperTokenizer(tokenizer, multilingual, None, options.task)
-    language = options.language
-    if multilingual and language is None:
-        first = Tensor.from_numpy(audio_mod.pad_or_trim(mel, audio_mod.N_FRAMES)[None], device=model.device)
-        probs = detect_language(model, tk, model.encode(first))
-        language = max(probs, key=probs.get)
-        _emit(on_event, "language", {"language": language, "probability": probs[language]})
-    tk = WhisperTokenizer(tokenizer, multilingual, language if multilingual else None, options.task)
-
-    seek = 0
-    all_tokens = []
-    all_segments = []
-    windows = []
-    prompt_reset_since = 0
-    last_speech_timestamp = 0.0
-    if options.initial_prompt:
-        all_tokens.extend(tk.encode(" " + options.initial_prompt.strip()))
-    while seek < content_frames:
-        if should_continue is not None and not should_continue():
-            raise Cancelled("transcription cancelled")
-        time_offset = seek * audio_mod.HOP_LENGTH / audio_mod.SAMPLE_RATE
-        segment_size = min(audio_mod.N_FRAMES, content_frames - seek)
-        segment_duration = segment_size * audio_mod.HOP_LENGTH / audio_mod.SAMPLE_RATE
-        window = audio_mod.pad_or_trim(mel[:, seek:seek + segment_size], audio_mod.N_FRAMES)
-        _emit(on_event, "window", {"seek_seconds": time_offset, "duration": duration})
-        features = model.encode(Tensor.from_numpy(np.ascontiguousarray(window)[None], device=model.device))
-        prompt = all_tokens[prompt_reset_since:]
-        result = _decode_with_fallback(model, tk, features, options, prompt, on_event)
-        windows.append(result)
-        if options.no_speech_threshold is not None:
-            skip = result.no_speech_prob > options.no_speech_threshold
-            if options.logprob_threshold is not None and result.avg_logprob > options.logprob_threshold:
-                skip = False
-            if skip:
-                seek += segment_size
-                continue
-        current, seek = _split_segments(tk, result, seek, segment_size, segment_duration, time_offset)
-        if options.word_timestamps:
-            whisper_timing.add_word_timestamps(
-                current, model, tk, features, segment_size, last_speech_timestamp, tk.language,
-                options.prepend_punctuations, options.append_punctuations)
-            ts = [t >= tk.timestamp_begin for t in result.tokens[-2:]]
-            single_timestamp_ending = ts == [False, True]
-            word_end = whisper_timing.last_word_end(current)
-            if not single_timestamp_ending and word_end is not None and word_end > time_offset:
-                seek = round(word_end * audio_mod.SAMPLE_RATE / audio_mod.HOP_LENGTH)
-            if word_end is not None:
-                last_speech_timestamp = word_end
-        for segment in current:
-            if segment.start == segment.end or not segment.text.strip():
-                segment.text = ""
-                segment.tokens = []
-                if segment.words is not None:
-                    segment.words = []
-        for segment in current:
-            segment.id = len(all_segments)
-            all_segments.append(segment)
-            _emit(on_event, "segment", segment)
-        all_tokens.extend(t for s in current for t in s.tokens)
-        if not options.condition_on_previous_text or result.temperature > 0.5:
-            prompt_reset_since = len(all_tokens)
-    text = tk.decode([t for s in all_segments for t in s.tokens])
-    return Transcript(text=text, segments=all_segments, language=language or "en",
-                      duration=duration, windows=windows)
-
-
-def _transcribe_speech(model, tokenizer, samples, options, on_event, should_continue, vad_model):
-    """transcribe() over the speech only: the VAD's segments joined, transcribed, and every
-    segment and word time mapped back onto the recording (as faster-whisper's vad_filter)."""
-    from dataclasses import replace
-
-    if vad_model is None:
-        raise InvalidOption("vad: options.vad needs a vad_model (pipelines.load_vad())")
-    if samples.ndim != 1:
-        raise CandleError(f"transcribe: expected mono samples [n], got shape {list(samples.shape)}")
-    speech = SpeechMap(vad_model.speech_timestamps(samples, options.vad))
-    _emit(on_event, "vad", {"segments": [dict(s) for s in speech.segments],
-                            "speech_seconds": speech.joined_samples / audio_mod.SAMPLE_RATE,
-                            "duration": len(samples) / audio_mod.SAMPLE_RATE})
-    inner = replace(options, vad=None)
-    duration = len(samples) / audio_mod.SAMPLE_RATE
-    if not speech.segments:
-        multilingual = model.config.is_multilingual
-        language = options.language or "en"
-        return Transcript(text="", segments=[], language=language if multilingual else "en",
-                          duration=duration)
-
-    def placed(segment):  # a segment of the joined speech, on the recording's timeline
-        words = segment.words
-        if words:
-            words = [replace(w, start=round(speech.original_time(w.start), 3),
-                             end=round(speech.original_time(w.end, is_end=True), 3)) for w in words]
-        return replace(segment, start=round(speech.original_time(segment.start), 3),
-                       end=round(speech.original_time(segment.end, is_end=True), 3), words=words)
-
-    def forward(kind, payload):  # progress and streamed segments in the recording's times too
-        if kind == "window":
-            payload = dict(payload, seek_seconds=round(speech.original_time(payload["seek_seconds"]), 3),
-                           duration=duration)
-        elif kind == "segment":
-            payload = placed(payload)
-        return on_event(kind, payload)
-
-    result = transcribe(model, tokenizer, speech.join(samples), inner,
-                        forward if on_event is not None else None, should_continue)
-    result.segments = [placed(segment) for segment in result.segments]
-    result.duration = duration
-    return result
-
-
-def _emit(on_event, kind, payload):
-    if on_event is not None and on_event(kind, payload) is False:
-        raise Cancelled(f"cancelled at {kind}")
-
-
-def _decode_with_fallback(model, tk, features, options: TranscribeOptions, prompt, on_event):
-    result = None
-    for temperature in options.temperatures:
-        decoding = DecodingOptions(
-            task=options.task, language=tk.language, temperature=temperature,
-            beam_size=options.beam_size if temperature == 0 else None,
-            patience=options.patience if temperature == 0 else None,
-            best_of=options.best_of if temperature > 0 else None,
-            prompt=prompt, without_timestamps=options.without_timestamps,
-            suppress_tokens=options.suppress_tokens)
-        result = WindowDecoder(model, tk, decoding, on_event).run(features)
-        needs_fallback = False
-        if options.compression_ratio_threshold is not None and \
-                result.compression_ratio > options.compression_ratio_threshold:
-            needs_fallback = True  # too repetitive
-        if options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
-            needs_fallback = True  # too unlikely
-        if options.no_speech_threshold is not None and result.no_speech_prob > options.no_speech_threshold \
-                and options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
-            needs_fallback = False  # silence: no point retrying
-        if not needs_fallback:
-            break
-    return result
-
-
-def _split_segments(tk, result: DecodingResult, seek, segment_size, segment_duration, time_offset):
-    """Cut a window's tokens at consecutive timestamp pairs; returns (segments, next seek)."""
-    tokens = np.array(result.tokens, dtype=np.int64)
-    is_ts = tokens >= tk.timestamp_begin
-    single_timestamp_ending = len(is_ts) >= 2 and not is_ts[-2] and is_ts[-1]
-    consecutive = np.nonzero(is_ts[:-1] & is_ts[1:])[0] + 1
-    segments = []
-
-    def segment(start, end, seg_tokens):
-        seg_tokens = [int(t) for t in seg_tokens]
-        return Segment(id=0, seek=seek, start=round(start, 3), end=round(end, 3),
-                       text=tk.decode(seg_tokens), tokens=seg_tokens,
-                       temperature=result.temperature, avg_logprob=result.avg_logprob,
-                       compression_ratio=result.compression_ratio, no_speech_prob=result.no_speech_prob)
-
-    if len(consecutive) > 0:
-        slices = consecutive.tolist()
-        if single_timestamp_ending:
-            slices.append(len(tokens))
-        last_slice = 0
-        for current_slice in slices:
-            sliced = tokens[last_slice:current_slice]
-            start_pos = int(sliced[0]) - tk.timestamp_begin
-            end_pos = int(sliced[-1]) - tk.timestamp_begin
-            segments.append(segment(time_offset + start_pos * TIME_PRECISION,
-                                    time_offset + end_pos * TIME_PRECISION, sliced))
-            last_slice = current_slice
-        if single_timestamp_ending:
-            seek += segment_size
-        else:
-            last_pos = int(tokens[last_slice - 1]) - tk.timestamp_begin
-            seek += last_pos * INPUT_STRIDE
-    else:
-        length = segment_duration
-        stamps = tokens[is_ts]
-        if len(stamps) > 0 and int(stamps[-1]) != tk.timestamp_begin:
-            length = (int(stamps[-1]) - tk.timestamp_begin) * TIME_PRECISION
-        segments.append(segment(time_offset, time_offset + length, tokens))
-        seek += segment_size
-    return segments, seek
-

@@ -75,7 +75,7 @@ class WhisperSession(Session):
         (bench/browser.py). offset (seconds) and prior (segment payloads) place the samples
         in a longer recording (see the module doc). live: a step of a live recording (the
         page's `live` command, see live_step)."""
-        from candle_web.models.whisper_decode import transcribe
+        from candle_web.pipelines.transcribe import transcribe
 
         if live is not None:
             return self.live_step(model, live, samples, options, offset, on_event)
@@ -167,7 +167,7 @@ class WhisperSession(Session):
 
 def transcribe_options(options):
     """TranscribeOptions from the page's plain dict; unknown names are refused."""
-    from candle_web.models.whisper_decode import TranscribeOptions
+    from candle_web.pipelines.transcribe import TranscribeOptions
 
     options = dict(python_value(options) or {})
     unknown = sorted(set(options) - set(TRANSCRIBE_OPTION_NAMES))
@@ -279,7 +279,7 @@ def live_payload(state: dict, done) -> dict:
 def prior_segments(prior, n_vocab: int) -> list:
     """Segments from the page (segment_payload's fields) as whisper_decode Segments, each
     field checked and named in the error."""
-    from candle_web.models.whisper_decode import Segment
+    from candle_web.pipelines.transcribe import Segment
 
     prior = python_value(prior)
     if prior is None:
