@@ -42,8 +42,9 @@ import numpy as np
 from ..core import dtype as cdt
 from ..core.errors import (CandleError, DTypeMismatch, FormatError, ModelNotFound,
                       UnsupportedError)
-from .safetensors import (MAX_NUMPY_DIMS, _NUMPY_TO_STORED, _as_byte_view, _make_tensor,
-                          _read_file, to_candle_storage)
+from .bounds import (MAX_ARRAY_BYTES, MAX_NUMPY_DIMS, ZIP_LOCAL_HEADER, nonzero_bytes,
+                     zip_member_data_start)
+from .safetensors import _NUMPY_TO_STORED, _as_byte_view, _make_tensor, _read_file, to_candle_storage
 
 NPY_MAGIC = b"\x93NUMPY"
 NPY_ALIGNMENT = 64  # numpy pads the header so the data starts on a 64-byte boundary
@@ -53,7 +54,6 @@ _NPY_LENGTH_FORMAT = {1: "<H", 2: "<I", 3: "<I"}
 _NPY_HEADER_ENCODING = {1: "latin1", 2: "latin1", 3: "utf8"}
 _NPY_HEADER_KEYS = {"descr", "fortran_order", "shape"}
 _V1_MAX_HEADER = 2**16 - 1
-MAX_ARRAY_BYTES = 2**63 - 1
 
 # The dtypes we read and write: kind letter -> allowed item sizes.
 _SUPPORTED_SIZES = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8)}
@@ -72,8 +72,6 @@ _DEFLATE_SLACK_BYTES = 1024
 # member inflates to 1.9 GB of zeros is refused before inflating (it took 43 s and 1.98 GB).
 DEFAULT_MAX_DEFLATE_RATIO = 100
 HIGHLY_COMPRESSED_ALLOWANCE = 64 << 20
-_ZIP_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
-_ZIP_LOCAL_SIGNATURE = b"PK\x03\x04"
 _ZIP_ENCRYPTED_FLAG = 0x1
 _FIXED_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # reproducible archives
 _READ_CHUNK_BYTES = 1 << 20
@@ -143,13 +141,8 @@ def _checked_shape(source: str, shape, itemsize: int) -> tuple:
     if len(shape) > MAX_NUMPY_DIMS:
         raise _fail(source, f"field 'shape': {len(shape)} dims exceed the limit of "
                             f"{MAX_NUMPY_DIMS} (MAX_NUMPY_DIMS, numpy's own)")
-    nonzero_bytes = itemsize
-    for dim in shape:
-        if dim:
-            nonzero_bytes *= dim
-            if nonzero_bytes > MAX_ARRAY_BYTES:
-                raise _fail(source, f"field 'shape': {_short(shape)} overflows (more than "
-                                    "2**63 bytes)")
+    if nonzero_bytes(shape, itemsize, MAX_ARRAY_BYTES) is None:
+        raise _fail(source, f"field 'shape': {_short(shape)} overflows (more than 2**63 bytes)")
     return shape
 
 
@@ -475,14 +468,9 @@ class NpzFile:
     def _stored_view(self, name: str, info: zipfile.ZipInfo) -> memoryview:
         """The bytes of a stored member, located through its local header, without copying."""
         where = self._where(name)
-        start = info.header_offset
-        local = bytes(self._buffer[max(start, 0):start + _ZIP_LOCAL_HEADER.size])
-        if (start < 0 or len(local) != _ZIP_LOCAL_HEADER.size
-                or local[:4] != _ZIP_LOCAL_SIGNATURE):
-            raise FormatError(f"npz {where}: bad local file header at offset {start}")
-        fields = _ZIP_LOCAL_HEADER.unpack(local)
-        name_length, extra_length = fields[-2], fields[-1]
-        data_start = start + _ZIP_LOCAL_HEADER.size + name_length + extra_length
+        data_start = zip_member_data_start(self._buffer, info)
+        if data_start is None:
+            raise FormatError(f"npz {where}: bad local file header at offset {info.header_offset}")
         data_end = data_start + info.file_size
         if data_end > len(self._buffer):
             raise FormatError(f"npz {where}: data [{data_start}, {data_end}) runs past the end "
@@ -588,7 +576,7 @@ def _alignment_padding(header_offset: int, member: zipfile.ZipInfo) -> bytes:
     archive (the npy header is itself a multiple of 64), so reading it can be zero-copy.
     np.savez does not align, so its arrays are copied on reading."""
     name_bytes = len(member.filename.encode("utf-8"))
-    before_extra = header_offset + _ZIP_LOCAL_HEADER.size + name_bytes
+    before_extra = header_offset + ZIP_LOCAL_HEADER.size + name_bytes
     if member.file_size * 1.05 > zipfile.ZIP64_LIMIT:
         before_extra += _ZIP64_LOCAL_EXTRA_BYTES  # zipfile appends it after our extra
     padding = (-(before_extra + _EXTRA_FIELD_HEADER.size)) % NPY_ALIGNMENT

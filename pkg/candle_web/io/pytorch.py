@@ -63,10 +63,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.errors import CandleError, FormatError, ModelNotFound, UnsupportedError
-from .npz import (_ZIP_ERRORS, _ZIP_FEATURE_ERRORS, _ZIP_LOCAL_HEADER, _ZIP_LOCAL_SIGNATURE,
-                  _BufferReader, _buffer_and_name)
+from .bounds import MAX_NUMPY_DIMS, nonzero_bytes, zip_member_data_start
+from .npz import _ZIP_ERRORS, _ZIP_FEATURE_ERRORS, _BufferReader, _buffer_and_name
 from .pickle_vm import Refused, key_problem, run_pickle
-from .safetensors import MAX_NUMPY_DIMS, _make_tensor, to_candle_storage
+from .safetensors import _make_tensor, to_candle_storage
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
@@ -272,12 +272,10 @@ class TorchCheckpoint:
                                    f"{info.compress_type}); torch writes stored members")
         if info.flag_bits & 0x1:
             raise UnsupportedError(f"{self.what}: member {name!r} is encrypted")
-        start = info.header_offset
-        local = bytes(self._buffer[max(start, 0):start + _ZIP_LOCAL_HEADER.size])
-        if start < 0 or len(local) != _ZIP_LOCAL_HEADER.size or local[:4] != _ZIP_LOCAL_SIGNATURE:
-            raise FormatError(f"{self.what}: member {name!r}: bad local header at {start}")
-        fields = _ZIP_LOCAL_HEADER.unpack(local)
-        data_start = start + _ZIP_LOCAL_HEADER.size + fields[-2] + fields[-1]
+        data_start = zip_member_data_start(self._buffer, info)
+        if data_start is None:
+            raise FormatError(f"{self.what}: member {name!r}: bad local header at "
+                              f"{info.header_offset}")
         if info.compress_size != info.file_size or data_start + info.file_size > len(self._buffer):
             raise FormatError(f"{self.what}: member {name!r}: {info.file_size} bytes from "
                               f"offset {data_start} run past the {len(self._buffer)}-byte file")
@@ -405,13 +403,9 @@ class TorchCheckpoint:
         if len(shape) != len(strides):
             raise FormatError(f"{where}: size {list(shape)} and stride {list(strides)} differ "
                               "in rank")
-        count, nonzero = 1, 1  # numpy needs the product of the non-zero dims to fit too
-        for dim in shape:
-            count = min(count * dim, MAX_ELEMENTS)
-            nonzero = min(nonzero * max(dim, 1), MAX_ELEMENTS)
-        if nonzero * storage.type.itemsize >= MAX_ELEMENTS:
+        if nonzero_bytes(shape, storage.type.itemsize, MAX_ELEMENTS - 1) is None:
             raise FormatError(f"{where}: size {list(shape)} is too large")
-        if count == 0:
+        if 0 in shape:
             last = offset  # an empty tensor only needs its offset inside the storage
         else:
             last = offset + sum((dim - 1) * step for dim, step in zip(shape, strides)) + 1

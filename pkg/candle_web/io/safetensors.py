@@ -39,14 +39,13 @@ import numpy as np
 
 from ..core import dtype as cdt
 from ..core.errors import DTypeMismatch, FormatError, ModelNotFound, UnsupportedError
+from .bounds import MAX_ARRAY_BYTES, MAX_NUMPY_DIMS, nonzero_bytes
 
 HEADER_LENGTH_BYTES = 8
 MAX_HEADER_BYTES = 100_000_000  # the reference library's cap on the JSON header
 HEADER_ALIGNMENT = 8  # the reference pads the header so the data starts 8-byte aligned
 METADATA_KEY = "__metadata__"
 # numpy cannot describe an array whose nonzero dims times the item size exceed this.
-MAX_ARRAY_BYTES = 2**63 - 1
-MAX_NUMPY_DIMS = 64
 
 
 @dataclass(frozen=True)
@@ -172,19 +171,13 @@ def _checked_byte_count(source: str, name: str, dtype_name: str, shape: list) ->
     overflow so a header full of huge dims cannot make us multiply giant integers."""
     bits = _element_bits(dtype_name)
     item_bytes = max(bits // 8, 1)
-    nonzero_bytes = item_bytes
-    has_zero = False
-    for dim in shape:
-        if dim == 0:
-            has_zero = True
-            continue
-        nonzero_bytes *= dim
-        if nonzero_bytes > MAX_ARRAY_BYTES:
-            raise _fail(source, f"tensor {name!r} field 'shape': {_short(shape)} overflows "
-                                f"(more than 2**63 bytes of {dtype_name})")
-    if has_zero:
+    nonzero = nonzero_bytes(shape, item_bytes, MAX_ARRAY_BYTES)
+    if nonzero is None:
+        raise _fail(source, f"tensor {name!r} field 'shape': {_short(shape)} overflows "
+                            f"(more than 2**63 bytes of {dtype_name})")
+    if 0 in shape:
         return 0
-    total_bits = nonzero_bytes // item_bytes * bits
+    total_bits = nonzero // item_bytes * bits
     if total_bits % 8:
         raise _fail(source, f"tensor {name!r} field 'shape': {_short(shape)} of {dtype_name} "
                             f"({bits} bits each) does not end on a byte boundary")
