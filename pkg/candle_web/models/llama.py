@@ -226,7 +226,10 @@ class Block:
         self.attn_post_norm, self.mlp_post_norm = attn_post_norm, mlp_post_norm  # or None
 
     def __call__(self, x, cos, sin, cache, mask) -> Tensor:
-        a = self.attn(self.attn_norm(x), cos, sin, cache, mask)
+        return self.after_attention(x, self.attn(self.attn_norm(x), cos, sin, cache, mask))
+
+    def after_attention(self, x: Tensor, a: Tensor) -> Tensor:
+        """The rest of the block from the attention's output `a` (projected): residual, MLP."""
         if self.attn_post_norm is not None:
             a = self.attn_post_norm(a)
         x = x.add(a)
@@ -316,14 +319,7 @@ class Llama:
             for row, caches in enumerate(row_caches):
                 cos, sin = attn.rotary.tables(caches[index].length, 1)
                 heads.append(attn.attend(qkv.narrow(0, row, 1), cos, sin, caches[index], None))
-            a = attn.out(Tensor.cat(heads, 0))
-            if block.attn_post_norm is not None:
-                a = block.attn_post_norm(a)
-            x = x.add(a)
-            m = block.mlp(block.mlp_norm(x))
-            if block.mlp_post_norm is not None:
-                m = block.mlp_post_norm(m)
-            x = x.add(m)
+            x = block.after_attention(x, attn.out(Tensor.cat(heads, 0)))
         logits = self.lm_head(self.norm(x))  # [B, 1, vocab]
         if cfg.final_logit_softcap is not None:
             logits = softcap(logits, cfg.final_logit_softcap)
