@@ -43,6 +43,20 @@ def model_file():
     return get
 
 
+@pytest.fixture(scope="module")
+def numba_device():
+    """A CPU device on the numba backend; the test skips, saying why, where numba is missing."""
+    from candle_web import Device
+    from candle_web.core.errors import BackendUnavailable
+    from candle_web.backend import get_backend
+
+    try:
+        get_backend("numba")
+    except BackendUnavailable as e:
+        pytest.skip(f"numba backend unavailable: {e}")
+    return Device.cpu(backend="numba")
+
+
 @pytest.fixture(autouse=True)
 def _kernel_settings_follow_the_environment():
     """The kernel switches (candle_web.backend.settings) are read once per process; a test

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 import urllib.parse
 
 from candle_web import hub
@@ -86,3 +87,12 @@ def multipart_body(fields: dict, file_name: str, data: bytes) -> tuple[bytes, st
                  .encode() + data + b"\r\n")
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def wait_until(timeout_s: float, condition, what: str, poll_s: float = 0.005) -> None:
+    """Polls `condition` until it holds; an AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {what}")
+        time.sleep(poll_s)

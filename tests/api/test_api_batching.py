@@ -10,11 +10,11 @@ that rounds were batched."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from candle_web.generation import GenerationOptions, generate
+from tests.api.api_testlib import wait_until
 
 MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
 TEXTS = ["Hello", "The capital of France is", "def fibonacci(n):",
@@ -25,14 +25,6 @@ BUDGETS = [10, 6, 12, 5, 9, 7, 8]
 JOIN_ROUNDS = [0, 0, 2, 3, 5, 6, 8]
 CANCELLED = 4  # this one's client goes away after its third token
 BOUNDED_WAIT_S = 300
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + BOUNDED_WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting: {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -70,13 +62,13 @@ def test_requests_joining_at_different_rounds_get_their_ids_alone(served):
 
     start_rounds, start_cancelled = scheduler.rounds, scheduler.cancelled
     for index, (prompt, budget) in enumerate(zip(prompts, BUDGETS)):
-        wait_until(lambda: scheduler.rounds - start_rounds >= JOIN_ROUNDS[index],
+        wait_until(BOUNDED_WAIT_S, lambda: scheduler.rounds - start_rounds >= JOIN_ROUNDS[index],
                    f"round {JOIN_ROUNDS[index]}")
         requests.append(TextRequest(list(prompt), GenerationOptions(max_new_tokens=budget),
                                     emitter(index), budget=budget))
         scheduler.submit(requests[-1])
     assert events.wait(BOUNDED_WAIT_S), "the requests did not all finish"
-    wait_until(lambda: scheduler.load()["active"] == 0, "the slots to empty")
+    wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["active"] == 0, "the slots to empty")
     for index, expected in enumerate(alone):
         if index == CANCELLED:
             assert index not in results  # no "done" after its client went away

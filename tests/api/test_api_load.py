@@ -23,7 +23,7 @@ pytest.importorskip("starlette", reason="the serve extra installs starlette")
 
 from tests.api.api_testlib import (CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM,  # noqa: E402
                                    WHISPER, chat_messages, multipart_body, raw_request,
-                                   reference_chat, reference_transcript)
+                                   reference_chat, reference_transcript, wait_until)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.",
@@ -77,14 +77,6 @@ def server_url(pool, tmp_path_factory):
     yield url
     server.shutdown()
     server.server_close()
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + BOUNDED_WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting: {what}")
-        time.sleep(0.02)
 
 
 class Stream:
@@ -164,7 +156,7 @@ def test_requests_sharing_rounds_keep_their_greedy_ids(pool, server_url, llama):
     with pool.compute:  # nothing computes until every request waits for its slot
         for thread in threads:
             thread.start()
-        wait_until(lambda: sum(scheduler.load()[k] for k in ("active", "waiting")) == 4,
+        wait_until(BOUNDED_WAIT_S, lambda: sum(scheduler.load()[k] for k in ("active", "waiting")) == 4,
                    "four requests queued")
     for thread in threads:
         thread.join(BOUNDED_WAIT_S)
@@ -195,11 +187,11 @@ def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_its_slot(tmp_path,
                 first=run_stream(url, LONG_QUESTION, hang_up_after_first=True,
                                  max_tokens=LONG_TOKENS)))
             first.start()
-            wait_until(lambda: scheduler.load()["active"] == 1, "the first request in its slot")
+            wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["active"] == 1, "the first request in its slot")
             second = threading.Thread(target=lambda: results.update(
                 second=run_stream(url, QUESTIONS[1])))
             second.start()
-            wait_until(lambda: scheduler.load()["waiting"] == 1, "the second request queued")
+            wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["waiting"] == 1, "the second request queued")
             status, headers, body = raw_request(url, "POST", "/v1/chat/completions", json.dumps({
                 "model": LLM, "messages": chat_messages(), "max_tokens": 4}).encode(),
                 {"Content-Type": "application/json"})
@@ -212,11 +204,11 @@ def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_its_slot(tmp_path,
         # The queued request ran to its end once the first client left: its whole answer.
         assert results["second"]["text"] == reference.text
         assert results["second"]["done"] == 1
-        wait_until(lambda: scheduler.load()["cancelled"] == 1, "the first request dropped")
+        wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["cancelled"] == 1, "the first request dropped")
         # Only the second ran to its end. The scheduler counts it after its last chunk went out,
         # so the client can read [DONE] just before: wait for the count (a run under load failed
         # the immediate check), then check that nothing else finished.
-        wait_until(lambda: scheduler.load()["finished"] >= 1, "the second request counted")
+        wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["finished"] >= 1, "the second request counted")
         assert scheduler.load()["finished"] == 1
         status, _, _ = raw_request(url, "GET", "/v1/models")
         assert status == 200
@@ -277,7 +269,7 @@ def test_sixteen_streams_and_four_uploads_at_once(pool, server_url, llama, whisp
         status, reply = outcomes[("audio", index)]
         assert status == 200, reply
         assert json.loads(reply)["text"] == audio_refs[clips[index]]
-    wait_until(lambda: scheduler.load()["active"] + scheduler.load()["waiting"] == 0,
+    wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["active"] + scheduler.load()["waiting"] == 0,
                "every slot free again")
     after = scheduler.load()
     assert after["finished"] - before["finished"] + after["cancelled"] - before["cancelled"] == 16

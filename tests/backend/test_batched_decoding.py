@@ -39,17 +39,6 @@ JOINS = [0, 0, 1, 3, 3, 4, 6]
 STEPS = [8, 5, 9, 3, 7, 6, 4]
 
 
-@pytest.fixture(scope="module")
-def numba_device():
-    from candle_web.backend import get_backend
-
-    try:
-        get_backend("numba")
-    except BackendUnavailable as e:
-        pytest.skip(f"numba backend unavailable: {e}")
-    return Device.cpu(backend="numba")
-
-
 def decode_alone(model, prompt, steps):
     """(greedy ids, logits [steps, vocab] of the decode steps) through the single-sequence
     path: the prompt in one call, then one token per call."""

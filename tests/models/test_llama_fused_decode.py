@@ -25,22 +25,10 @@ from tests.parts_testlib import llama_part, llama_steps
 from tests.tolerances_testlib import assert_near_truth
 
 from candle_web import Device
-from candle_web.core.errors import BackendUnavailable
 from candle_web.models.llama import Llama
 from candle_web.quantized import GgmlDType
 
 STEPS = 12
-
-
-@pytest.fixture(scope="module")
-def numba_device():
-    from candle_web.backend import get_backend
-
-    try:
-        get_backend("numba")
-    except BackendUnavailable as e:
-        pytest.skip(f"numba backend unavailable: {e}")
-    return Device.cpu(backend="numba")
 
 
 def decode(model, prompt, steps, fused, parallel=None, feed=None):
