@@ -25,14 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.<area> imports
+# torch_greedy: test_llama_float runs it through this module (llama_testlib.reference_script).
+from tests.reference.reference_testlib import REPO, greedy_record, torch_greedy  # noqa: E402,F401
+
 sys.path[:0] = [str(REPO / "pkg")]
 
 MODEL = "smollm2-135m-instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT = Path(__file__).with_name("llama_reference.json")
 MAX_NEW_TOKENS = 24
-TOP_LOGITS = 8
 # (name, kind, text): kind "chat" wraps the text as one user message in the chat template.
 PROMPTS = [
     ("capital", "chat", "What is the capital of France?"),
@@ -149,42 +151,6 @@ def write_hf_checkpoint(metadata: dict, tensors: dict, out_dir: Path) -> dict:
     return config
 
 
-def torch_greedy(model, prompt_ids: list, max_new_tokens: int, eos_id: int,
-                 margins: list | None = None):
-    """Greedy decoding with the KV cache, stopping at EOS (not included). Returns the new ids
-    and the logits of the last prompt position; `margins` (a list) receives each chosen
-    token's logit lead over the runner-up (how close a greedy tie-break came)."""
-    import warnings
-
-    import torch
-
-    with torch.no_grad(), warnings.catch_warnings():
-        # transformers 5 renamed past_key_values; the old name still works and warns.
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        out = model(torch.tensor([prompt_ids]), use_cache=True)
-        first_logits = out.logits[0, -1].float().numpy().copy()
-        past = out.past_key_values
-        next_id = int(first_logits.argmax())
-        if margins is not None:
-            margins.append(_lead(first_logits))
-        generated = []
-        while next_id != eos_id and len(generated) < max_new_tokens:
-            generated.append(next_id)
-            out = model(torch.tensor([[next_id]]), past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            next_id = int(out.logits[0, -1].argmax())
-            if margins is not None:
-                margins.append(_lead(out.logits[0, -1].float().numpy()))
-    return generated, first_logits
-
-
-def _lead(logits: np.ndarray) -> float:
-    """The top logit's lead over the second."""
-    top2 = np.partition(logits, -2)[-2:]
-    return float(top2[1] - top2[0])
-
-
 def load_transformers_model(folder: Path):
     import torch
     from transformers import LlamaForCausalLM
@@ -230,17 +196,10 @@ def main(argv=None) -> int:
         else:
             prompt = text
             prompt_ids = tokenizer(prompt)["input_ids"]
-        generated, logits = torch_greedy(model, prompt_ids, MAX_NEW_TOKENS,
-                                         config["eos_token_id"])
-        top = np.argsort(-logits, kind="stable")[:TOP_LOGITS]
-        records.append({
-            "name": name, "kind": kind, "text": text, "prompt": prompt,
-            "prompt_ids": list(map(int, prompt_ids)), "generated_ids": generated,
-            "generated_text": tokenizer.decode(generated),
-            "stopped_at_eos": len(generated) < MAX_NEW_TOKENS,
-            "top_logits": {"ids": top.tolist(), "values": logits[top].astype(float).tolist()},
-        })
-        print(f"{name}: {tokenizer.decode(generated)!r}", file=sys.stderr)
+        record = greedy_record(model, tokenizer, prompt, prompt_ids, MAX_NEW_TOKENS,
+                               config["eos_token_id"])
+        records.append({"name": name, "kind": kind, "text": text, **record})
+        print(f"{name}: {record['generated_text']!r}", file=sys.stderr)
     out = {
         "model": MODEL, "file": GGUF_NAME, "max_new_tokens": MAX_NEW_TOKENS,
         "reference": (f"transformers {transformers.__version__} LlamaForCausalLM (torch "

@@ -26,10 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.<area> imports
-from tests.reference.record_llama import REPO, TOP_LOGITS, torch_greedy  # noqa: E402
+from tests.reference.reference_testlib import REPO, greedy_record  # noqa: E402
 
 sys.path[:0] = [str(REPO / "pkg")]
 
@@ -76,17 +75,11 @@ def main(argv=None) -> int:
                                                tokenize=False, add_generation_prompt=True)
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         margins: list = []
-        generated, logits = torch_greedy(model, prompt_ids, MAX_NEW_TOKENS, eos_id, margins)
-        top = np.argsort(-logits, kind="stable")[:TOP_LOGITS]
-        records.append({
-            "name": name, "kind": "chat", "text": text, "prompt": prompt,
-            "prompt_ids": list(map(int, prompt_ids)), "generated_ids": generated,
-            "generated_text": tokenizer.decode(generated),
-            "stopped_at_eos": len(generated) < MAX_NEW_TOKENS,
-            "top_logits": {"ids": top.tolist(), "values": logits[top].astype(float).tolist()},
-            "margins": [round(m, 5) for m in margins],
-        })
-        print(f"{name}: {tokenizer.decode(generated)!r} (smallest lead {min(margins):.4f})",
+        record = greedy_record(model, tokenizer, prompt, prompt_ids, MAX_NEW_TOKENS, eos_id,
+                               margins)
+        records.append({"name": name, "kind": "chat", "text": text, **record,
+                        "margins": [round(m, 5) for m in margins]})
+        print(f"{name}: {record['generated_text']!r} (smallest lead {min(margins):.4f})",
               file=sys.stderr)
     out = {
         "model": MODEL, "file": GGUF_NAME, "max_new_tokens": MAX_NEW_TOKENS,
