@@ -3,8 +3,8 @@ clips with silences between them (the recording the UI tests' fake microphone pl
 3 s more at a time as a microphone would deliver it, transcribed by the real whisper-tiny.en.
 
 Independent references: the clips' LibriVox transcripts (the words of the whole recording), and
-whisper_decode.transcribe run directly on the very samples of a pass with the prompt the policy
-must have given it (a pass must decode exactly that, only placed in the recording)."""
+pipelines.transcribe.transcribe run directly on the very samples of a pass with the prompt the
+policy must have given it (a pass must decode exactly that, only placed in the recording)."""
 from __future__ import annotations
 
 import re
@@ -159,7 +159,7 @@ def test_kept_segments_stay_word_for_word_and_the_whole_speech_is_there(session,
 
 
 def test_a_pass_decodes_its_window_with_the_kept_text_as_prompt(session, whisper):
-    """Reference: whisper_decode.transcribe on the same samples with the prompt the policy
+    """Reference: pipelines.transcribe.transcribe on the same samples with the prompt the policy
     promises (the last PROMPT_CHARACTERS of the kept text), placed by hand."""
     from dataclasses import replace
 

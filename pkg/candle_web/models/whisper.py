@@ -12,7 +12,8 @@ the end of this file: Hugging Face safetensors (`openai/whisper-*`) and CTransla
 linear_1 is the fused KV. Self-attention Q/K/V (and cross-attention K/V) are kept fused, one
 matmul per step: stacked at load; k has no bias (HF stores none, CTranslate2 a zero slice).
 The decoder's token embedding is tied to the output projection.
-Decoding (greedy, beam search, timestamps, long-form transcription) is in whisper_decode.py.
+Decoding one window (greedy, beam search, timestamps) is in whisper_decode.py; long-form
+transcription over 30 s windows in pipelines/transcribe.py.
 """
 
 from __future__ import annotations

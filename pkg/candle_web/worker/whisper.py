@@ -277,7 +277,7 @@ def live_payload(state: dict, done) -> dict:
             "ran": done is not None, "history": None if done is None else done.history_entry()}
 
 def prior_segments(prior, n_vocab: int) -> list:
-    """Segments from the page (segment_payload's fields) as whisper_decode Segments, each
+    """Segments from the page (segment_payload's fields) as pipelines.transcribe Segments, each
     field checked and named in the error."""
     from candle_web.pipelines.transcribe import Segment
 
@@ -327,7 +327,7 @@ def placed_transcript(transcript, tokenizer, offset: float, prior: list):
 
 
 def _event_forwarder(tokenizer, on_event, offset: float = 0.0, first_id: int = 0):
-    """whisper_decode's events as the page's: segments as payloads (placed at `offset` in the
+    """transcribe()'s events as the page's: segments as payloads (placed at `offset` in the
     recording, numbered from `first_id`), tokens with their text."""
     if on_event is None:
         return None
@@ -356,14 +356,14 @@ def _event_forwarder(tokenizer, on_event, offset: float = 0.0, first_id: int = 0
 
 
 class TimedWhisper:
-    """The model seen by whisper_decode, timing the encoder and each decoder call.
+    """The model seen by transcribe() and whisper_decode, timing the encoder and each decoder call.
 
     transcribe() and WindowDecoder use only config, device, encode, start_decoding and logits."""
 
     def __init__(self, model):
         self._model = model
         self.config = model.config
-        self.device = model.device  # whisper_decode creates its inputs on the model's device
+        self.device = model.device  # the decoders create their inputs on the model's device
         self.encode_ms = 0.0
         self.decode_ms = 0.0
         self.decoder_calls = 0
