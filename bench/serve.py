@@ -181,11 +181,11 @@ def llama_server(binary: str, model: str, threads: int) -> Server:
     gguf = next(path for path in files.values() if str(path).endswith(".gguf"))
     port = free_port()
     # --parallel slots split -c evenly (the KV cache is not unified when the slot count is
-    # given), so each slot holds CONTEXT_PER_SLOT tokens, as candle-web's slots hold the
-    # model's context.
+    # given: its log says n_slots = 8, n_ctx_slot = 2048), so each slot holds CONTEXT_PER_SLOT
+    # tokens; --no-ui (its newer name for --no-webui): the API only.
     argv = [binary, "-m", str(gguf), "--parallel", str(SLOTS), "--port", str(port), "--host",
             "127.0.0.1", "-c", str(SLOTS * CONTEXT_PER_SLOT), "--threads", str(threads),
-            "--no-webui"]
+            "--no-ui"]
     return Server(argv, f"http://127.0.0.1:{port}/v1", model)
 
 
