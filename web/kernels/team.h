@@ -33,14 +33,17 @@ void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *a
  * the same roundings) as the whole product has. */
 #define TEAM_ROW_ALIGN 16
 
-/* Busy-wait this many polls (tens of milliseconds) before sleeping in memory.atomic.wait32.
- * A step has ~120 barriers (30 LLaMA blocks x 4) a few hundred microseconds apart, and a
- * wake-up from wait costs about that much: measured under wasmtime on SmolLM2 Q4_1 when a
- * block had 9, a step took 27-32 ms on two threads with 2^16 polls and 19.3-19.7 ms with 2^24
- * (34-41 ms alone).
+/* Busy-wait this many polls (about a millisecond) before sleeping in memory.atomic.wait32.
+ * A step has ~100-120 barriers (4 a LLaMA block) a few hundred microseconds apart. On a quiet
+ * machine the count does not matter once it covers a phase: under wasmtime, 2 threads, 2^16
+ * and 2^24 polls both gave 59.7-60.8 tok/s on SmolLM2 Q4_1 and 13.0-13.3 on Qwen2.5-0.5B Q4_K_M
+ * (one thread: 32.5-33.0 and 6.7-6.8). When other work shares the cores, long spinning burns
+ * the time slice the other thread needs: at load 8-12, SmolLM2 on 2 threads ran 1.7 tok/s with
+ * 2^24 polls and 10.7-11.4 with 2^16 (12-15 on one thread). (With 9 barriers a block, 2^24 had
+ * measured better quietly: 19.3-19.7 ms a step against 27-32 ms.)
  * The helper also polls this long for the next step (the caller's Python between tokens takes
  * a few ms), then sleeps: an idle page costs no CPU. */
-#define TEAM_SPINS (1 << 24)
+#define TEAM_SPINS (1 << 16)
 
 /* The start of thread `t`'s share of `total` items (t = n: the end), in chunks aligned to
  * `align`; the share is [team_lo(t), team_lo(t + 1)). */
