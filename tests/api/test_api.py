@@ -79,22 +79,8 @@ def client(server_url):
                          timeout=HTTP_TIMEOUT_S)
 
 
-# -- the references: the pipelines the CLI runs, on models loaded independently --------------
-
-@pytest.fixture(scope="module")
-def llama(pool):
-    from candle_web.generation.chat_templates import chat_template_for
-    from candle_web.pipelines import load_llama
-
-    loaded = load_llama(LLM)
-    return loaded, chat_template_for(loaded.model, loaded.tokenizer)
-
-
-@pytest.fixture(scope="module")
-def whisper(pool):
-    from candle_web.pipelines import load_whisper
-
-    return load_whisper(WHISPER)
+# The references (the pipelines the CLI runs, on models loaded independently): the `llama` and
+# `whisper` fixtures of tests/api/conftest.py and api_testlib's reference_* functions.
 
 
 def assert_error_shape(status: int, body: bytes, param, expected_status: int = 400) -> dict:

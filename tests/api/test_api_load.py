@@ -46,22 +46,6 @@ def pool():
     pool.close()
 
 
-@pytest.fixture(scope="module")
-def llama(pool):
-    from candle_web.generation.chat_templates import chat_template_for
-    from candle_web.pipelines import load_llama
-
-    loaded = load_llama(LLM)
-    return loaded, chat_template_for(loaded.model, loaded.tokenizer)
-
-
-@pytest.fixture(scope="module")
-def whisper(pool):
-    from candle_web.pipelines import load_whisper
-
-    return load_whisper(WHISPER)
-
-
 def _serve(pool, tmp_path):
     from candle_web.api import build_app
     from candle_web.serve import SiteConfig, start_in_thread
