@@ -215,10 +215,10 @@ async function startRuntime(id, { choice, useSnapshot, threads, controlSlots }) 
     await runtime.pyodide.loadPackage(loaded.kernels === null ? ["numpy", "scipy"] : ["numpy"], quietLoaderOptions());
   });
   const { manifest, entries, templates } = await downloads.wheel;
-  installWheelFiles(runtime.pyodide, entries);
-  if (templates.entries.length) {
-    installWheelFiles(runtime.pyodide, templates.entries); // imported when a model has a template
-  } else {
+  // One install for all (the template wheels are imported when a model has a template), while
+  // numpy downloads.
+  installWheelFiles(runtime.pyodide, [...entries, ...templates.entries]);
+  if (templates.entries.length === 0) {
     console.warn(`candle-web: models' own chat templates are not rendered, the recognised chat formats (ChatML, Llama) are: ${templates.reason}`);
   }
   await packages;
