@@ -76,30 +76,6 @@ export async function unpackWheel(bytes, what = "candle_web wheel") {
   return entries;
 }
 
-// Python that makes files just written under site-packages visible to the next import (the
-// path finders cache directory listings): what importlib.invalidate_caches() does, less
-// re-reading python_stdlib.zip's directory (the zipimporter's invalidate_caches) and less
-// importing importlib.metadata to empty caches it has not filled. Those took 0.2-0.25 s of
-// every start; the stdlib archive never changes.
-const FORGET_LISTINGS = `
-def _forget_listings():
-    import sys
-    import zipimport
-    from importlib import _bootstrap_external
-
-    for name, finder in list(sys.path_importer_cache.items()):
-        if finder is None or not name.startswith("/"):
-            del sys.path_importer_cache[name]
-        elif not isinstance(finder, zipimport.zipimporter) and hasattr(finder, "invalidate_caches"):
-            finder.invalidate_caches()
-    _bootstrap_external._NamespacePath._epoch += 1
-    if "importlib.metadata" in sys.modules:
-        sys.modules["importlib.metadata"].MetadataPathFinder.invalidate_caches()
-
-_forget_listings()
-del _forget_listings
-`;
-
 // Writes unpacked wheels' files into site-packages (every wheel of the start in one call: one
 // invalidation).
 export function installWheelFiles(pyodide, entries) {
@@ -109,5 +85,7 @@ export function installWheelFiles(pyodide, entries) {
     pyodide.FS.mkdirTree(path.slice(0, path.lastIndexOf("/")));
     pyodide.FS.writeFile(path, data);
   }
-  pyodide.runPython(FORGET_LISTINGS);
+  // The path finders cache directory listings; new files must be seen at the next import
+  // (cheap: boot.js keeps the stdlib archive's importer from re-reading its directory).
+  pyodide.runPython("import importlib; importlib.invalidate_caches()");
 }
