@@ -115,18 +115,18 @@ class TextRequest:
 
 class TextScheduler:
     def __init__(self, name: str, loaded, compute: FairLock, parallel: int = DEFAULT_PARALLEL,
-                 queue_size: int = DEFAULT_QUEUE):
-        from ..backend import parts  # noqa: PLC0415
-
+                 queue_size: int = DEFAULT_QUEUE, warm_up=None):
         self.name, self.model, self.tokenizer = name, loaded.model, loaded.tokenizer
         self.compute, self.parallel, self.queue_size = compute, parallel, queue_size
         self.context_length = self.model.config.max_position_embeddings
-        # One step function (the fused part or the model's forward) shared by every slot; a
-        # slot swaps its own caches into the model before each call.
-        with compute:
-            self.steps = parts.start_causal_decoding(self.model)
-            # One token for every running sequence per round, each on its own caches.
-            self.batched = parts.start_batched_causal_decoding(self.model)
+        # One step function (the fused part or the model's forward) shared by every slot (a
+        # slot swaps its own caches into the model before each call), and the batched step
+        # (one token for every running sequence per round, each on its own caches): built,
+        # and `warm_up(self)` run, by the scheduler thread before it serves (see _set_up).
+        self.steps = self.batched = None
+        self._warm_up = warm_up
+        self._set_up_error = None
+        self._ready = threading.Event()
         self.waiting: collections.deque = collections.deque()
         self.active: list = []
         self._condition = threading.Condition()
@@ -143,6 +143,9 @@ class TextScheduler:
         self._thread = threading.Thread(target=self._run, name=f"candle-web-slots-{name}",
                                         daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._set_up_error is not None:
+            raise self._set_up_error
 
     # -- the public side (event loop thread) --
     def submit(self, request: TextRequest) -> None:
@@ -169,7 +172,30 @@ class TextScheduler:
             self._condition.notify()
 
     # -- the scheduler thread --
+    def _set_up(self) -> None:
+        """The steps and the warm-up, on this thread: every numba kernel of this model then
+        runs on it, so the process keeps one OpenMP team. A second thread that had launched
+        parallel kernels (the loader's warm-up) would keep a second team: with more OpenMP
+        threads than CPUs, libgomp's workers stop spinning between parallel regions and
+        sleep, and a decode step's ~150 regions each paid a futex wake-up (SmolLM2 Q4_1 on
+        2 threads and 2 CPUs: 16-17 against 10-11 ms a token, the same step)."""
+        from ..backend import parts  # noqa: PLC0415
+
+        try:
+            with self.compute:
+                self.steps = parts.start_causal_decoding(self.model)
+                self.batched = parts.start_batched_causal_decoding(self.model)
+                if self._warm_up is not None:
+                    self._warm_up(self)
+        except Exception as error:  # noqa: BLE001  (raised by __init__, in the caller)
+            self._set_up_error = error
+        finally:
+            self._ready.set()
+
     def _run(self) -> None:
+        self._set_up()
+        if self._set_up_error is not None:
+            return
         while True:
             with self._condition:
                 while not self._stopped and not self.active and not self.waiting:
@@ -457,9 +483,7 @@ class ModelPool:
                     served.worker = SerialWorker(name, self.queue_size)
             if served.kind == TEXT_KIND:
                 served.scheduler = TextScheduler(name, loaded, self.compute, self.parallel,
-                                                 self.queue_size)
-                with self.compute:
-                    self._warm_up_text(served.scheduler)
+                                                 self.queue_size, warm_up=self._warm_up_text)
             served.loaded = loaded
         return served
 
