@@ -36,6 +36,9 @@ export class WorkerClient {
     // only cancelling a running computation does not.
     this.control = self.crossOriginIsolated ? new SharedArrayBuffer(CONTROL_SLOTS * 4) : null;
     this.slots = this.control ? new Int32Array(this.control) : null;
+    // The worker holds one model of each kind (one llama for Chat and Generate): which one,
+    // as its load replies said, so a view never assumes the model another view replaced.
+    this.heldModels = new Map();
     this.worker.onmessage = (event) => this.#dispatch(event.data);
     this.worker.onerror = (event) => this.#failAll(new Error(`worker failed: ${event.message || "script error"}`));
   }
@@ -44,11 +47,26 @@ export class WorkerClient {
   start(type, fields = {}, { onProgress = null, transfer = [] } = {}) {
     const id = this.nextId;
     this.nextId = this.nextId >= MAX_JOB_ID ? 1 : this.nextId + 1;
-    const result = new Promise((resolve, reject) => {
+    let result = new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject, onProgress });
     });
     this.worker.postMessage({ ...fields, type, id }, transfer);
+    if (type === "load") result = this.#trackLoad(fields.kind, result);
     return { id, result };
+  }
+
+  // Whether the worker holds `model` as its model of `kind` (its last load of that kind).
+  holds(kind, model) {
+    return this.heldModels.get(kind) === model;
+  }
+
+  // A load replaces the worker's model of its kind: unknown until it answers, then its key.
+  #trackLoad(kind, result) {
+    this.heldModels.delete(kind);
+    return result.then((reply) => {
+      this.heldModels.set(kind, reply.key);
+      return reply;
+    });
   }
 
   request(type, fields = {}, options = {}) {

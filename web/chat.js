@@ -87,7 +87,7 @@ class ChatView {
 
   async ensureModel(model, track) {
     const { state } = this;
-    if (state.loadedModel === model) return;
+    if (state.loadedModel === model && this.client.holds(KIND, model)) return;
     const label = MODEL_LABELS[model] || model;
     const reply = await loadModel(this.client, KIND, { model }, this.status, { label, track, events: state.events });
     state.lastLoad = reply;

@@ -100,7 +100,7 @@ class GenerateView {
 
   async ensureModel(model, track) {
     const { state } = this;
-    if (state.loadedModel === model) return;
+    if (state.loadedModel === model && this.client.holds(KIND, model)) return;
     const reply = await loadModel(this.client, KIND, { model }, this.status, { label: MODEL_LABELS[model] || model, track, events: state.events });
     state.lastLoad = reply;
     state.loadedModel = reply.key;

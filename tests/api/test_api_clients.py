@@ -54,11 +54,28 @@ def served(tmp_path_factory):
     pool.close()
 
 
-def _run(command, cwd=None) -> list:
+# Debian's Mono 6.8 runtime itself sometimes dies in native code under load (a SIGSEGV in its
+# GC or thread code, with "Native Crash Reporting" and a gdb backtrace on stderr; twice in
+# fresh-clone runs at load 5-10). That is the runtime, not the client or the server: such a
+# crash is run again, at most MONO_CRASH_RETRIES times; any other failure fails at once, and
+# the answers are checked as always.
+MONO_CRASH_RETRIES = 2
+MONO_CRASH_MARKERS = ("Native Crash Reporting", "Got a SIG")
+
+
+def _run(command, cwd=None, crash_markers=(), crash_retries=0) -> list:
+    """stdout's lines of `command` (which must succeed); run again, up to `crash_retries`
+    times, when it fails with one of `crash_markers` on stderr."""
     environment = {key: value for key, value in os.environ.items()
                    if key != "CANDLE_WEB_API_KEY"}
-    process = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                             cwd=cwd, env=environment)
+    for attempt in range(crash_retries + 1):
+        process = subprocess.run(command, capture_output=True, text=True,
+                                 timeout=RUN_TIMEOUT_S, cwd=cwd, env=environment)
+        crashed = process.returncode != 0 and any(marker in process.stderr
+                                                  for marker in crash_markers)
+        if not crashed or attempt == crash_retries:
+            break
+        print(f"{command[0]} crashed (attempt {attempt + 1}); running it again")
     assert process.returncode == 0, process.stderr[-3000:]
     return process.stdout.splitlines()
 
@@ -85,5 +102,6 @@ def test_the_csharp_client(served, tmp_path):
     _run(["mcs", "-nologo", "-r:System.Net.Http.dll", f"-out:{exe}",
           str(EXAMPLES / "OpenAiClient.cs")])
     # In its own folder: a crashing Mono writes mono_crash.*.json into the working directory.
-    lines = _run(["mono", str(exe), base, LLM, PROMPT, WHISPER, str(CLIP)], cwd=tmp_path)
+    lines = _run(["mono", str(exe), base, LLM, PROMPT, WHISPER, str(CLIP)], cwd=tmp_path,
+                 crash_markers=MONO_CRASH_MARKERS, crash_retries=MONO_CRASH_RETRIES)
     assert lines == expected

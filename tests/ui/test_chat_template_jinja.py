@@ -45,6 +45,14 @@ def _left_as_found(ready_page, model_cache_left_as_found):
 
 
 @pytest.fixture(scope="module")
+def page(ready_page_at):
+    """A page of this module's own: its Generate and Chat views load models, and later modules
+    (test_generate) expect the shared ready_page's views as they open, their first load a
+    download (the model cache is put back by model_cache_left_as_found)."""
+    return ready_page_at("/#generate")
+
+
+@pytest.fixture(scope="module")
 def gguf_paths(model_file) -> dict:
     return {SMOLLM2: str(model_file(SMOLLM2, SMOLLM2_GGUF)),
             QWEN: str(model_file(QWEN, QWEN_GGUF))}
@@ -118,9 +126,9 @@ def generate_chat(page, model: str) -> dict:
 
 
 @pytest.mark.parametrize("model", [SMOLLM2, QWEN])  # Qwen last: its load replaces SmolLM2
-def test_generate_chat_renders_the_models_own_template(ready_page, gguf_paths, native_answers,
+def test_generate_chat_renders_the_models_own_template(page, gguf_paths, native_answers,
                                                        model, report):
-    state = generate_chat(ready_page, model)
+    state = generate_chat(page, model)
     assert state["load"]["model"]["chatTemplate"] == "jinja"
     assert state["load"]["model"]["chatTemplateNote"] is None
     browser = state["result"]
@@ -174,14 +182,24 @@ def native_chat_answer(gguf: str, text: str) -> list:
     return list(turn.token_ids)
 
 
-def test_chat_view_renders_the_models_own_template(ready_page, gguf_paths):
-    result = chat_turn(ready_page, SMOLLM2, PROMPT)
-    assert chat_state(ready_page, "s.lastLoad.model.chatTemplate") == "jinja"
-    assert "Note:" not in ready_page.text_content("#chat-model-note")
+def test_chat_view_renders_the_models_own_template(page, gguf_paths):
+    result = chat_turn(page, SMOLLM2, PROMPT)
+    assert chat_state(page, "s.lastLoad.model.chatTemplate") == "jinja"
+    assert "Note:" not in page.text_content("#chat-model-note")
     messages = [{"role": "user", "content": PROMPT}]
     assert result["promptTokens"] == len(native_prompt_ids(gguf_paths[SMOLLM2], SMOLLM2,
                                                            messages))
     assert result["tokenIds"] == native_chat_answer(gguf_paths[SMOLLM2], PROMPT)
+
+
+def test_generate_loads_its_model_again_after_chat_replaced_it(page, native_answers):
+    """The worker holds one llama model: Generate ran Qwen, then the Chat turn above loaded
+    SmolLM2 in its place. Generate's next Qwen run loads Qwen again (from the browser's cache)
+    and answers as before, instead of failing with ModelNotFound (WorkerClient.holds)."""
+    state = generate_chat(page, QWEN)
+    assert state["load"]["key"] == QWEN and state["load"]["cached"] is True
+    native = native_answers.result()["results"][1]
+    assert state["result"]["tokenIds"] == native["tokenIds"]
 
 
 def test_without_the_jinja2_wheel_the_page_falls_back_and_says_so(open_ui_page, page_ready,
