@@ -257,3 +257,65 @@ def test_forward_rows_over_the_families(tmp_path, name):
         expected = reference.forward([sequence]).to_numpy()[0]
         truth = transformers_logits(config, state, sequence, dtype=np.float64)[-1]
         assert_near_truth(logits[row], expected, truth, f"{name} row {row}")
+
+
+def prompt_token_by_token(model, prompt):
+    """(logits after the prompt's last token, the blocks' cached keys) feeding the prompt one
+    token per call of the single step."""
+    single = parts.start_causal_decoding(model)
+    model.clear_kv_cache(len(prompt) + 1)
+    for token in prompt:
+        logits = single(np.array([[token]]), model.seq_len).to_numpy()[0]
+    return logits, [cache.k.buffer()[..., :len(prompt), :].copy() for cache in model.caches]
+
+
+def prompt_in_one_call(model, prompt):
+    single = parts.start_causal_decoding(model)
+    model.clear_kv_cache(len(prompt) + 1)
+    logits = single(np.array([prompt]), 0).to_numpy()[0]
+    assert model.seq_len == len(prompt)
+    return logits, [cache.k.buffer()[..., :len(prompt), :].copy() for cache in model.caches]
+
+
+def assert_prompt_paths_agree(model, prompt, what):
+    alone_logits, alone_keys = prompt_token_by_token(model, prompt)
+    logits, keys = prompt_in_one_call(model, prompt)
+    assert np.array_equal(logits, alone_logits), (
+        f"{what}: the prompt's logits differ from token by token "
+        f"(max {np.abs(logits - alone_logits).max()})")
+    for block, (got, want) in enumerate(zip(keys, alone_keys)):
+        assert np.array_equal(got, want), f"{what}: block {block}'s cached keys differ"
+    return logits
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q6_K", "qwen2-mixed", "f32"])
+def test_tiny_prompts_in_one_call_equal_token_by_token(numba_device, tmp_path, kind,
+                                                       monkeypatch):
+    """A prompt through the part's `step_prompt` (its tokens as rows of one sequence, each
+    weight read once for all of them): the last token's logits and every cached key are those
+    of feeding it token by token, bit for bit, also when it spans several chunks
+    (FusedCausalSteps.PROMPT_CHUNK, set to 3 here); and near float64 transformers."""
+    pytest.importorskip("transformers")
+    path, config, weights = tiny_model(kind, tmp_path, numba_device)
+    model = Llama.load(path, device=numba_device,
+                       mode="dequantize" if kind == "f32" else "auto")
+    assert getattr(llama_part(model), "step_prompt", None) is not None
+    reference = Llama.load(path, device=Device.cpu(backend="numpy"))
+    prompt = [1, 5, 9, 4, 2, 7, 80, 31, 8, 3, 40]
+    logits = assert_prompt_paths_agree(model, prompt, kind)
+    monkeypatch.setattr(parts.FusedCausalSteps, "PROMPT_CHUNK", 3)
+    assert np.array_equal(assert_prompt_paths_agree(model, prompt, f"{kind} in chunks of 3"),
+                          logits)
+    reference.clear_kv_cache()
+    expected = reference.forward([prompt]).to_numpy()[0]
+    truth = transformers_logits(config, weights, prompt, dtype=np.float64)[-1]
+    assert_near_truth(logits, expected, truth, f"{kind} prompt")
+
+
+def test_real_model_prompt_in_one_call_equals_token_by_token(numba_device):
+    from candle_web.pipelines import load_llama
+
+    loaded = load_llama(REAL_MODELS[0], device=numba_device)
+    for text in REAL_PROMPTS[3:5]:
+        prompt = list(map(int, loaded.tokenizer.encode(text).ids))
+        assert_prompt_paths_agree(loaded.model, prompt, text)

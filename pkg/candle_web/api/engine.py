@@ -43,9 +43,9 @@ DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 16
 # Seconds a client that got 429 is told to wait before trying again.
 RETRY_AFTER_S = 1
-# The long prompt of the warm-up: past backend/parts.py's FUSED_PROMPT_TOKENS (8), so the
-# model's batched prompt pass is warmed up too.
-WARM_UP_PROMPT_TOKENS = 24
+# The warm-up's prompt: 6 tokens, so that a prompt pass takes the products' four-row tiles
+# (numba qrows.py) and a batched step over the two slots their one-row form.
+WARM_UP_PROMPT_TOKENS = 6
 
 
 class FairLock:
@@ -495,8 +495,7 @@ class ModelPool:
         model = scheduler.model
         bos = model.config.bos_token_id if getattr(model.config, "bos_token_id", None) is not None \
             else 0
-        # Both prompt paths: a few tokens (the fused step, token by token) and a longer one
-        # (the model's batched forward); then a decode step.
+        # Two slots, each a prompt pass and a decode step.
         slots = []
         for length in (2, WARM_UP_PROMPT_TOKENS):
             lm = SlotLM(model, scheduler.steps, length + 2)

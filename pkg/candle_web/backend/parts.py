@@ -25,7 +25,10 @@ Parts and their implementations' call signatures (arrays are the backend's, f32,
   An implementation may also offer ``impl.step_rows(xs [B, d], positions [B], row_caches,
   cos, sin) -> logits [B, vocab]``: B sequences at once, row b at positions[b] with its own
   caches row_caches[b] (per block as above), each row bit-identical to `impl` on it alone
-  (`start_batched_causal_decoding`, the API's continuous batching).
+  (`start_batched_causal_decoding`, the API's continuous batching); and
+  ``impl.step_prompt(xs [t, d], start, caches, cos, sin) -> logits [vocab]``: t tokens of one
+  sequence at positions start .. start + t - 1 (a prompt), the logits of the last one
+  bit-identical to feeding them to `impl` one by one.
 
 Switches that turn a part off live in `settings` (read once, listed in the README).
 
@@ -37,7 +40,8 @@ below decide, in one place, whether a step runs through a backend's part:
 - `start_whisper_decoding(decoder, features)`: the model's own `DecoderState`, or a
   `FusedWhisperDecoding` wrapping it, whose short token runs go through the part;
 - `start_causal_decoding(model)`: a `ReferenceSteps` calling the model's `forward`, or
-  `FusedCausalSteps` sending single tokens through the part.
+  `FusedCausalSteps` sending single tokens (and prompts, where the part has `step_prompt`)
+  through the part.
 - `start_batched_causal_decoding(model)`: one token for each of B sequences at their own
   positions, `FusedBatchedSteps` (the part's `step_rows`) or `ReferenceBatchedSteps`.
 
@@ -377,7 +381,12 @@ class ReferenceSteps:
 
 
 class FusedCausalSteps:
-    """Single tokens (batch 1) through the part, everything else through `model.forward`.
+    """Single tokens (batch 1) through the part; a prompt of batch 1 through its `step_prompt`
+    when it has one, in chunks of PROMPT_CHUNK tokens (bounding the rows' temporaries: 128
+    rows of Qwen2.5-0.5B's gate|up are 5 MB); everything else through `model.forward`. With
+    `step_prompt` a prompt's logits and caches are bit for bit those of feeding it token by
+    token, so a sequence's answer does not depend on how its prompt was split (a chat turn
+    that reuses the cached prefix, a server's batch).
 
     The KV-cache hand-off: the part writes each block's new key and value at `index_pos` of
     the model's own caches ([n_kv, capacity, head_dim] per block), then the caches advance, so
@@ -392,21 +401,36 @@ class FusedCausalSteps:
         model = self.model
         array = ids.to_numpy() if isinstance(ids, Tensor) else np.asarray(ids)
         impl = self.path.usable()
-        if impl is None or array.shape != (1, 1) or index_pos != model.seq_len:
+        if (impl is None or array.ndim != 2 or array.shape[0] != 1 or not array.shape[1]
+                or index_pos != model.seq_len
+                or (array.shape[1] > 1 and getattr(impl, "step_prompt", None) is None)):
             return model.forward(ids, index_pos)  # (which also reports a wrong index_pos)
+        for start in range(0, array.shape[1], self.PROMPT_CHUNK):
+            logits = self._run(impl, array[:, start:start + self.PROMPT_CHUNK], index_pos + start)
+        return Tensor.from_storage(logits.reshape(1, -1), dt.f32, model.device)
+
+    PROMPT_CHUNK = 128
+
+    def _run(self, impl, array: np.ndarray, index_pos: int) -> np.ndarray:
+        """Tokens array [1, t] at index_pos .. index_pos + t - 1 through the part -> the last
+        token's logits; the caches advance by t."""
+        model, t = self.model, array.shape[1]
         x = model.embed(Tensor.from_numpy(array.astype(np.int64), dt.i64, model.device))
         cfg = model.config
         entry = (1, cfg.num_kv_heads, 1, cfg.head_dim)
         buffers = []
         for cache in model.caches:
-            keys, values = cache.buffers(1, entry, x.dtype, x.device)
+            keys, values = cache.buffers(t, entry, x.dtype, x.device)
             buffers.append((keys[0], values[0]))  # [n_kv, capacity, head_dim]
-        model.rotary.tables(index_pos, 1)  # grows the tables to cover index_pos
-        logits = impl(x.storage().reshape(-1), index_pos, buffers,
-                      model.rotary.cos.storage(), model.rotary.sin.storage())
+        model.rotary.tables(index_pos, t)  # grows the tables to cover every position
+        cos, sin = model.rotary.cos.storage(), model.rotary.sin.storage()
+        if t == 1:
+            logits = impl(x.storage().reshape(-1), index_pos, buffers, cos, sin)
+        else:
+            logits = impl.step_prompt(x.storage().reshape(t, -1), index_pos, buffers, cos, sin)
         for cache in model.caches:
-            cache.advance(1)
-        return Tensor.from_storage(logits.reshape(1, -1), dt.f32, x.device)
+            cache.advance(t)
+        return logits
 
 
 # -- continuous batching: B sequences, each at its own position, in one step ---------------------

@@ -22,3 +22,21 @@ def exact_parallel_kernel(fn):
     """A parallel kernel with strict IEEE semantics (no FMA contraction): for results that must
     be bit-identical to numpy's separately rounded multiply and add."""
     return njit(cache=True, parallel=True, nogil=True)(fn)
+
+
+# Only FMA contraction: LLVM may not re-associate a sum, so a kernel written with explicit
+# accumulator lanes gives the same bits however it is unrolled or vectorised, and two kernels
+# that do the same per-lane arithmetic agree bit for bit (qrows.py relies on it).
+STRICT_LANES = {"contract"}
+
+
+def strict_kernel(fn):
+    """A serial kernel whose sums keep the order written (see STRICT_LANES)."""
+    return njit(cache=True, fastmath=STRICT_LANES, nogil=True)(fn)
+
+
+def strict_inline(fn):
+    """A strict helper inlined into its callers at numba's IR level: a stack array passed to a
+    call LLVM does not inline stays in memory (no SROA), and the lanes go through loads and
+    stores."""
+    return njit(cache=True, fastmath=STRICT_LANES, nogil=True, inline="always")(fn)

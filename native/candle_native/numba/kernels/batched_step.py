@@ -3,13 +3,15 @@ cache (continuous batching: the API's scheduler advances every active request in
 
 The weight-bound work (QKV, output, gate|up and down projections, the head) is one call per
 weight for all B rows: each chunk of ROW_CHUNK weight rows is read from memory once and, while
-it is in cache, multiplied with every row's activations. Per row, every value is computed by
-the very functions the single-sequence step (decoder_step.llama_block_step) calls, with the same
-arguments: `_matvec_chunk` for a chunk of a quantized matrix (`_rows_f32` for an f32 one),
-`rms_norm_vector`, `_rope_head`, `_attend_head`, `_silu_mul_halves`, in the same order. So a row's
+it is in cache, multiplied with every row's activations, a dequantized block shared by four
+rows at a time (qrows.py). Per row, every value is computed with the same arithmetic, in the
+same order, as the single-sequence step (decoder_step.llama_block_step): the quantized products
+are qrows.py's strict-order kernels (the single step is their one-row case), f32 ones
+`_rows_f32`, then `rms_norm_vector`, `_rope_head`, `_attend_head`, `_silu_mul_halves`. So a row's
 logits are bit-identical to the single step's for that sequence whatever runs beside it
 (tests/backend/test_batched_decoding.py checks it bitwise), which is what lets a request's
-greedy ids not depend on the batch it joins.
+greedy ids not depend on the batch it joins. A prompt runs the same way, its tokens as rows of
+one sequence (store_and_attend_rows).
 
 Attention reads each row's own cache (different lengths); `store_and_attend` runs per row,
 called from Python between the two block halves (a row's cache buffers are its own arrays,
@@ -21,39 +23,9 @@ from numba import prange, types
 from numba.extending import overload
 
 from ._jit import FAST_REDUCTIONS, kernel, parallel_kernel
-from .decoder_step import (ROW_CHUNK, _attend_parallel, _attend_serial, _group_sums,
-                           _matvec_chunk, _rope_head, _rows_f32, _silu_mul_halves,
-                           rms_norm_vector, weight_rows)
-
-
-@kernel
-def _row_offset_sums(xs, weight):
-    """Per row, what decoder_step._offset_sums gives that row: its sums per group for a
-    weight with offsets (a 1-element stand-in else)."""
-    rows = xs.shape[0]
-    if not weight[3]:
-        return np.zeros((rows, 1), np.float32)
-    group = weight[4]
-    sums = np.empty((rows, xs.shape[1] // group), np.float32)
-    for b in range(rows):
-        sums[b] = _group_sums(xs[b], group)
-    return sums
-
-
-@parallel_kernel
-def _matmul_rows_parallel(xs, weight, outs):
-    xsums = _row_offset_sums(xs, weight)
-    for chunk in prange((weight[0].shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
-        for b in range(xs.shape[0]):
-            _matvec_chunk(xs[b], xsums[b], weight, outs[b], chunk)
-
-
-@kernel
-def _matmul_rows_serial(xs, weight, outs):
-    xsums = _row_offset_sums(xs, weight)
-    for chunk in range((weight[0].shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
-        for b in range(xs.shape[0]):
-            _matvec_chunk(xs[b], xsums[b], weight, outs[b], chunk)
+from . import qrows
+from .decoder_step import (ROW_CHUNK, _attend_parallel, _attend_serial, _rope_head, _rows_f32,
+                           _silu_mul_halves, rms_norm_vector, weight_rows)
 
 
 @parallel_kernel
@@ -92,9 +64,9 @@ def _project_rows_for_type(xs, weight, outs, parallel):
 
     def quantized_rows(xs, weight, outs, parallel):
         if parallel:
-            _matmul_rows_parallel(xs, weight, outs)
+            qrows.rows_parallel(xs, weight, outs)
         else:
-            _matmul_rows_serial(xs, weight, outs)
+            qrows.rows_serial(xs, weight, outs)
     return quantized_rows
 
 
@@ -134,6 +106,17 @@ def store_and_attend(qkv, keys, values, pos, n_heads, n_kv, head_dim, scale, att
         _attend_parallel(qkv, keys, values, pos + 1, n_heads, n_kv, head_dim, scale, attended)
     else:
         _attend_serial(qkv, keys, values, pos + 1, n_heads, n_kv, head_dim, scale, attended)
+
+
+@kernel
+def store_and_attend_rows(qkvs, keys, values, positions, n_heads, n_kv, head_dim, scale,
+                          attended, parallel):
+    """store_and_attend for rows that share one cache (a prompt's tokens, positions rising):
+    row b, in order, writes its key and value, then attends over positions 0..positions[b],
+    so it sees the rows before it, as it would token by token."""
+    for b in range(qkvs.shape[0]):
+        store_and_attend(qkvs[b], keys, values, positions[b], n_heads, n_kv, head_dim, scale,
+                         attended[b], parallel)
 
 
 @kernel

@@ -10,9 +10,11 @@ than the arithmetic. Here the whole block runs in machine code:
     h = rms_norm(x) ; g|u = W_gu h ; x += W_down (silu(g) * u)
 
 The arithmetic is the generic path's up to re-association: rms norm as `_rms_norm_row`, rope as
-the rope kernels, softmax-weighted values as `attention_rows`, 16- and 32-element groups with
-the products of `qmatmul_g16` / `qmatmul_g32` (level * (x * scale), summed in 32 lanes): logits
-agree with the generic path to ~1e-6 of their scale (tests/models/test_llama_fused_decode.py).
+the rope kernels, softmax-weighted values as `attention_rows`; the quantized products are
+qrows.py's (each weight dequantized, level * scale + offset, then multiplied with x in 32
+lanes folded in a fixed tree), shared with the batched step so that a row's bits do not depend
+on its batch. Logits agree with the generic path to ~1e-6 of their scale
+(tests/models/test_llama_fused_decode.py).
 
 A weight is passed as a tuple ``(levels i8[n, k], scales f32[n, k/g], offsets f32[n, k/g] or a
 1x1 stand-in, use_offsets, group)`` with group 32 or 16 (see quant_unpack / numba_backend), or
@@ -31,131 +33,28 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
+from . import qrows
 from ._jit import FAST_REDUCTIONS, kernel, parallel_kernel
-from .stack_scratch import stack_f32_32
 from .vector_math import SOFTMAX_NEGLIGIBLE
 
 # Weight rows per parallel work item: enough to amortise scheduling, few enough to balance
 # two threads on the smallest matrices: SmolLM2's 576-row out and down projections split into
 # 18 items, 9 per thread (64 rows gave 9 items, 5 against 4). Same-process A/B over all of
 # SmolLM2's matrices: 24.0 vs 24.5 ms per token (Q4_0), 27.1 vs 27.4 (Q8_0).
-ROW_CHUNK = 32
-
-
-@kernel
-def _rows_g32(x, xsum, levels, scales, offsets, use_offsets, out, start, stop):
-    """out[i] for rows start..stop-1, groups of 32: per group, level * (x * scale) added into
-    32 accumulator lanes (in registers, see stack_scratch), summed once per row.
-    One row at a time: the earlier kernel (two rows sharing each load of x, level * x summed
-    into 8 lanes per group and scaled once) was as fast on matrices that stay in cache but
-    half as fast on those streamed from memory. CPU time per matvec on one core at load ~11:
-    Qwen2.5-0.5B's head 151936x896 18.9 -> 8.8 ms, its gate|up 9728x896 1.02 -> 0.54 ms,
-    SmolLM2's head 49152x576 4.6 -> 2.1 ms, a 3072x576 matrix 0.112 -> 0.121 ms."""
-    n_groups = levels.shape[1] // 32
-    partial = stack_f32_32()
-    for i in range(start, stop):
-        row = levels[i]
-        for j in range(32):
-            partial[j] = 0.0
-        for g in range(n_groups):
-            scale = scales[i, g]
-            base = g * 32
-            for j in range(32):
-                partial[j] += np.float32(row[base + j]) * (x[base + j] * scale)
-        total = np.float32(0.0)
-        for j in range(32):
-            total += partial[j]
-        if use_offsets:
-            total = _add_offset_terms(total, offsets, xsum, i)
-        out[i] = total
-
-
-@kernel
-def _add_offset_terms(total, offsets, xsum, i):
-    """total + sum over groups of offset[i, g] * sum(x in g), added in group order (the Q4_1 /
-    K-quant minimum terms of row i)."""
-    for g in range(offsets.shape[1]):
-        total += offsets[i, g] * xsum[g]
-    return total
-
-
-@kernel
-def _rows_g16(x, xsum, levels, scales, offsets, use_offsets, out, start, stop):
-    """As _rows_g32 for 16-element groups, one row at a time: two groups fill the 32 lanes,
-    the scale chosen per lane (the layout of qmatmul_g16)."""
-    n_groups = levels.shape[1] // 16
-    partial = stack_f32_32()
-    for i in range(start, stop):
-        for j in range(32):
-            partial[j] = 0.0
-        for pair in range(n_groups // 2):
-            first = scales[i, 2 * pair]
-            second = scales[i, 2 * pair + 1]
-            base = pair * 32
-            for j in range(32):
-                scale = first if j < 16 else second
-                partial[j] += np.float32(levels[i, base + j]) * (x[base + j] * scale)
-        total = np.float32(0.0)
-        for j in range(32):
-            total += partial[j]
-        if use_offsets:
-            total = _add_offset_terms(total, offsets, xsum, i)
-        out[i] = total
-
-
-@kernel
-def _group_sums(x, group):
-    n_groups = x.size // group
-    sums = np.empty(n_groups, np.float32)
-    for g in range(n_groups):
-        total = np.float32(0.0)
-        for j in range(group):
-            total += x[g * group + j]
-        sums[g] = total
-    return sums
-
-
-@kernel
-def _matvec_chunk(x, xsum, weight, out, chunk):
-    levels, scales, offsets, use_offsets, group = weight
-    start = chunk * ROW_CHUNK
-    stop = min(levels.shape[0], start + ROW_CHUNK)
-    if group == 32:
-        _rows_g32(x, xsum, levels, scales, offsets, use_offsets, out, start, stop)
-    else:
-        _rows_g16(x, xsum, levels, scales, offsets, use_offsets, out, start, stop)
-
-
-@kernel
-def _offset_sums(x, weight):
-    """Sums of x per group, read only for weights with offsets (a 1-element stand-in else)."""
-    if weight[3]:
-        return _group_sums(x, weight[4])
-    return np.zeros(1, np.float32)
-
-
-@parallel_kernel
-def _matvec_parallel(x, weight, out):
-    xsum = _offset_sums(x, weight)
-    for chunk in prange((weight[0].shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
-        _matvec_chunk(x, xsum, weight, out, chunk)
-
-
-@kernel
-def _matvec_serial(x, weight, out):
-    xsum = _offset_sums(x, weight)
-    for chunk in range((weight[0].shape[0] + ROW_CHUNK - 1) // ROW_CHUNK):
-        _matvec_chunk(x, xsum, weight, out, chunk)
+ROW_CHUNK = qrows.ROW_CHUNK
 
 
 @kernel
 def matvec(x, weight, out, parallel):
-    """out = W x for one activation vector x (f32[k]) and a weight tuple (see module doc),
-    split over numba's threads when `parallel`."""
+    """out = W x for one activation vector x (f32[k]) and a quantized weight tuple (see module
+    doc), split over numba's threads when `parallel`: the batched steps' product (qrows.py)
+    with one row, so a row's bits are the same alone and in a batch."""
+    xs = x.reshape((1, x.size))
+    outs = out.reshape((1, out.size))
     if parallel:
-        _matvec_parallel(x, weight, out)
+        qrows.rows_parallel(xs, weight, outs)
     else:
-        _matvec_serial(x, weight, out)
+        qrows.rows_serial(xs, weight, outs)
 
 
 @kernel

@@ -4,13 +4,42 @@ own position with its own KV cache (kernels/batched_step.py). Offered as
 candle_web.backend.parts.start_batched_causal_decoding). Per block: one kernel call for the
 first half of all rows (one pass over the QKV weight), one per row for its cache and attention,
 one for the second half (one pass over each of the output, gate|up and down weights); then the
-head once for all rows. Each row's logits are bit-identical to the single step's."""
+head once for all rows. Each row's logits are bit-identical to the single step's.
+
+`step_prompt` runs a prompt's tokens the same way, as rows of one sequence sharing its cache
+(row b at start + b, attending to the rows before it): the weights are read once for all the
+prompt's tokens, only the last row goes through the head, and the logits are bit-identical to
+feeding the prompt token by token through the single step."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..kernels import batched_step as bk
+
+
+def _blocks(decoder, xs, positions, cos, sin, attend) -> np.ndarray:
+    """Every block over the rows xs f32[B, d] in place; attend(index, qkvs, attended) writes
+    the rows' keys and values into their caches and their attention outputs."""
+    cfg = decoder.cfg
+    q_size = cfg.num_heads * cfg.head_dim
+    for index, (attn_norm, mlp_norm, eps, qkv, bias, out, gate_up, down) in enumerate(
+            decoder.layers):
+        qkvs = bk.block_rows_before_attention(
+            xs, attn_norm, eps, qkv, bias, positions, cos, sin, cfg.num_heads,
+            cfg.num_kv_heads, cfg.head_dim, cfg.rope_interleaved, decoder.parallel)
+        attended = np.empty((xs.shape[0], q_size), np.float32)
+        attend(index, qkvs, attended)
+        bk.block_rows_after_attention(xs, attended, out, mlp_norm, eps, gate_up, down,
+                                      decoder.parallel)
+    return xs
+
+
+def _logits(decoder, xs) -> np.ndarray:
+    logits = np.empty((xs.shape[0], decoder.vocab_rows), np.float32)
+    norm, eps = decoder.final_norm
+    bk.final_logits_rows(xs, norm, eps, decoder.head, logits, decoder.parallel)
+    return logits
 
 
 def step_rows(decoder, xs: np.ndarray, positions, row_caches, cos: np.ndarray,
@@ -21,22 +50,31 @@ def step_rows(decoder, xs: np.ndarray, positions, row_caches, cos: np.ndarray,
     cfg = decoder.cfg
     xs = np.array(xs, dtype=np.float32).reshape(len(row_caches), -1)  # updated in place
     positions = np.asarray(positions, dtype=np.int64)
-    rows = xs.shape[0]
-    q_size = cfg.num_heads * cfg.head_dim
-    for index, (attn_norm, mlp_norm, eps, qkv, bias, out, gate_up, down) in enumerate(
-            decoder.layers):
-        qkvs = bk.block_rows_before_attention(
-            xs, attn_norm, eps, qkv, bias, positions, cos, sin, cfg.num_heads,
-            cfg.num_kv_heads, cfg.head_dim, cfg.rope_interleaved, decoder.parallel)
-        attended = np.empty((rows, q_size), np.float32)
-        for b in range(rows):
+
+    def attend(index, qkvs, attended):
+        for b in range(len(row_caches)):
             keys, values = row_caches[b][index]
             bk.store_and_attend(qkvs[b], keys, values, positions[b], cfg.num_heads,
                                 cfg.num_kv_heads, cfg.head_dim, decoder.scale, attended[b],
                                 decoder.parallel)
-        bk.block_rows_after_attention(xs, attended, out, mlp_norm, eps, gate_up, down,
-                                      decoder.parallel)
-    logits = np.empty((rows, decoder.vocab_rows), np.float32)
-    norm, eps = decoder.final_norm
-    bk.final_logits_rows(xs, norm, eps, decoder.head, logits, decoder.parallel)
-    return logits
+
+    return _logits(decoder, _blocks(decoder, xs, positions, cos, sin, attend))
+
+
+def step_prompt(decoder, xs: np.ndarray, start: int, caches, cos: np.ndarray,
+                sin: np.ndarray) -> np.ndarray:
+    """xs f32[t, d] (a prompt's token embeddings) at positions start .. start + t - 1 of one
+    sequence, caches[block] = (keys, values) with capacity >= start + t -> logits f32[vocab]
+    of the last token. Writes the t keys and values."""
+    cfg = decoder.cfg
+    xs = np.array(xs, dtype=np.float32, ndmin=2)  # updated in place
+    positions = np.arange(start, start + xs.shape[0], dtype=np.int64)
+
+    def attend(index, qkvs, attended):
+        keys, values = caches[index]
+        bk.store_and_attend_rows(qkvs, keys, values, positions, cfg.num_heads,
+                                 cfg.num_kv_heads, cfg.head_dim, decoder.scale, attended,
+                                 decoder.parallel)
+
+    xs = _blocks(decoder, xs, positions, cos, sin, attend)
+    return _logits(decoder, xs[-1:])[0]

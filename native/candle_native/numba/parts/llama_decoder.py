@@ -131,3 +131,10 @@ class FusedLlamaDecoder:
         from .llama_batched import step_rows
 
         return step_rows(self, xs, positions, row_caches, cos, sin)
+
+    def step_prompt(self, xs, start, caches, cos, sin):
+        """A prompt's t tokens of one sequence at once (see llama_batched.step_prompt): the
+        logits of the last, bit-identical to stepping through the tokens one by one."""
+        from .llama_batched import step_prompt
+
+        return step_prompt(self, xs, start, caches, cos, sin)
