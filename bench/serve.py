@@ -15,7 +15,7 @@ spinning threads made one answer 15x slower here).
 time goes, from the process's start to the first chat answer (a one-token greedy chat of the
 first prompt, through the chat template): the interpreter, the imports (candle_web, the server
 stack, numba), the model's load (GGUF, tokenizer, weight layout), the warm-up (numba's cached
-machine code loaded, first-call costs, the prompt path's f32 weights), the bind, and the first
+machine code loaded, first-call costs), the bind, and the first
 answer; then a second answer for comparison, whether numba compiled anything (files written to
 its cache during the start; 0 means every kernel came from the on-disk cache) and the load
 average. The server child writes its own timestamps (it wraps ModelPool._warm_up_text and
@@ -305,7 +305,7 @@ def measure_startup(model: str, threads: int) -> None:
     previous, previous_cpu = started, 0.0
     labels = {"interpreter": "interpreter start", "imports": "imports (candle_web, uvicorn, "
               "starlette, numba)", "load": "model load (GGUF, tokenizer, weight layout)",
-              "warm-up": "warm-up (numba cache loads, first calls, f32 prompt weights)",
+              "warm-up": "warm-up (numba cache loads, first calls)",
               "bind": "pool ready to listening"}
     for name, at, cpu in marks:
         print(f"  {labels.get(name, name):62} {at - previous:6.2f}s {cpu - previous_cpu:6.2f}s")
