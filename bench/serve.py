@@ -5,8 +5,11 @@ server (candle-web started as `candle-web serve --api --model M --parallel 8`; l
 with `--parallel 8` on the same GGUF), C clients (1, 4, 8) each stream one greedy chat of
 --tokens tokens at the same time; per level it prints the aggregate decode rate (completion
 tokens of all clients / wall time from the first request to the last answer) and the p50/p95
-time to first token, then the ratio candle-web / llama-server. It also prints each server's
-time from process start to its first answer. Loopback only; one run, so compare the ratios.
+time to first token, then the ratio candle-web / llama-server: of --repeats runs of a level on
+the same server (3 by default), the median one by tok/s (llama-server's figures moved by up to
+20% between single runs: its slots keep earlier prompts' caches, and which slot a request
+lands in varies). It also prints each server's time from process start to its first answer.
+Loopback only; compare the ratios.
 Both servers get the same --threads (llama-server's -t; candle-web's NUMBA_NUM_THREADS; its
 BLAS keeps the caller's OPENBLAS_NUM_THREADS: on a loaded machine set it to 1, OpenBLAS's
 spinning threads made one answer 15x slower here).
@@ -29,7 +32,7 @@ printed. It runs with --parallel 8, 2048 context tokens per slot (-c 16384) and 
 
     .venv/bin/python bench/serve.py [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
                                     [--clients 1,4,8] [--tokens 64] [--llama-server PATH]
-                                    [--threads 2] [--startup]
+                                    [--threads 2] [--repeats 3] [--startup]
 """
 
 from __future__ import annotations
@@ -337,6 +340,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2,
                         help="threads for each server (llama-server -t; candle-web's numba "
                              "threads)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each level on the same server; the median run (by "
+                             "tok/s) is printed, its TTFTs with it")
     parser.add_argument("--startup", action="store_true",
                         help="only measure candle-web's start to its first answer, by stage")
     args = parser.parse_args()
@@ -350,7 +356,8 @@ def main() -> int:
         print("llama-server: not found (scripts/build_llama_cpp.sh builds it into "
               "~/.cache/candle-web/llama.cpp/bin/; or pass --llama-server PATH or set "
               "$LLAMA_SERVER): its column is left empty")
-    print(f"load average {os.getloadavg()[0]:.1f}; {args.tokens} greedy tokens per client\n")
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.tokens} greedy tokens per client; "
+          f"median of {args.repeats} runs per level\n")
     print(f"{'model':30} {'clients':>7} {'server':12} {'tok/s':>8} {'TTFT p50':>9} "
           f"{'TTFT p95':>9} {'ratio tok/s':>12}")
     for model in args.models.split(","):
@@ -364,8 +371,9 @@ def main() -> int:
             try:
                 figures[(name, "start")] = server.start_to_first_answer
                 for clients in levels:
-                    figures[(name, clients)] = run_level(server.base, model, clients,
-                                                         args.tokens)
+                    runs = sorted((run_level(server.base, model, clients, args.tokens)
+                                   for _ in range(args.repeats)), key=lambda r: r["tok_s"])
+                    figures[(name, clients)] = runs[len(runs) // 2]  # the median run
             finally:
                 server.stop()
         for clients in levels:

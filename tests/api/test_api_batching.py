@@ -79,3 +79,57 @@ def test_requests_joining_at_different_rounds_get_their_ids_alone(served):
         assert payload["token_ids"] == expected, f"request {index} ({TEXTS[index]!r})"
     assert scheduler.cancelled - start_cancelled == 1
     assert scheduler.max_batch_seen >= 3, "rounds were not batched"
+
+
+def run_alone(scheduler, prompt, budget):
+    """Submit one request and wait for its "done" payload."""
+    from candle_web.api.engine import TextRequest
+
+    done, result = threading.Event(), {}
+
+    def emit(kind, payload):
+        if kind in ("done", "error"):
+            result[kind] = payload
+            done.set()
+
+    scheduler.submit(TextRequest(list(prompt), GenerationOptions(max_new_tokens=budget), emit,
+                                 budget=budget))
+    assert done.wait(BOUNDED_WAIT_S), "the request did not finish"
+    assert "done" in result, result
+    return result["done"]["token_ids"]
+
+
+def test_prompts_sharing_a_prefix_reuse_its_cache_and_keep_their_ids(served):
+    """A prompt that starts with what an earlier request held (its prompt, then its answer:
+    a chat resent with its history; or a shared system prompt) runs only its new tokens on a
+    copy of the kept keys and values (api/prefixes.py), and its greedy ids are still those
+    `generate` gives it from scratch: the numba part splits a prompt exactly."""
+    loaded, scheduler = served.loaded, served.scheduler
+    assert scheduler._reuse_prefixes, "the numba part should split prompts exactly"
+    first = list(loaded.tokenizer.encode("A list of fruits: apple, banana,").ids)
+    first_ids = run_alone(scheduler, first, 6)
+    # the next turn: the first prompt, its answer, then new text
+    follow = first + first_ids + list(loaded.tokenizer.encode(" and a list of colours:").ids)
+    # a prompt sharing only the first prompt's beginning
+    sibling = first[:-2] + list(loaded.tokenizer.encode(" cherry and").ids)
+    for prompt in (follow, sibling):
+        before = scheduler.load()["reused_prompt_tokens"]
+        ids = run_alone(scheduler, prompt, 8)
+        reused = scheduler.load()["reused_prompt_tokens"] - before
+        assert reused >= len(first) - 2, f"only {reused} prompt tokens reused"
+        assert reused < len(prompt)
+        assert ids == generate(loaded.model, loaded.tokenizer, prompt,
+                               GenerationOptions(max_new_tokens=8)).token_ids
+
+
+def test_the_prefix_pool_stays_within_its_bytes(served):
+    from candle_web.api.prefixes import PrefixPool
+
+    loaded, scheduler = served.loaded, served.scheduler
+    pool, scheduler.prefixes = scheduler.prefixes, PrefixPool(max_bytes=1)
+    try:
+        run_alone(scheduler, list(loaded.tokenizer.encode("Tell me about the moon.").ids), 3)
+        assert not scheduler.prefixes.entries and scheduler.prefixes.bytes == 0
+    finally:
+        scheduler.prefixes = pool
+    assert 0 < pool.bytes <= pool.max_bytes

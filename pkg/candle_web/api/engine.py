@@ -35,6 +35,7 @@ from ..core.errors import CandleError, ModelNotFound
 from ..generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, CausalLM,
                           StopStringMatcher, TokenOutputStream, sample_steps)
 from .errors import NOT_FOUND, RATE_LIMIT, ApiError
+from .prefixes import PrefixPool
 
 # Kinds of registry model the API serves, and the endpoints each answers.
 TEXT_KIND, WHISPER_KIND, BERT_KIND = "llama", "whisper", "bert"
@@ -124,6 +125,10 @@ class TextScheduler:
         # (one token for every running sequence per round, each on its own caches): built,
         # and `warm_up(self)` run, by the scheduler thread before it serves (see _set_up).
         self.steps = self.batched = None
+        # Finished requests' caches, reused by prompts that start with the same tokens, where
+        # the steps split a prompt exactly (set in _set_up; see prefixes.py).
+        self.prefixes = PrefixPool()
+        self._reuse_prefixes = False
         self._warm_up = warm_up
         self._set_up_error = None
         self._ready = threading.Event()
@@ -164,7 +169,7 @@ class TextScheduler:
             return {"active": len(self.active), "waiting": len(self.waiting),
                     "parallel": self.parallel, "queue": self.queue_size,
                     "finished": self.finished, "cancelled": self.cancelled,
-                    "tokens": self.tokens}
+                    "tokens": self.tokens, "reused_prompt_tokens": self.prefixes.reused_tokens}
 
     def stop(self) -> None:
         with self._condition:
@@ -185,6 +190,7 @@ class TextScheduler:
             with self.compute:
                 self.steps = parts.start_causal_decoding(self.model)
                 self.batched = parts.start_batched_causal_decoding(self.model)
+                self._reuse_prefixes = bool(getattr(self.steps, "splits_exactly", bool)())
                 if self._warm_up is not None:
                     self._warm_up(self)
         except Exception as error:  # noqa: BLE001  (raised by __init__, in the caller)
@@ -219,7 +225,7 @@ class TextScheduler:
                 try:
                     if request.cancelled:
                         self.cancelled += 1
-                        request._steps = request._lm = None  # drops its KV cache now
+                        self._retire(request)  # drops its KV cache now
                     elif request._steps is None:
                         with self.compute:  # its prompt, alone; it joins the next batch
                             finished = self._advance(request)
@@ -229,8 +235,9 @@ class TextScheduler:
                         self.finished += finished
                 except Exception as error:  # noqa: BLE001  (reported to that request only)
                     request.emit("error", error)
+                    request._lm = None  # its caches may be half-written: not kept
                 if finished:
-                    request._steps = request._lm = None
+                    self._retire(request)
                     with self._condition:
                         self.active.remove(request)
             self.rounds += 1
@@ -255,6 +262,14 @@ class TextScheduler:
             request._lm.pending = logits[row:row + 1] if isinstance(logits, np.ndarray) \
                 else logits[row]
 
+    def _retire(self, request: TextRequest) -> None:
+        """Drop a finished or cancelled request's sequence, offering its caches to the prefix
+        pool first: they hold its prompt, then the generated tokens fed back."""
+        if self._reuse_prefixes and request._lm is not None:
+            self.prefixes.keep(list(request.prompt_ids) + request.generated,
+                               request._lm.caches)
+        request._steps = request._lm = None
+
     def _start(self, request: TextRequest) -> None:
         options, prompt_ids = request.options, request.prompt_ids
         lm = request._lm = SlotLM(self.model, self.steps, len(prompt_ids) + request.budget)
@@ -265,7 +280,9 @@ class TextScheduler:
         request._stream = TokenOutputStream(self.tokenizer)
         request._stops = StopStringMatcher(options.stop_strings)
         started = time.perf_counter()
-        logits = lm.start([prompt_ids]) if request.budget else None
+        reused = (self.prefixes.restore(prompt_ids, lm.caches)
+                  if self._reuse_prefixes and request.budget else 0)
+        logits = lm.start([prompt_ids], reused) if request.budget else None
         request.emit("prompt", {"n_tokens": len(prompt_ids),
                                 "seconds": time.perf_counter() - started})
         request._steps = sample_steps(lm, logits, options, request._eos, request.budget,
@@ -324,9 +341,14 @@ class SlotLM(CausalLM):
         model.clear_kv_cache(capacity)
         self.caches = model.caches
 
-    def start(self, prompts):
+    def start(self, prompts, reused: int = 0):
+        """The prompt's logits; its first `reused` positions are already in the caches."""
         self.model.caches = self.caches
-        return super().start(prompts)
+        if not reused:
+            return super().start(prompts)
+        self.position = len(prompts[0])
+        rest = np.asarray([list(prompts[0])[reused:]], dtype=np.int64)
+        return self.steps(rest, reused).to_numpy()
 
     def step(self, ids):
         if self.pending is not None:

@@ -411,6 +411,13 @@ class FusedCausalSteps:
 
     PROMPT_CHUNK = 128
 
+    def splits_exactly(self) -> bool:
+        """Whether a prompt's logits and cached keys and values are the same bits however it
+        is split into calls (the part's `step_prompt`, token by token, or a cached prefix and
+        the rest): the API's prefix reuse relies on it."""
+        impl = self.path.usable()
+        return impl is not None and getattr(impl, "step_prompt", None) is not None
+
     def _run(self, impl, array: np.ndarray, index_pos: int) -> np.ndarray:
         """Tokens array [1, t] at index_pos .. index_pos + t - 1 through the part -> the last
         token's logits; the caches advance by t."""
