@@ -9,7 +9,10 @@ time to first token, then the ratio candle-web / llama-server: of --repeats runs
 the same server (3 by default), the median one by tok/s (llama-server's figures moved by up to
 20% between single runs: its slots keep earlier prompts' caches, and which slot a request
 lands in varies). It also prints each server's time from process start to its first answer.
-Loopback only; compare the ratios.
+By default every run sends the same 8 prompts, as a service whose clients repeat themselves
+would see: both servers then reuse the caches of earlier prompts (llama-server's slots,
+candle-web's prefix pool); --fresh-prompts starts every user message with a new number, so
+only the chat template's shared start can be reused. Loopback only; compare the ratios.
 Both servers get the same --threads (llama-server's -t; candle-web's NUMBA_NUM_THREADS; its
 BLAS keeps the caller's OPENBLAS_NUM_THREADS: on a loaded machine set it to 1, OpenBLAS's
 spinning threads made one answer 15x slower here).
@@ -32,13 +35,14 @@ printed. It runs with --parallel 8, 2048 context tokens per slot (-c 16384) and 
 
     .venv/bin/python bench/serve.py [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
                                     [--clients 1,4,8] [--tokens 64] [--llama-server PATH]
-                                    [--threads 2] [--repeats 3] [--startup]
+                                    [--threads 2] [--repeats 3] [--fresh-prompts] [--startup]
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import shutil
@@ -117,13 +121,21 @@ def stream_chat(base: str, model: str, prompt: str, max_tokens: int) -> dict:
             "tokens": tokens if tokens is not None else pieces, "end": time.perf_counter()}
 
 
-def run_level(base: str, model: str, clients: int, max_tokens: int) -> dict:
+_FRESH = itertools.count()
+
+
+def run_level(base: str, model: str, clients: int, max_tokens: int, fresh: bool) -> dict:
+    """One run of `clients` concurrent chats; with `fresh`, each user message starts with a
+    number never sent before, so that no server can reuse a cached prompt past the chat
+    template's shared start."""
     results = [None] * clients
     barrier = threading.Barrier(clients)
+    prompts = [(f"Request {next(_FRESH)}. " if fresh else "") + PROMPTS[index % len(PROMPTS)]
+               for index in range(clients)]
 
     def client(index: int) -> None:
         barrier.wait()
-        results[index] = stream_chat(base, model, PROMPTS[index % len(PROMPTS)], max_tokens)
+        results[index] = stream_chat(base, model, prompts[index], max_tokens)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     started = time.perf_counter()
@@ -343,6 +355,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each level on the same server; the median run (by "
                              "tok/s) is printed, its TTFTs with it")
+    parser.add_argument("--fresh-prompts", action="store_true",
+                        help="a new user message in every request (no prompt reused past the "
+                             "chat template's start); default: the same 8 prompts each run, "
+                             "which both servers' prompt caches reuse")
     parser.add_argument("--startup", action="store_true",
                         help="only measure candle-web's start to its first answer, by stage")
     args = parser.parse_args()
@@ -357,7 +373,8 @@ def main() -> int:
               "~/.cache/candle-web/llama.cpp/bin/; or pass --llama-server PATH or set "
               "$LLAMA_SERVER): its column is left empty")
     print(f"load average {os.getloadavg()[0]:.1f}; {args.tokens} greedy tokens per client; "
-          f"median of {args.repeats} runs per level\n")
+          f"median of {args.repeats} runs per level; "
+          f"{'fresh' if args.fresh_prompts else 'the same'} prompts each run\n")
     print(f"{'model':30} {'clients':>7} {'server':12} {'tok/s':>8} {'TTFT p50':>9} "
           f"{'TTFT p95':>9} {'ratio tok/s':>12}")
     for model in args.models.split(","):
@@ -371,7 +388,8 @@ def main() -> int:
             try:
                 figures[(name, "start")] = server.start_to_first_answer
                 for clients in levels:
-                    runs = sorted((run_level(server.base, model, clients, args.tokens)
+                    runs = sorted((run_level(server.base, model, clients, args.tokens,
+                                             args.fresh_prompts)
                                    for _ in range(args.repeats)), key=lambda r: r["tok_s"])
                     figures[(name, clients)] = runs[len(runs) // 2]  # the median run
             finally:
