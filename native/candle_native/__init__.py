@@ -6,14 +6,20 @@ and decode step, LLaMA decode step) with candle_web.backend.parts; neither numba
 raises BackendUnavailable naming it and the extra that installs it.
 
 Numba compiles its kernels with ``cache=True`` into ``NUMBA_CACHE_DIR``. When that variable is
-not set, the cache goes to ``<checkout>/.numba_cache`` (git-ignored) in a source checkout, or to
-``~/.cache/candle-web/numba`` for an installed package, so a second process loads the machine
-code instead of compiling it again.
+not set, the cache goes to ``<checkout>/.numba_cache/<sources>`` (git-ignored) in a source
+checkout, or to ``~/.cache/candle-web/numba/<sources>`` for an installed package, so a second
+process loads the machine code instead of compiling it again. ``<sources>`` is a digest of this
+package's Python files: numba checks a cached function against its own file only, so a kernel
+cached before a function it calls changed (in another file) would run the callee's old machine
+code -- after an edit to qrows.py the cached decoder_step.matvec crashed the process. A new
+digest starts a fresh cache; in a checkout the older digests' folders are removed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,21 +33,43 @@ CUPY_EXTRA_HINT = "pip install 'candle-web[gpu]'"
 _CHECKOUT_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
+def _sources_digest() -> str:
+    """sha256 (16 hex digits) of the names and contents of this package's .py files."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def numba_cache_dir() -> Path:
     """Where compiled kernels are cached (NUMBA_CACHE_DIR wins when set)."""
     configured = os.environ.get("NUMBA_CACHE_DIR")
     if configured:
         return Path(configured)
     if (_CHECKOUT_ROOT / "pyproject.toml").is_file() and os.access(_CHECKOUT_ROOT, os.W_OK):
-        return _CHECKOUT_ROOT / ".numba_cache"
-    return Path.home() / ".cache" / "candle-web" / "numba"
+        return _CHECKOUT_ROOT / ".numba_cache" / _sources_digest()
+    return Path.home() / ".cache" / "candle-web" / "numba" / _sources_digest()
+
+
+def _drop_stale_checkout_caches(current: Path) -> None:
+    """In a checkout, the folders of earlier digests (this checkout's own, never shared)."""
+    base = _CHECKOUT_ROOT / ".numba_cache"
+    if current.parent != base or not base.is_dir():
+        return
+    for entry in base.iterdir():
+        if entry != current:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _configure_numba_cache() -> None:
     # numba reads NUMBA_CACHE_DIR when it is imported; if something imported it earlier, make it
     # read its configuration again so our kernels still land in the project's cache.
     if not os.environ.get("NUMBA_CACHE_DIR"):
-        os.environ["NUMBA_CACHE_DIR"] = str(numba_cache_dir())
+        folder = numba_cache_dir()
+        _drop_stale_checkout_caches(folder)
+        os.environ["NUMBA_CACHE_DIR"] = str(folder)
         if "numba" in sys.modules:
             from numba.core import config
 

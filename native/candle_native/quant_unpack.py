@@ -103,7 +103,11 @@ def _unpack_q4_1(b):
 
 def _unpack_q5_0(b):
     levels = (_nibbles_low_then_high(b[:, 6:22]) | (_bits_little(b[:, 2:6]) << 4)).astype(np.int8)
-    return levels - 16, _f16(b, 0), None, LEGACY_GROUP_SHIFT
+    return (levels - 16, *_q5_0_terms(b))
+
+
+def _q5_0_terms(b):
+    return _f16(b, 0), None, LEGACY_GROUP_SHIFT
 
 
 def _unpack_q5_1(b):
@@ -152,9 +156,12 @@ def _k4_scales_offsets(b):
 
 
 def _unpack_q4_k(b):
-    scales, offsets = _k4_scales_offsets(b)
     levels = _k4_nibbles(np.ascontiguousarray(b[:, 16:144])).astype(np.int8)
-    return levels, scales, offsets, LEGACY_GROUP_SHIFT
+    return (levels, *_q4_k_terms(b))
+
+
+def _q4_k_terms(b):
+    return (*_k4_scales_offsets(b), LEGACY_GROUP_SHIFT)
 
 
 def _unpack_q5_k(b):
@@ -175,8 +182,12 @@ def _unpack_q6_k(b):
     low = (ql & 0x0F).reshape(n, 2, 4, 32)
     qh = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
     levels = (low | ((qh & 3) << 4)).astype(np.int8) - 32
+    return (levels.reshape(n, 256), *_q6_k_terms(b))
+
+
+def _q6_k_terms(b):
     scales = _f16(b, 208) * np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.float32)
-    return levels.reshape(n, 256), scales, None, SIXTEEN_GROUP_SHIFT
+    return scales, None, SIXTEEN_GROUP_SHIFT
 
 
 def _unpack_q8_k(b):
@@ -201,6 +212,28 @@ _UNPACKERS = {
 
 UNPACKABLE = frozenset(_UNPACKERS)
 
+# Types whose levels a numba kernel writes in place when numba is there (numba/kernels/
+# unpack_levels.py: the same levels, without numpy's temporaries), with their scale and offset
+# functions (the numpy unpackers' own).
+_FAST_LEVELS = {GgmlDType.Q4_K: ("q4_k_levels", _q4_k_terms),
+                GgmlDType.Q5_0: ("q5_0_levels", _q5_0_terms),
+                GgmlDType.Q6_K: ("q6_k_levels", _q6_k_terms)}
+
+
+def _fast_unpack(kind, blocks, levels):
+    """(scales, offsets, shift) with `levels` filled by kind's numba kernel; None where there
+    is none (another type, or no numba)."""
+    if kind not in _FAST_LEVELS or not blocks.shape[0]:
+        return None
+    name, terms = _FAST_LEVELS[kind]
+    try:
+        from .numba.kernels import unpack_levels  # noqa: PLC0415 (numba is optional here)
+    except ImportError:
+        return None
+    getattr(unpack_levels, name)(blocks, levels)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return terms(blocks)
+
 # Blocks unpacked per numpy pass: bounds the temporaries when a large table is unpacked.
 _BLOCKS_PER_PASS = 1 << 15
 
@@ -218,7 +251,10 @@ def unpack(qtensor) -> UnpackedWeight:
     per_row = k // kind.block_size
     levels = np.empty((n * per_row, kind.block_size), dtype=np.int8)
     scales = offsets = None
-    for start in range(0, blocks.shape[0], _BLOCKS_PER_PASS):
+    fast = _fast_unpack(kind, blocks, levels)
+    if fast is not None:
+        scales, offsets, shift = fast
+    for start in range(0, blocks.shape[0] if fast is None else 0, _BLOCKS_PER_PASS):
         stop = min(blocks.shape[0], start + _BLOCKS_PER_PASS)
         # inf/NaN scales (corrupt files) propagate as in the reference, without warnings.
         with np.errstate(invalid="ignore", over="ignore"):

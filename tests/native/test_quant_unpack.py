@@ -64,3 +64,23 @@ def test_unpack_rejects_what_it_cannot_handle(rng):
         unpack(QTensor.from_float(np.ones((2, 32), np.float32), "f16"))
     with pytest.raises(ShapeError, match="2-D"):
         unpack(QTensor.from_float(np.ones((2, 2, 32), np.float32), "q8_0"))
+
+
+@pytest.mark.parametrize("kind", [GgmlDType.Q4_K, GgmlDType.Q5_0, GgmlDType.Q6_K],
+                         ids=lambda t: t.name)
+def test_numba_levels_equal_the_numpy_unpackers(kind, rng, monkeypatch):
+    """The types whose levels a numba kernel writes (numba/kernels/unpack_levels.py) give the
+    numpy unpacker's levels, scales and offsets exactly, on arbitrary bytes."""
+    pytest.importorskip("numba")
+    from candle_native import quant_unpack
+
+    qt = random_blocks(kind, 9, 512, rng)
+    fast = unpack(qt)
+    monkeypatch.setattr(quant_unpack, "_FAST_LEVELS", {})
+    slow = unpack(qt)
+    assert np.array_equal(fast.levels, slow.levels), f"{kind.name}: levels differ"
+    assert fast.group_shift == slow.group_shift
+    for got, want in ((fast.scales, slow.scales), (fast.offsets, slow.offsets)):
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

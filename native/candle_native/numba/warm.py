@@ -17,6 +17,7 @@ def warm_numba_kernels(verbose: bool = True) -> float:
     from candle_web.backend import get_backend
     from candle_web.quantized import QTensor
 
+    from ..quant_unpack import unpack
     from .backend import PARALLEL_MIN_ELEMENTS, QMATMUL_BLAS_MIN_ROWS
 
     backend = get_backend("numba")
@@ -45,6 +46,9 @@ def warm_numba_kernels(verbose: bool = True) -> float:
             (backend.unary("silu", a), backend.silu_mul(a, a), backend.unary("gelu_erf", a))
             for a in (rows, big)],
         "attention": lambda: backend.attention(q, kv, kv, None, 0.25),
+        "unpack levels (Q4_K, Q5_0, Q6_K)": lambda: [
+            unpack(QTensor.from_float(rng.standard_normal((2, 256)).astype(np.float32), kind))
+            for kind in ("q4_k", "q5_0", "q6_k")],
     }
     total = 0.0
     for name, step in steps.items():
