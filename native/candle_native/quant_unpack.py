@@ -116,7 +116,11 @@ def _unpack_q5_1(b):
 
 
 def _unpack_q8_0(b):
-    return np.ascontiguousarray(b[:, 2:34]).view(np.int8), _f16(b, 0), None, LEGACY_GROUP_SHIFT
+    return (np.ascontiguousarray(b[:, 2:34]).view(np.int8), *_q8_0_terms(b))
+
+
+def _q8_0_terms(b):
+    return _f16(b, 0), None, LEGACY_GROUP_SHIFT
 
 
 def _unpack_q8_1(b):
@@ -213,11 +217,12 @@ _UNPACKERS = {
 UNPACKABLE = frozenset(_UNPACKERS)
 
 # Types whose levels a numba kernel writes in place when numba is there (numba/kernels/
-# unpack_levels.py: the same levels, without numpy's temporaries), with their scale and offset
-# functions (the numpy unpackers' own).
+# unpack_levels.py: the same levels, without numpy's temporaries; Q8_0's are its bytes, copied
+# once), with their scale and offset functions (the numpy unpackers' own).
 _FAST_LEVELS = {GgmlDType.Q4_K: ("q4_k_levels", _q4_k_terms),
                 GgmlDType.Q5_0: ("q5_0_levels", _q5_0_terms),
-                GgmlDType.Q6_K: ("q6_k_levels", _q6_k_terms)}
+                GgmlDType.Q6_K: ("q6_k_levels", _q6_k_terms),
+                GgmlDType.Q8_0: (None, _q8_0_terms)}
 
 
 def _fast_unpack(kind, blocks, levels):
@@ -226,6 +231,9 @@ def _fast_unpack(kind, blocks, levels):
     if kind not in _FAST_LEVELS or not blocks.shape[0]:
         return None
     name, terms = _FAST_LEVELS[kind]
+    if name is None:  # Q8_0: the bytes are the levels, one strided copy (numpy's path made two)
+        levels[...] = blocks[:, 2:34].view(np.int8)
+        return terms(blocks)
     try:
         from .numba.kernels import unpack_levels  # noqa: PLC0415 (numba is optional here)
     except ImportError:

@@ -66,7 +66,7 @@ def test_unpack_rejects_what_it_cannot_handle(rng):
         unpack(QTensor.from_float(np.ones((2, 2, 32), np.float32), "q8_0"))
 
 
-@pytest.mark.parametrize("kind", [GgmlDType.Q4_K, GgmlDType.Q5_0, GgmlDType.Q6_K],
+@pytest.mark.parametrize("kind", [GgmlDType.Q4_K, GgmlDType.Q5_0, GgmlDType.Q6_K, GgmlDType.Q8_0],
                          ids=lambda t: t.name)
 def test_numba_levels_equal_the_numpy_unpackers(kind, rng, monkeypatch):
     """The types whose levels a numba kernel writes (numba/kernels/unpack_levels.py) give the

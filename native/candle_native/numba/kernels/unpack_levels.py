@@ -32,17 +32,16 @@ def q4_k_levels(blocks, levels):
 def q5_0_levels(blocks, levels):
     """blocks u8[n, 22] -> levels i8[n, 32]: element l's low 4 bits in the low (l < 16) or high
     nibble of qs[l % 16] (from byte 6), its fifth bit is bit l of the little-endian u32 at
-    byte 2; minus 16."""
+    byte 2 (bit l % 8 of byte 2 + l // 8); minus 16."""
     for i in range(blocks.shape[0]):
         block = blocks[i]
         out = levels[i]
-        high = (np.int64(block[2]) | (np.int64(block[3]) << 8) | (np.int64(block[4]) << 16)
-                | (np.int64(block[5]) << 24))
         for lane in range(16):
-            byte = np.int64(block[6 + lane])
-            out[lane] = np.int8((byte & 15) | (((high >> lane) & 1) << 4)) - np.int8(16)
-            out[lane + 16] = (np.int8((byte >> 4) | (((high >> (lane + 16)) & 1) << 4))
-                              - np.int8(16))
+            byte = block[6 + lane]
+            low_top = (block[2 + (lane >> 3)] >> (lane & 7)) & 1
+            high_top = (block[4 + (lane >> 3)] >> (lane & 7)) & 1
+            out[lane] = np.int8((byte & 15) | (low_top << 4)) - np.int8(16)
+            out[lane + 16] = np.int8((byte >> 4) | (high_top << 4)) - np.int8(16)
 
 
 @_levels_kernel
