@@ -167,6 +167,26 @@ def test_chat_stream_equals_the_whole_answer_and_ends_with_done(client, server_u
     assert body.endswith(b"data: [DONE]\n\n")
 
 
+def test_a_repeated_prompt_reports_its_cached_tokens(client):
+    """Prompt caching as OpenAI reports it: a request whose prompt the server already holds
+    (api/prefixes.py) says how many prompt tokens it did not run, in
+    usage.prompt_tokens_details.cached_tokens, streamed or not, and answers the same."""
+    messages = [{"role": "user", "content": "Name one colour of the rainbow."}]
+    first = client.chat.completions.create(model=LLM, messages=messages, max_tokens=4,
+                                           temperature=0)
+    again = client.chat.completions.create(model=LLM, messages=messages, max_tokens=4,
+                                           temperature=0)
+    # all but the last prompt token (whose logits start the answer)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
+    usage = None
+    for chunk in client.chat.completions.create(model=LLM, messages=messages, max_tokens=4,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+
+
 def test_completions_equal_the_cli_and_stream(client, pool, llama):
     prompt = "The three primary colours are"
     reference = reference_generate(pool, llama, prompt, chat=False, max_new_tokens=16)

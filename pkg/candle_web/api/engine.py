@@ -112,6 +112,7 @@ class TextRequest:
     _stream: object = None
     _stops: object = None
     _eos: frozenset = frozenset()
+    _cached: int = 0  # prompt tokens whose keys and values came from the prefix pool
 
 
 class TextScheduler:
@@ -282,6 +283,7 @@ class TextScheduler:
         started = time.perf_counter()
         reused = (self.prefixes.restore(prompt_ids, lm.caches)
                   if self._reuse_prefixes and request.budget else 0)
+        request._cached = reused
         logits = lm.start([prompt_ids], reused) if request.budget else None
         request.emit("prompt", {"n_tokens": len(prompt_ids),
                                 "seconds": time.perf_counter() - started})
@@ -320,7 +322,8 @@ class TextScheduler:
             request.reason = STOP_STRING
         request._steps = None  # drops the sequence's KV cache
         request.emit("done", {"reason": request.reason, "token_ids": list(request.generated),
-                              "prompt_tokens": len(request.prompt_ids)})
+                              "prompt_tokens": len(request.prompt_ids),
+                              "cached_tokens": request._cached})
         return True
 
 

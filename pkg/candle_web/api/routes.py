@@ -291,7 +291,8 @@ class OpenAiApi:
             raise
         text = "".join(pieces)
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(payload["token_ids"]),
-                 "total_tokens": len(prompt_ids) + len(payload["token_ids"])}
+                 "total_tokens": len(prompt_ids) + len(payload["token_ids"]),
+                 "prompt_tokens_details": {"cached_tokens": payload.get("cached_tokens", 0)}}
         finish = FINISH_REASONS.get(payload["reason"], "stop")
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text,
@@ -354,7 +355,9 @@ class OpenAiApi:
                             n = len(payload["token_ids"])
                             yield chunk([], {"prompt_tokens": payload["prompt_tokens"],
                                              "completion_tokens": n,
-                                             "total_tokens": payload["prompt_tokens"] + n})
+                                             "total_tokens": payload["prompt_tokens"] + n,
+                                             "prompt_tokens_details": {
+                                                 "cached_tokens": payload.get("cached_tokens", 0)}})
                         break
                 yield b"data: [DONE]\n\n"
             finally:

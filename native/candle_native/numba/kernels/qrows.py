@@ -16,8 +16,8 @@ which is what makes B rows cheaper than B products of one row: on these CPUs the
 memory, bound a batched step, and the block's convert and scale are shared. One row costs what
 the earlier scale-per-product kernel cost (int8 -> f32 convert, one multiply-add for the
 weight, one for the product). Same-process figures, one thread, quiet machine (ms per row of a
-Qwen2.5-0.5B matrix at 8 rows, earlier kernel -> this one): gate|up 9728x896 0.72 -> 0.37,
-down 896x4864 0.25 -> 0.17, head 151936x896 11.4 -> 5.9.
+Qwen2.5-0.5B matrix at 8 rows, earlier kernel -> this one): gate|up 9728x896 0.72 -> 0.28,
+down 896x4864 0.25 -> 0.19, head 151936x896 9.9 -> 5.0.
 
 The kernels are compiled with strict floating point (_jit.STRICT_LANES: contraction only), so
 the vectoriser cannot re-associate a lane's sum: `_rows_x1` and `_rows_x4` do the same
