@@ -35,7 +35,8 @@ FUSED_ATTENTION_MAX_QUERIES = 16
 QMATMUL_BLAS_MIN_ROWS = 8
 # Weight rows decoded per band on the BLAS path (bounds the f32 scratch to band x k).
 QMATMUL_BAND_ROWS = 1024
-# The prompt path keeps f32 copies of the weights it multiplies, up to
+# The generic prompt path (models the fused LLaMA part declines, Whisper, T5, BERT; fused LLaMA
+# prompts run through the part's step_prompt) keeps f32 copies of the weights it multiplies, up to
 # CANDLE_WEB_PROMPT_WEIGHTS_MB MiB in all (backend/settings.py; 0 turns it off); beyond, weights
 # are decoded a band at a time on every call. Decoding per call cost SmolLM2-135M ~0.2 s of CPU
 # per prompt (its block weights are 90 M values) and put a numba thread-pool region before

@@ -15,7 +15,7 @@ the environment; the environment stays what the user set.
 | CANDLE_WEB_FUSED_LLAMA | 1 | 0: LLaMA-family models decode through the generic tensor path |
 | CANDLE_WEB_WHISPER_F16 | 1 | 0: the fused Whisper step keeps f16-valued weights as f32 |
 | CANDLE_WEB_DECODE_THREADS | (all) | 1: the fused decode steps run on one thread |
-| CANDLE_WEB_PROMPT_WEIGHTS_MB | 1024 | MiB of f32 copies of quantized weights kept for prompts |
+| CANDLE_WEB_PROMPT_WEIGHTS_MB | 1024 | MiB of f32 copies of quantized weights kept for multi-row products (prompts without a fused part) |
 | CANDLE_WEB_WASM_KERNELS | (checkout) | the kernels.wasm the wasm backend runs natively (wasmtime); default: web/vendor/ of the source checkout |
 """
 
