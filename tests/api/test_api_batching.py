@@ -38,7 +38,7 @@ def served(request):
 
 
 def test_requests_joining_at_different_rounds_get_their_ids_alone(served):
-    from candle_web.api.engine import TextRequest
+    from candle_web.api.scheduler import TextRequest
 
     loaded, scheduler = served.loaded, served.scheduler
     prompts = [loaded.tokenizer.encode(text).ids for text in TEXTS]
@@ -83,7 +83,7 @@ def test_requests_joining_at_different_rounds_get_their_ids_alone(served):
 
 def run_alone(scheduler, prompt, budget):
     """Submit one request and wait for its "done" payload."""
-    from candle_web.api.engine import TextRequest
+    from candle_web.api.scheduler import TextRequest
 
     done, result = threading.Event(), {}
 
@@ -133,3 +133,41 @@ def test_the_prefix_pool_stays_within_its_bytes(served):
     finally:
         scheduler.prefixes = pool
     assert 0 < pool.bytes <= pool.max_bytes
+
+
+def test_requests_admitted_together_share_their_prompt_pass(served):
+    """Requests that arrive while the scheduler is idle are admitted in one round, and their
+    prompts run as the rows of shared steps (TextScheduler._start_together); each still gets
+    the ids `generate` gives it alone. One of them shares a prefix with an earlier request."""
+    from candle_web.api.scheduler import TextRequest
+
+    loaded, scheduler = served.loaded, served.scheduler
+    texts = ["Three facts about owls:", "def add(a, b):", "Paris is",
+             "Three facts about owls: they"]
+    prompts = [list(loaded.tokenizer.encode(text).ids) for text in texts]
+    run_alone(scheduler, prompts[0], 4)  # leaves a prefix for the last prompt
+    alone = [generate(loaded.model, loaded.tokenizer, prompt,
+                      GenerationOptions(max_new_tokens=6)).token_ids for prompt in prompts]
+    results, done = {}, threading.Event()
+
+    def emitter(index):
+        def emit(kind, payload):
+            if kind in ("done", "error"):
+                results[index] = (kind, payload)
+                if len(results) == len(prompts):
+                    done.set()
+        return emit
+
+    before = scheduler.started_together
+    wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["active"] == 0, "the slots to empty")
+    with scheduler._condition:  # all four are waiting when the scheduler next looks
+        for index, prompt in enumerate(prompts):
+            scheduler.submit(TextRequest(list(prompt), GenerationOptions(max_new_tokens=6),
+                                         emitter(index), budget=6))
+    assert done.wait(BOUNDED_WAIT_S), "the requests did not all finish"
+    assert scheduler.started_together - before == len(prompts)
+    for index, expected in enumerate(alone):
+        kind, payload = results[index]
+        assert kind == "done", payload
+        assert payload["token_ids"] == expected, f"request {index} ({texts[index]!r})"
+    assert results[3][1]["cached_tokens"] > 0

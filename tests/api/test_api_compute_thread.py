@@ -39,7 +39,7 @@ def test_warm_up_and_steps_run_on_the_scheduler_thread(monkeypatch):
 
 
 def test_a_failing_set_up_is_raised_to_the_caller():
-    from candle_web.api.engine import FairLock, TextScheduler
+    from candle_web.api.scheduler import FairLock, TextScheduler
     from candle_web.pipelines import load_llama
 
     loaded = load_llama(LLM)

@@ -291,7 +291,7 @@ def assert_prompt_paths_agree(model, prompt, what):
 @pytest.mark.parametrize("kind", ["Q4_1", "Q6_K", "qwen2-mixed", "f32"])
 def test_tiny_prompts_in_one_call_equal_token_by_token(numba_device, tmp_path, kind,
                                                        monkeypatch):
-    """A prompt through the part's `step_prompt` (its tokens as rows of one sequence, each
+    """A prompt through the part's `step_prompts` (its tokens as rows of one sequence, each
     weight read once for all of them): the last token's logits and every cached key are those
     of feeding it token by token, bit for bit, also when it spans several chunks
     (FusedCausalSteps.PROMPT_CHUNK, set to 3 here); and near float64 transformers."""
@@ -299,7 +299,7 @@ def test_tiny_prompts_in_one_call_equal_token_by_token(numba_device, tmp_path, k
     path, config, weights = tiny_model(kind, tmp_path, numba_device)
     model = Llama.load(path, device=numba_device,
                        mode="dequantize" if kind == "f32" else "auto")
-    assert getattr(llama_part(model), "step_prompt", None) is not None
+    assert getattr(llama_part(model), "step_prompts", None) is not None
     reference = Llama.load(path, device=Device.cpu(backend="numpy"))
     prompt = [1, 5, 9, 4, 2, 7, 80, 31, 8, 3, 40]
     logits = assert_prompt_paths_agree(model, prompt, kind)
@@ -319,3 +319,39 @@ def test_real_model_prompt_in_one_call_equals_token_by_token(numba_device):
     for text in REAL_PROMPTS[3:5]:
         prompt = list(map(int, loaded.tokenizer.encode(text).ids))
         assert_prompt_paths_agree(loaded.model, prompt, text)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "qwen2-mixed"])
+def test_several_prompts_in_one_pass_equal_each_alone(numba_device, tmp_path, kind,
+                                                      monkeypatch):
+    """`FusedBatchedSteps.prompts` (a server admitting several requests at once): prompts of
+    different lengths, one of them appended to a cache that already holds a prefix, as rows of
+    shared steps (steps of 4 rows here, so prompts are cut across steps and steps mix prompts):
+    each prompt's last logits and cached keys are bit for bit those of running it alone."""
+    path, _, _ = tiny_model(kind, tmp_path, numba_device)
+    model = Llama.load(path, device=numba_device)
+    monkeypatch.setattr(parts.FusedCausalSteps, "PROMPT_CHUNK", 4)
+    single = parts.start_causal_decoding(model)
+    prefix, rest = [3, 8, 1], [40, 5, 9, 77, 2]
+    prompts = [[1, 5, 9, 4, 2, 7, 80, 31, 8, 3], [6], [90, 3, 12]]
+    alone = []
+    for prompt in prompts + [prefix + rest]:
+        alone.append(prompt_in_one_call(model, prompt))
+    # the joint pass: three fresh caches and one holding the prefix already
+    caches = []
+    for _ in prompts:
+        model.clear_kv_cache(16)
+        caches.append(model.caches)
+    model.clear_kv_cache(16)
+    single(np.array([prefix]), 0)
+    caches.append(model.caches)
+    batched = parts.start_batched_causal_decoding(model)
+    assert isinstance(batched, parts.FusedBatchedSteps)
+    logits = batched.prompts(prompts + [rest], caches)
+    for row, (want_logits, want_keys) in enumerate(alone):
+        assert np.array_equal(logits[row], want_logits), f"prompt {row}'s logits"
+        length = len((prompts + [prefix + rest])[row])
+        assert caches[row][0].length == length
+        for block, cache in enumerate(caches[row]):
+            assert np.array_equal(cache.k.buffer()[..., :length, :], want_keys[block]), (
+                f"prompt {row}, block {block}'s keys")

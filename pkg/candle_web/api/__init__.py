@@ -20,9 +20,10 @@ batching by turns, a bounded queue answering 429 with Retry-After); `api_key` re
 when the API is built, never by the page.
 """
 
-from .engine import DEFAULT_PARALLEL, DEFAULT_QUEUE, FairLock, ModelPool, TextScheduler
+from .engine import ModelPool
 from .errors import ApiError
 from .routes import API_KEY_ENV_VAR, DEFAULT_MAX_TOKENS, ApiLimits, OpenAiApi, build_app
+from .scheduler import DEFAULT_PARALLEL, DEFAULT_QUEUE, FairLock, TextScheduler
 
 __all__ = ["ModelPool", "TextScheduler", "FairLock", "ApiError", "ApiLimits", "OpenAiApi",
            "build_app", "API_KEY_ENV_VAR", "DEFAULT_MAX_TOKENS", "DEFAULT_PARALLEL",

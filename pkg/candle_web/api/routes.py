@@ -14,7 +14,8 @@ import numpy as np
 
 from ..core.errors import CandleError, FormatError, InvalidOption, ModelNotFound, UnsupportedError
 from . import validation as check
-from .engine import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool, TextRequest
+from .engine import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
+from .scheduler import TextRequest
 from .errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, bad_request
 
 API_KEY_ENV_VAR = "CANDLE_WEB_API_KEY"

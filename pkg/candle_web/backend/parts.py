@@ -26,9 +26,10 @@ Parts and their implementations' call signatures (arrays are the backend's, f32,
   cos, sin) -> logits [B, vocab]``: B sequences at once, row b at positions[b] with its own
   caches row_caches[b] (per block as above), each row bit-identical to `impl` on it alone
   (`start_batched_causal_decoding`, the API's continuous batching); and
-  ``impl.step_prompt(xs [t, d], start, caches, cos, sin) -> logits [vocab]``: t tokens of one
-  sequence at positions start .. start + t - 1 (a prompt), the logits of the last one
-  bit-identical to feeding them to `impl` one by one.
+  ``impl.step_prompts(xs [R, d], segments, cos, sin) -> logits [len(segments), vocab]``:
+  prompt tokens of one or more sequences as rows, `segments` [(start, length, caches)] in row
+  order (`length` rows of one sequence at positions start .. start + length - 1), the logits of
+  each segment's last row bit-identical to feeding its tokens to `impl` one by one.
 
 Switches that turn a part off live in `settings` (read once, listed in the README).
 
@@ -40,7 +41,7 @@ below decide, in one place, whether a step runs through a backend's part:
 - `start_whisper_decoding(decoder, features)`: the model's own `DecoderState`, or a
   `FusedWhisperDecoding` wrapping it, whose short token runs go through the part;
 - `start_causal_decoding(model)`: a `ReferenceSteps` calling the model's `forward`, or
-  `FusedCausalSteps` sending single tokens (and prompts, where the part has `step_prompt`)
+  `FusedCausalSteps` sending single tokens (and prompts, where the part has `step_prompts`)
   through the part.
 - `start_batched_causal_decoding(model)`: one token for each of B sequences at their own
   positions, `FusedBatchedSteps` (the part's `step_rows`) or `ReferenceBatchedSteps`.
@@ -62,6 +63,7 @@ import numpy as np
 
 from ..core import dtype as dt
 from ..core.autograd import is_tracking
+from ..core.errors import ShapeMismatch
 from ..core.tensor import Tensor
 from .settings import Settings, settings
 
@@ -381,10 +383,10 @@ class ReferenceSteps:
 
 
 class FusedCausalSteps:
-    """Single tokens (batch 1) through the part; a prompt of batch 1 through its `step_prompt`
+    """Single tokens (batch 1) through the part; a prompt of batch 1 through its `step_prompts`
     when it has one, in chunks of PROMPT_CHUNK tokens (bounding the rows' temporaries: 128
     rows of Qwen2.5-0.5B's gate|up are 5 MB); everything else through `model.forward`. With
-    `step_prompt` a prompt's logits and caches are bit for bit those of feeding it token by
+    `step_prompts` a prompt's logits and caches are bit for bit those of feeding it token by
     token, so a sequence's answer does not depend on how its prompt was split (a chat turn
     that reuses the cached prefix, a server's batch).
 
@@ -403,7 +405,7 @@ class FusedCausalSteps:
         impl = self.path.usable()
         if (impl is None or array.ndim != 2 or array.shape[0] != 1 or not array.shape[1]
                 or index_pos != model.seq_len
-                or (array.shape[1] > 1 and getattr(impl, "step_prompt", None) is None)):
+                or (array.shape[1] > 1 and getattr(impl, "step_prompts", None) is None)):
             return model.forward(ids, index_pos)  # (which also reports a wrong index_pos)
         for start in range(0, array.shape[1], self.PROMPT_CHUNK):
             logits = self._run(impl, array[:, start:start + self.PROMPT_CHUNK], index_pos + start)
@@ -413,10 +415,10 @@ class FusedCausalSteps:
 
     def splits_exactly(self) -> bool:
         """Whether a prompt's logits and cached keys and values are the same bits however it
-        is split into calls (the part's `step_prompt`, token by token, or a cached prefix and
+        is split into calls (the part's `step_prompts`, token by token, or a cached prefix and
         the rest): the API's prefix reuse relies on it."""
         impl = self.path.usable()
-        return impl is not None and getattr(impl, "step_prompt", None) is not None
+        return impl is not None and getattr(impl, "step_prompts", None) is not None
 
     def _run(self, impl, array: np.ndarray, index_pos: int) -> np.ndarray:
         """Tokens array [1, t] at index_pos .. index_pos + t - 1 through the part -> the last
@@ -434,7 +436,8 @@ class FusedCausalSteps:
         if t == 1:
             logits = impl(x.storage().reshape(-1), index_pos, buffers, cos, sin)
         else:
-            logits = impl.step_prompt(x.storage().reshape(t, -1), index_pos, buffers, cos, sin)
+            logits = impl.step_prompts(x.storage().reshape(t, -1), [(index_pos, t, buffers)],
+                                       cos, sin)[0]
         for cache in model.caches:
             cache.advance(t)
         return logits
@@ -486,6 +489,20 @@ class ReferenceBatchedSteps:
         self.model = model
         self.single = start_causal_decoding(model)
 
+    def prompts(self, prompts, row_caches) -> np.ndarray:
+        """Each prompt through the single-sequence path in turn, on its own caches (see
+        FusedBatchedSteps.prompts)."""
+        model, saved = self.model, self.model.caches
+        rows = []
+        try:
+            for prompt, caches in zip(prompts, row_caches):
+                model.caches = caches
+                rows.append(self.single(np.array([list(prompt)], np.int64),
+                                        model.seq_len).to_numpy().reshape(-1))
+        finally:
+            model.caches = saved
+        return np.stack(rows)
+
     def __call__(self, ids, row_caches) -> np.ndarray:
         model, saved = self.model, self.model.caches
         rows = []
@@ -533,3 +550,58 @@ class FusedBatchedSteps:
             for cache in caches:
                 cache.advance(1)
         return logits
+
+    def prompts(self, prompts, row_caches) -> np.ndarray:
+        """Several sequences' prompts (or the rest of them: each is appended to whatever its
+        caches row_caches[r] hold) as the rows of steps of at most PROMPT_CHUNK rows, each
+        weight read once per step for all of them -> logits [R, vocab] of each prompt's last
+        token, bit for bit those of running each prompt alone (the part's `step_prompts`; a
+        server admitting several requests at once). Without it, one prompt after another."""
+        model = self.model
+        impl = self.path.usable()
+        if impl is None or getattr(impl, "step_prompts", None) is None:
+            return self.fallback.prompts(prompts, row_caches)
+        prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
+        if len(prompts) != len(row_caches) or any(not p.size for p in prompts):
+            raise ShapeMismatch(f"prompts: {len(prompts)} non-empty prompts need as many rows "
+                                f"of caches, got {len(row_caches)}")
+        cfg = model.config
+        x = model.embed(Tensor.from_numpy(np.concatenate(prompts).reshape(-1, 1), dt.i64,
+                                          model.device))
+        xs = x.storage().reshape(-1, x.dims()[-1])
+        entry = (1, cfg.num_kv_heads, 1, cfg.head_dim)
+        starts, buffers = [], []
+        for prompt, caches in zip(prompts, row_caches):
+            starts.append(caches[0].length)
+            row = []
+            for cache in caches:
+                keys, values = cache.buffers(prompt.size, entry, x.dtype, x.device)
+                row.append((keys[0], values[0]))
+            buffers.append(row)
+        model.rotary.tables(0, max(s + p.size for s, p in zip(starts, prompts)))
+        cos, sin = model.rotary.cos.storage(), model.rotary.sin.storage()
+        # Rows in prompt order, cut into steps; a step's rows of one prompt form a segment.
+        pieces = [(r, done, min(prompt.size - done, FusedCausalSteps.PROMPT_CHUNK))
+                  for r, prompt in enumerate(prompts)
+                  for done in range(0, prompt.size, FusedCausalSteps.PROMPT_CHUNK)]
+        offsets = np.cumsum([0] + [p.size for p in prompts])
+        logits = [None] * len(prompts)
+        step, rows = [], 0
+        for index, piece in enumerate(pieces):
+            step.append(piece)
+            rows += piece[2]
+            last = index == len(pieces) - 1
+            if not last and rows + pieces[index + 1][2] <= FusedCausalSteps.PROMPT_CHUNK:
+                continue
+            segments = [(starts[r] + done, length, buffers[r]) for r, done, length in step]
+            step_xs = np.concatenate([xs[offsets[r] + done:offsets[r] + done + length]
+                                      for r, done, length in step])
+            out = impl.step_prompts(step_xs, segments, cos, sin)
+            for (r, done, length), row_logits in zip(step, out):
+                if done + length == prompts[r].size:
+                    logits[r] = row_logits
+            step, rows = [], 0
+        for prompt, caches in zip(prompts, row_caches):
+            for cache in caches:
+                cache.advance(prompt.size)
+        return np.stack(logits)

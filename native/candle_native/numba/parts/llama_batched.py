@@ -6,10 +6,11 @@ first half of all rows (one pass over the QKV weight), one per row for its cache
 one for the second half (one pass over each of the output, gate|up and down weights); then the
 head once for all rows. Each row's logits are bit-identical to the single step's.
 
-`step_prompt` runs a prompt's tokens the same way, as rows of one sequence sharing its cache
-(row b at start + b, attending to the rows before it): the weights are read once for all the
-prompt's tokens, only the last row goes through the head, and the logits are bit-identical to
-feeding the prompt token by token through the single step."""
+`step_prompts` runs prompts' tokens the same way, as rows of their sequences, each sharing its
+sequence's cache (row b of a segment at start + b, attending to the rows before it): the weights
+are read once for all the tokens of all the prompts, only each segment's last row goes through
+the head, and the logits are bit-identical to feeding each prompt token by token through the
+single step."""
 
 from __future__ import annotations
 
@@ -61,20 +62,25 @@ def step_rows(decoder, xs: np.ndarray, positions, row_caches, cos: np.ndarray,
     return _logits(decoder, _blocks(decoder, xs, positions, cos, sin, attend))
 
 
-def step_prompt(decoder, xs: np.ndarray, start: int, caches, cos: np.ndarray,
-                sin: np.ndarray) -> np.ndarray:
-    """xs f32[t, d] (a prompt's token embeddings) at positions start .. start + t - 1 of one
-    sequence, caches[block] = (keys, values) with capacity >= start + t -> logits f32[vocab]
-    of the last token. Writes the t keys and values."""
+def step_prompts(decoder, xs: np.ndarray, segments, cos: np.ndarray,
+                 sin: np.ndarray) -> np.ndarray:
+    """Prompt tokens of one or more sequences as the rows of one step: xs f32[R, d] (their
+    embeddings), segments [(start, length, caches)] in row order, each `length` consecutive rows
+    of one sequence at positions start .. start + length - 1 (caches[block] = (keys, values),
+    capacity >= start + length; a sequence may have several segments, in order) -> logits
+    f32[len(segments), vocab] of each segment's last row. Writes the rows' keys and values."""
     cfg = decoder.cfg
     xs = np.array(xs, dtype=np.float32, ndmin=2)  # updated in place
-    positions = np.arange(start, start + xs.shape[0], dtype=np.int64)
+    positions = np.concatenate([np.arange(start, start + length, dtype=np.int64)
+                                for start, length, _ in segments])
+    bounds = np.cumsum([0] + [length for _, length, _ in segments])
 
     def attend(index, qkvs, attended):
-        keys, values = caches[index]
-        bk.store_and_attend_rows(qkvs, keys, values, positions, cfg.num_heads,
-                                 cfg.num_kv_heads, cfg.head_dim, decoder.scale, attended,
-                                 decoder.parallel)
+        for (_, _, caches), first, stop in zip(segments, bounds[:-1], bounds[1:]):
+            keys, values = caches[index]
+            bk.store_and_attend_rows(qkvs[first:stop], keys, values, positions[first:stop],
+                                     cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                     decoder.scale, attended[first:stop], decoder.parallel)
 
     xs = _blocks(decoder, xs, positions, cos, sin, attend)
-    return _logits(decoder, xs[-1:])[0]
+    return _logits(decoder, np.ascontiguousarray(xs[bounds[1:] - 1]))

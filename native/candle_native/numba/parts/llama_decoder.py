@@ -148,9 +148,10 @@ class FusedLlamaDecoder:
 
         return step_rows(self, xs, positions, row_caches, cos, sin)
 
-    def step_prompt(self, xs, start, caches, cos, sin):
-        """A prompt's t tokens of one sequence at once (see llama_batched.step_prompt): the
-        logits of the last, bit-identical to stepping through the tokens one by one."""
-        from .llama_batched import step_prompt
+    def step_prompts(self, xs, segments, cos, sin):
+        """Prompt tokens of one or more sequences as the rows of one step (see
+        llama_batched.step_prompts): each segment's last logits, bit-identical to stepping
+        through its tokens one by one."""
+        from .llama_batched import step_prompts
 
-        return step_prompt(self, xs, start, caches, cos, sin)
+        return step_prompts(self, xs, segments, cos, sin)

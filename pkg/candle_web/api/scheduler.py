@@ -1,0 +1,390 @@
+"""The text models' slots (a `TextScheduler` per LLaMA-family model) and the lock all model
+computation takes (api/engine.py holds the pool of models and the one-at-a-time workers).
+
+`parallel` slots, each a sequence with its own KV cache, and a bounded queue of waiting
+requests beyond them (full: 429 with Retry-After). One scheduler thread advances every active
+sequence by one token per round (llama-server's slots: a request that arrives joins at the next
+round, one that ends or whose client went away frees its slot at once). A round is one batched
+decode step over every sequence that has a token to feed (`backend.parts.
+start_batched_causal_decoding`: each at its own position with its own cache, each weight read
+once for all of them on the numba backend); the prompts of the requests admitted in a round run
+first, together as the rows of shared steps where the steps split prompts exactly (else each
+alone through `CausalLM.start`), each starting from the longest prefix the finished requests
+left in the prefix pool (prefixes.py). The batched steps give each row the logits, bit for bit,
+that the single-sequence step gives it alone, and `sample_steps` samples as for `candle-web
+generate`, so a request's greedy ids are those of `candle-web generate`, whatever runs beside
+it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, CausalLM,
+                          StopStringMatcher, TokenOutputStream, sample_steps)
+from .errors import RATE_LIMIT, ApiError
+from .prefixes import PrefixPool
+
+DEFAULT_PARALLEL = 4
+DEFAULT_QUEUE = 16
+# Seconds a client that got 429 is told to wait before trying again.
+RETRY_AFTER_S = 1
+
+
+class FairLock:
+    """A mutex handed over in arrival order (threading.Lock is not fair: a thread that
+    releases and re-acquires in a loop could starve the others). `yield_turn()` lets every
+    thread already waiting go first."""
+
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def acquire(self) -> None:
+        with self._condition:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while ticket != self._serving:
+                self._condition.wait()
+
+    def release(self) -> None:
+        with self._condition:
+            self._serving += 1
+            self._condition.notify_all()
+
+    def yield_turn(self) -> None:
+        self.release()
+        self.acquire()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def rate_limited(what: str) -> ApiError:
+    return ApiError(429, f"{what}: every slot is busy and the queue is full; retry in "
+                         f"{RETRY_AFTER_S} s", type=RATE_LIMIT, code="rate_limit_exceeded",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+# -- text generation ------------------------------------------------------------------------
+
+@dataclass
+class TextRequest:
+    """One generation: prompt ids, options, and `emit(kind, payload)` called from the
+    scheduler thread with ("token", {"id", "text"}), ("done", {...}) or ("error", exception).
+    Setting `cancelled` (the client went away) frees its slot at the next round."""
+
+    prompt_ids: list
+    options: object  # generation.GenerationOptions
+    emit: object
+    cancelled: bool = False
+    # scheduler state
+    budget: int = 0
+    reason: str = None
+    generated: list = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+    _steps: object = None
+    _lm: object = None  # its SlotLM (its KV caches)
+    _yields: int = 0  # tokens sample_steps has given it so far
+    _stream: object = None
+    _stops: object = None
+    _eos: frozenset = frozenset()
+    _cached: int = 0  # prompt tokens whose keys and values came from the prefix pool
+
+
+class TextScheduler:
+    def __init__(self, name: str, loaded, compute: FairLock, parallel: int = DEFAULT_PARALLEL,
+                 queue_size: int = DEFAULT_QUEUE, warm_up=None):
+        self.name, self.model, self.tokenizer = name, loaded.model, loaded.tokenizer
+        self.compute, self.parallel, self.queue_size = compute, parallel, queue_size
+        self.context_length = self.model.config.max_position_embeddings
+        # One step function (the fused part or the model's forward) shared by every slot (a
+        # slot swaps its own caches into the model before each call), and the batched step
+        # (one token for every running sequence per round, each on its own caches): built,
+        # and `warm_up(self)` run, by the scheduler thread before it serves (see _set_up).
+        self.steps = self.batched = None
+        # Finished requests' caches, reused by prompts that start with the same tokens, where
+        # the steps split a prompt exactly (set in _set_up; see prefixes.py).
+        self.prefixes = PrefixPool()
+        self._reuse_prefixes = False
+        self._warm_up = warm_up
+        self._set_up_error = None
+        self._ready = threading.Event()
+        self.waiting: collections.deque = collections.deque()
+        self.active: list = []
+        self._condition = threading.Condition()
+        self._stopped = False
+        # What tests and the bench read: rounds run, the most sequences one round advanced,
+        # requests finished, requests dropped because their client went away, tokens made;
+        # the most rows one batched decode step ran.
+        self.rounds = 0
+        self.max_active_seen = 0
+        self.max_batch_seen = 0
+        self.started_together = 0  # requests whose prompts ran in a shared pass
+        self.finished = 0
+        self.cancelled = 0
+        self.tokens = 0
+        self._thread = threading.Thread(target=self._run, name=f"candle-web-slots-{name}",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._set_up_error is not None:
+            raise self._set_up_error
+
+    # -- the public side (event loop thread) --
+    def submit(self, request: TextRequest) -> None:
+        with self._condition:
+            if self._stopped:
+                raise ApiError(503, f"{self.name}: the server is stopping", type="server_error",
+                               code="unavailable")
+            busy = len(self.active) + len(self.waiting)
+            if busy >= self.parallel + self.queue_size:
+                raise rate_limited(self.name)
+            self.waiting.append(request)
+            self._condition.notify()
+
+    def load(self) -> dict:
+        with self._condition:
+            return {"active": len(self.active), "waiting": len(self.waiting),
+                    "parallel": self.parallel, "queue": self.queue_size,
+                    "finished": self.finished, "cancelled": self.cancelled,
+                    "tokens": self.tokens, "reused_prompt_tokens": self.prefixes.reused_tokens}
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopped = True
+            self._condition.notify()
+
+    # -- the scheduler thread --
+    def _set_up(self) -> None:
+        """The steps and the warm-up, on this thread: every numba kernel of this model then
+        runs on it, so the process keeps one OpenMP team. A second thread that had launched
+        parallel kernels (the loader's warm-up) would keep a second team: with more OpenMP
+        threads than CPUs, libgomp's workers stop spinning between parallel regions and
+        sleep, and a decode step's ~150 regions each paid a futex wake-up (SmolLM2 Q4_1 on
+        2 threads and 2 CPUs: 16-17 against 10-11 ms a token, the same step)."""
+        from ..backend import parts  # noqa: PLC0415
+
+        try:
+            with self.compute:
+                self.steps = parts.start_causal_decoding(self.model)
+                self.batched = parts.start_batched_causal_decoding(self.model)
+                self._reuse_prefixes = bool(getattr(self.steps, "splits_exactly", bool)())
+                if self._warm_up is not None:
+                    self._warm_up(self)
+        except Exception as error:  # noqa: BLE001  (raised by __init__, in the caller)
+            self._set_up_error = error
+        finally:
+            self._ready.set()
+
+    def _run(self) -> None:
+        self._set_up()
+        if self._set_up_error is not None:
+            return
+        while True:
+            with self._condition:
+                while not self._stopped and not self.active and not self.waiting:
+                    self._condition.wait()
+                if self._stopped:
+                    for request in list(self.active) + list(self.waiting):
+                        request.emit("error", ApiError(503, "the server is stopping",
+                                                       type="server_error", code="unavailable"))
+                    return
+                while self.waiting and len(self.active) < self.parallel:
+                    request = self.waiting.popleft()
+                    if request.cancelled:
+                        self.cancelled += 1
+                    else:
+                        self.active.append(request)
+                self.max_active_seen = max(self.max_active_seen, len(self.active))
+                round_members = list(self.active)
+            self._step_batch(round_members)
+            self._start_together(round_members)
+            for request in round_members:
+                finished = True
+                try:
+                    if request.cancelled:
+                        self.cancelled += 1
+                        self._retire(request)  # drops its KV cache now
+                    elif request._steps is None:
+                        with self.compute:  # its prompt, alone; it joins the next batch
+                            finished = self._advance(request)
+                        self.finished += finished
+                    else:
+                        finished = self._advance(request)
+                        self.finished += finished
+                except Exception as error:  # noqa: BLE001  (reported to that request only)
+                    request.emit("error", error)
+                    request._lm = None  # its caches may be half-written: not kept
+                if finished:
+                    self._retire(request)
+                    with self._condition:
+                        self.active.remove(request)
+            self.rounds += 1
+
+    def _step_batch(self, members: list) -> None:
+        """One batched decode step for every running member whose sampler will ask for the
+        next logits (not cancelled, and under its token budget): each one's logits are left
+        in its SlotLM for `sample_steps`' next `lm.step`. A failure is raised there, so it is
+        reported to each of those members (and frees their slots)."""
+        rows = [request for request in members if not request.cancelled
+                and request._steps is not None and request._yields < request.budget]
+        if not rows:
+            return
+        self.max_batch_seen = max(self.max_batch_seen, len(rows))
+        try:
+            with self.compute:
+                logits = self.batched([request._lm.last_token for request in rows],
+                                      [request._lm.caches for request in rows])
+        except Exception as error:  # noqa: BLE001  (each row's sampler raises it, below)
+            logits = [error] * len(rows)
+        for row, request in enumerate(rows):
+            request._lm.pending = logits[row:row + 1] if isinstance(logits, np.ndarray) \
+                else logits[row]
+
+    def _retire(self, request: TextRequest) -> None:
+        """Drop a finished or cancelled request's sequence, offering its caches to the prefix
+        pool first: they hold its prompt, then the generated tokens fed back."""
+        if self._reuse_prefixes and request._lm is not None:
+            self.prefixes.keep(list(request.prompt_ids) + request.generated,
+                               request._lm.caches)
+        request._steps = request._lm = None
+
+    def _prepare(self, request: TextRequest) -> int:
+        """Its slot (a SlotLM on caches of its own, a kept prefix copied in) and text state;
+        returns how many prompt positions the prefix pool supplied."""
+        options, prompt_ids = request.options, request.prompt_ids
+        lm = request._lm = SlotLM(self.model, self.steps, len(prompt_ids) + request.budget)
+        request._eos = frozenset(options.eos_token_ids if options.eos_token_ids is not None
+                                 else lm.eos_token_ids)
+        request.reason = (STOP_MAX_TOKENS if request.budget == options.max_new_tokens
+                          else STOP_CONTEXT)
+        request._stream = TokenOutputStream(self.tokenizer)
+        request._stops = StopStringMatcher(options.stop_strings)
+        request._cached = (self.prefixes.restore(prompt_ids, lm.caches)
+                           if self._reuse_prefixes and request.budget else 0)
+        return request._cached
+
+    def _begin(self, request: TextRequest, logits, seconds: float) -> None:
+        request.emit("prompt", {"n_tokens": len(request.prompt_ids), "seconds": seconds})
+        request._steps = sample_steps(request._lm, logits, request.options, request._eos,
+                                      request.budget,
+                                      [request._lm.penalty_context(request.prompt_ids)])
+
+    def _start(self, request: TextRequest) -> None:
+        started = time.perf_counter()
+        reused = self._prepare(request)
+        logits = request._lm.start([request.prompt_ids], reused) if request.budget else None
+        self._begin(request, logits, time.perf_counter() - started)
+
+    def _start_together(self, requests: list) -> None:
+        """The prompts of requests admitted in the same round as the rows of shared steps
+        (the batched steps' `prompts`: each weight read once for all of them, each prompt's
+        logits bit for bit its own alone), where the steps split prompts exactly. On any
+        failure they are left unstarted, and each starts alone in the round's loop (which
+        reports its own error)."""
+        requests = [r for r in requests if r.budget and not r.cancelled and r._steps is None]
+        if len(requests) < 2 or not self._reuse_prefixes \
+                or not hasattr(self.batched, "prompts"):
+            return
+        started = time.perf_counter()
+        try:
+            with self.compute:
+                rests, caches = [], []
+                for request in requests:
+                    reused = self._prepare(request)
+                    rests.append(list(request.prompt_ids)[reused:])
+                    caches.append(request._lm.caches)
+                    request._lm.position = len(request.prompt_ids)
+                logits = self.batched.prompts(rests, caches)
+        except Exception:  # noqa: BLE001  (each request retries alone and reports its error)
+            for request in requests:
+                request._lm, request._cached = None, 0
+            return
+        seconds = time.perf_counter() - started
+        self.started_together += len(requests)
+        for row, request in enumerate(requests):
+            self._begin(request, logits[row:row + 1], seconds)
+
+    def _advance(self, request: TextRequest) -> bool:
+        """One token for this request (its prompt first, on its first turn); True when it
+        is finished. The text handling is generate()'s (generation/decode_loop.py)."""
+        if request._steps is None:
+            self._start(request)
+        try:
+            next_ids, _ = next(request._steps)
+        except StopIteration:
+            return self._finish(request)
+        request._yields += 1
+        token = request._lm.last_token = int(next_ids[0])
+        if token in request._eos:
+            request.reason = STOP_EOS
+            return self._finish(request)
+        request.generated.append(token)
+        self.tokens += 1
+        text = request._stops.feed(request._stream.next_token(token))
+        request.emit("token", {"id": token, "text": text})
+        if request._stops.stopped:
+            request.reason = STOP_STRING
+            return self._finish(request)
+        return False
+
+    def _finish(self, request: TextRequest) -> bool:
+        tail = request._stops.feed(request._stream.finish())
+        tail += request._stops.flush()
+        if tail:
+            request.emit("token", {"id": None, "text": tail})
+        if request._stops.stopped:
+            request.reason = STOP_STRING
+        request._steps = None  # drops the sequence's KV cache
+        request.emit("done", {"reason": request.reason, "token_ids": list(request.generated),
+                              "prompt_tokens": len(request.prompt_ids),
+                              "cached_tokens": request._cached})
+        return True
+
+
+class SlotLM(CausalLM):
+    """generation.CausalLM over one slot's own KV cache: the model's caches are swapped in
+    before each call (only the scheduler thread, holding the compute lock, calls it). A step
+    whose logits the scheduler's batched step already computed (`pending`, for `last_token`)
+    returns them."""
+
+    def __init__(self, model, steps, capacity: int):  # noqa: super().__init__ would build steps
+        self.model = model
+        self.eos_token_ids = tuple(model.config.eos_token_ids)
+        self.context_length = model.config.max_position_embeddings
+        self.position = 0
+        self.steps = steps
+        self.pending = None  # logits [1, vocab] of the batched step for last_token
+        self.last_token = None
+        model.clear_kv_cache(capacity)
+        self.caches = model.caches
+
+    def start(self, prompts, reused: int = 0):
+        """The prompt's logits; its first `reused` positions are already in the caches."""
+        self.model.caches = self.caches
+        if not reused:
+            return super().start(prompts)
+        self.position = len(prompts[0])
+        rest = np.asarray([list(prompts[0])[reused:]], dtype=np.int64)
+        return self.steps(rest, reused).to_numpy()
+
+    def step(self, ids):
+        if self.pending is not None:
+            logits, self.pending = self.pending, None
+            if isinstance(logits, Exception):
+                raise logits
+            self.position += 1
+            return logits
+        self.model.caches = self.caches
+        return super().step(ids)
