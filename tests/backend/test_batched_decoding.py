@@ -153,6 +153,16 @@ def test_numpy_backend_takes_the_per_row_reference(tmp_path):
     model = Llama.load(path, device=Device.cpu(backend="numpy"))
     assert isinstance(parts.start_batched_causal_decoding(model), parts.ReferenceBatchedSteps)
     assert_batched_equals_alone(model, TINY_PROMPTS)
+    # several prompts at once: one after another, each as alone
+    steps = parts.start_batched_causal_decoding(model)
+    caches = []
+    for _ in TINY_PROMPTS[:3]:
+        model.clear_kv_cache(8)
+        caches.append(model.caches)
+    logits = steps.prompts(TINY_PROMPTS[:3], caches)
+    for row, prompt in enumerate(TINY_PROMPTS[:3]):
+        assert np.array_equal(logits[row], prompt_in_one_call(model, prompt)[0])
+        assert caches[row][0].length == len(prompt)
     own = model.caches
     steps = parts.start_batched_causal_decoding(model)
     model.clear_kv_cache(8)
