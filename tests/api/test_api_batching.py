@@ -1,6 +1,6 @@
 """Continuous batching in the API's text scheduler (api/engine.py TextScheduler): requests
 joining at different rounds, with prompts of different lengths and budgets, run in one batched
-decode step per round (backend/parts.py start_batched_causal_decoding) and each gets the
+decode step per round (backend/batched_steps.py start_batched_causal_decoding) and each gets the
 greedy ids `generate` gives it alone -- the batched step's rows are bit-identical to the
 single step (tests/backend/test_batched_decoding.py), so any difference here is the
 scheduler's (a row fed the wrong token, position or cache). A request cancelled mid-way

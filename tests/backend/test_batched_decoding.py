@@ -1,4 +1,4 @@
-"""Continuous batching's decode step (backend/parts.py `start_batched_causal_decoding`; on
+"""Continuous batching's decode step (backend/batched_steps.py `start_batched_causal_decoding`; on
 numba `FusedLlamaDecoder.step_rows`, kernels/batched_step.py): B sequences, each at its own
 position with its own KV cache, one token each per step, every weight read once per step.
 
@@ -25,7 +25,7 @@ from tests.parts_testlib import llama_part
 from tests.tolerances_testlib import assert_near_truth
 
 from candle_web import Device
-from candle_web.backend import parts
+from candle_web.backend import batched_steps, parts
 from candle_web.core.errors import BackendUnavailable
 from candle_web.models.llama import Llama
 from candle_web.quantized import GgmlDType
@@ -58,7 +58,7 @@ def decode_batched(model, prompts, joins, steps):
     (each one's last id at its own position), then the rows joining this round run their
     prompt alone. Returns per row (greedy ids, logits [steps, vocab]) and the largest batch."""
     single = parts.start_causal_decoding(model)
-    batched = parts.start_batched_causal_decoding(model)
+    batched = batched_steps.start_batched_causal_decoding(model)
     ids, logits, caches = [None] * len(prompts), [[] for _ in prompts], [None] * len(prompts)
     largest, round_ = 0, 0
     while round_ <= max(joins) or any(c is not None for c in caches):
@@ -101,7 +101,7 @@ def test_real_models_rows_joining_later_match_alone_bitwise(numba_device, name):
 
     loaded = load_llama(name, device=numba_device)
     model = loaded.model
-    assert isinstance(parts.start_batched_causal_decoding(model), parts.FusedBatchedSteps)
+    assert isinstance(batched_steps.start_batched_causal_decoding(model), batched_steps.FusedBatchedSteps)
     prompts = [loaded.tokenizer.encode(text).ids for text in REAL_PROMPTS]
     assert len({len(p) for p in prompts}) >= 5, "prompts of different lengths"
     assert_batched_equals_alone(model, [list(map(int, p)) for p in prompts])
@@ -151,10 +151,10 @@ def test_numpy_backend_takes_the_per_row_reference(tmp_path):
     path = to_gguf(random_state(TINY_CONFIG, seed=12), TINY_CONFIG, tmp_path / "q8.gguf",
                    quantize_to=GgmlDType.Q8_0)
     model = Llama.load(path, device=Device.cpu(backend="numpy"))
-    assert isinstance(parts.start_batched_causal_decoding(model), parts.ReferenceBatchedSteps)
+    assert isinstance(batched_steps.start_batched_causal_decoding(model), batched_steps.ReferenceBatchedSteps)
     assert_batched_equals_alone(model, TINY_PROMPTS)
     # several prompts at once: one after another, each as alone
-    steps = parts.start_batched_causal_decoding(model)
+    steps = batched_steps.start_batched_causal_decoding(model)
     caches = []
     for _ in TINY_PROMPTS[:3]:
         model.clear_kv_cache(8)
@@ -164,7 +164,7 @@ def test_numpy_backend_takes_the_per_row_reference(tmp_path):
         assert np.array_equal(logits[row], prompt_in_one_call(model, prompt)[0])
         assert caches[row][0].length == len(prompt)
     own = model.caches
-    steps = parts.start_batched_causal_decoding(model)
+    steps = batched_steps.start_batched_causal_decoding(model)
     model.clear_kv_cache(8)
     other = model.caches
     model.caches = own
@@ -174,7 +174,7 @@ def test_numpy_backend_takes_the_per_row_reference(tmp_path):
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 def test_model_forward_rows_is_near_the_single_step(tmp_path, backend):
-    """The model's batched reference (`Llama.forward_rows`, parts.ModelBatchedSteps: one product
+    """The model's batched reference (`Llama.forward_rows`, batched_steps.ModelBatchedSteps: one product
     per weight for all rows) against float64 transformers, rows at different positions; it is
     documented as not bit-identical, so only the measured bound is asserted. Its greedy ids
     are compared too (random weights with these prompts have no near-ties at 1e-3)."""
@@ -188,12 +188,12 @@ def test_model_forward_rows_is_near_the_single_step(tmp_path, backend):
     state = random_state(TINY_CONFIG, seed=13)
     path = to_gguf(state, TINY_CONFIG, tmp_path / "q8.gguf", quantize_to=GgmlDType.Q8_0)
     model = Llama.load(path, device=Device.cpu(backend=backend))
-    steps = parts.start_batched_causal_decoding(model, exact=False)
+    steps = batched_steps.start_batched_causal_decoding(model, exact=False)
     if backend == "numpy":
-        assert isinstance(steps, parts.ModelBatchedSteps)
+        assert isinstance(steps, batched_steps.ModelBatchedSteps)
     else:
-        assert isinstance(steps, parts.FusedBatchedSteps)
-        steps = parts.ModelBatchedSteps(model)
+        assert isinstance(steps, batched_steps.FusedBatchedSteps)
+        steps = batched_steps.ModelBatchedSteps(model)
     reference = Llama.load(path, device=Device.cpu(backend="numpy"))
     weights = dequantized_state(state, GgmlDType.Q8_0)
     caches, sequences = [], []
@@ -261,7 +261,7 @@ def test_forward_rows_over_the_families(tmp_path, name):
         model.clear_kv_cache(len(prompt) + 1)
         sequences.append(prompt + [int(np.argmax(model.forward([prompt]).to_numpy()[0]))])
         caches.append(model.caches)
-    logits = parts.ModelBatchedSteps(model)([s[-1] for s in sequences], caches)
+    logits = batched_steps.ModelBatchedSteps(model)([s[-1] for s in sequences], caches)
     for row, sequence in enumerate(sequences):
         reference.clear_kv_cache()
         expected = reference.forward([sequence]).to_numpy()[0]
@@ -355,8 +355,8 @@ def test_several_prompts_in_one_pass_equal_each_alone(numba_device, tmp_path, ki
     model.clear_kv_cache(16)
     single(np.array([prefix]), 0)
     caches.append(model.caches)
-    batched = parts.start_batched_causal_decoding(model)
-    assert isinstance(batched, parts.FusedBatchedSteps)
+    batched = batched_steps.start_batched_causal_decoding(model)
+    assert isinstance(batched, batched_steps.FusedBatchedSteps)
     logits = batched.prompts(prompts + [rest], caches)
     for row, (want_logits, want_keys) in enumerate(alone):
         assert np.array_equal(logits[row], want_logits), f"prompt {row}'s logits"

@@ -5,7 +5,7 @@ computation takes (api/engine.py holds the pool of models and the one-at-a-time 
 requests beyond them (full: 429 with Retry-After). One scheduler thread advances every active
 sequence by one token per round (llama-server's slots: a request that arrives joins at the next
 round, one that ends or whose client went away frees its slot at once). A round is one batched
-decode step over every sequence that has a token to feed (`backend.parts.
+decode step over every sequence that has a token to feed (`backend.batched_steps.
 start_batched_causal_decoding`: each at its own position with its own cache, each weight read
 once for all of them on the numba backend); the prompts of the requests admitted in a round run
 first, together as the rows of shared steps where the steps split prompts exactly (else each
@@ -173,12 +173,12 @@ class TextScheduler:
         threads than CPUs, libgomp's workers stop spinning between parallel regions and
         sleep, and a decode step's ~150 regions each paid a futex wake-up (SmolLM2 Q4_1 on
         2 threads and 2 CPUs: 16-17 against 10-11 ms a token, the same step)."""
-        from ..backend import parts  # noqa: PLC0415
+        from ..backend import batched_steps, parts  # noqa: PLC0415
 
         try:
             with self.compute:
                 self.steps = parts.start_causal_decoding(self.model)
-                self.batched = parts.start_batched_causal_decoding(self.model)
+                self.batched = batched_steps.start_batched_causal_decoding(self.model)
                 self._reuse_prefixes = bool(getattr(self.steps, "splits_exactly", bool)())
                 if self._warm_up is not None:
                     self._warm_up(self)

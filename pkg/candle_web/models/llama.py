@@ -300,7 +300,7 @@ class Llama:
         caches) with its own caches row_caches[r] (an nn.KvCache per block, as `caches`) ->
         f32 logits [B, vocab]. The projections run once for all rows (each weight read once);
         RoPE, the cache append and attention per row. The reference of the batched decode step
-        (backend/parts.py start_batched_causal_decoding): row r equals `forward([[ids[r]]])` on
+        (backend/batched_steps.py start_batched_causal_decoding): row r equals `forward([[ids[r]]])` on
         its caches up to the summation order of the batched products -- not bit for bit (a
         BLAS product of B rows may round a row differently from one of a single row)."""
         ids = token_ids(np.asarray(ids).reshape(-1, 1), self.device, "llama forward_rows")

@@ -1,7 +1,7 @@
 """The numba backend's batched LLaMA decode step: B sequences, one new token each, each at its
 own position with its own KV cache (kernels/batched_step.py). Offered as
 `FusedLlamaDecoder.step_rows` (the part ``llama.decoder_step``'s batched entry, see
-candle_web.backend.parts.start_batched_causal_decoding). Per block: one kernel call for the
+candle_web.backend.batched_steps.start_batched_causal_decoding). Per block: one kernel call for the
 first half of all rows (one pass over the QKV weight), one per row for its cache and attention,
 one for the second half (one pass over each of the output, gate|up and down weights); then the
 head once for all rows. Each row's logits are bit-identical to the single step's.
