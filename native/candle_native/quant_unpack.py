@@ -216,53 +216,54 @@ _UNPACKERS = {
 
 UNPACKABLE = frozenset(_UNPACKERS)
 
-# Types whose levels a numba kernel writes in place when numba is there (numba/kernels/
-# unpack_levels.py: the same levels, without numpy's temporaries; Q8_0's are its bytes, copied
-# once), with their scale and offset functions (the numpy unpackers' own).
-_FAST_LEVELS = {GgmlDType.Q4_K: ("q4_k_levels", _q4_k_terms),
-                GgmlDType.Q5_0: ("q5_0_levels", _q5_0_terms),
-                GgmlDType.Q6_K: ("q6_k_levels", _q6_k_terms),
-                GgmlDType.Q8_0: (None, _q8_0_terms)}
-
-
-def _fast_unpack(kind, blocks, levels):
-    """(scales, offsets, shift) with `levels` filled by kind's numba kernel; None where there
-    is none (another type, or no numba)."""
-    if kind not in _FAST_LEVELS or not blocks.shape[0]:
-        return None
-    name, terms = _FAST_LEVELS[kind]
-    if name is None:  # Q8_0: the bytes are the levels, one strided copy (numpy's path made two)
-        levels[...] = blocks[:, 2:34].view(np.int8)
-        return terms(blocks)
-    try:
-        from .numba.kernels import unpack_levels  # noqa: PLC0415 (numba is optional here)
-    except ImportError:
-        return None
-    getattr(unpack_levels, name)(blocks, levels)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return terms(blocks)
-
 # Blocks unpacked per numpy pass: bounds the temporaries when a large table is unpacked.
 _BLOCKS_PER_PASS = 1 << 15
 
 
-def unpack(qtensor) -> UnpackedWeight:
-    """Unpack a 2-D QTensor [n, k] of a block-quantized type (no caching; see `unpacked`)."""
-    kind = qtensor.dtype
-    if kind not in _UNPACKERS:
-        raise UnsupportedError(f"native qmatmul: GGML type {kind.name} has no unpacker; "
-                               f"supported: {sorted(t.name for t in _UNPACKERS)}")
-    if len(qtensor.shape) != 2:
-        raise ShapeError(f"native qmatmul: the weight must be 2-D [n, k], got {qtensor.shape}")
-    n, k = qtensor.shape
-    blocks = qtensor.data.reshape(-1, kind.type_size)
-    per_row = k // kind.block_size
-    levels = np.empty((n * per_row, kind.block_size), dtype=np.int8)
+def _numba_levels(name: str):
+    """A writer of the levels by numba/kernels/unpack_levels.py's kernel `name` (the same
+    levels as the numpy unpacker, without its temporaries); False without numba."""
+    def write(blocks, levels) -> bool:
+        try:
+            from .numba.kernels import unpack_levels  # noqa: PLC0415 (numba is optional here)
+        except ImportError:
+            return False
+        getattr(unpack_levels, name)(blocks, levels)
+        return True
+    return write
+
+
+def _q8_0_levels(blocks, levels) -> bool:
+    """Q8_0's levels are its bytes 2..33: one strided copy (the numpy unpacker makes two)."""
+    levels[...] = blocks[:, 2:34].view(np.int8)
+    return True
+
+
+# Types whose levels are written in place, in one pass over the whole weight, with their
+# scale and offset functions (the numpy unpackers' own).
+_IN_PLACE = {GgmlDType.Q4_K: (_numba_levels("q4_k_levels"), _q4_k_terms),
+             GgmlDType.Q5_0: (_numba_levels("q5_0_levels"), _q5_0_terms),
+             GgmlDType.Q6_K: (_numba_levels("q6_k_levels"), _q6_k_terms),
+             GgmlDType.Q8_0: (_q8_0_levels, _q8_0_terms)}
+
+
+def _unpack_in_place(kind, blocks, levels):
+    """(scales, offsets, shift) with `levels` written in place; None where `kind` has no
+    in-place writer here (another type, no numba, an empty weight)."""
+    if kind not in _IN_PLACE or not blocks.shape[0]:
+        return None
+    write_levels, terms = _IN_PLACE[kind]
+    if not write_levels(blocks, levels):
+        return None
+    with np.errstate(invalid="ignore", over="ignore"):
+        return terms(blocks)
+
+
+def _unpack_in_passes(kind, blocks, levels):
+    """(scales, offsets, shift) with `levels` written by the numpy unpacker, _BLOCKS_PER_PASS
+    blocks at a time (bounding its temporaries)."""
     scales = offsets = None
-    fast = _fast_unpack(kind, blocks, levels)
-    if fast is not None:
-        scales, offsets, shift = fast
-    for start in range(0, blocks.shape[0] if fast is None else 0, _BLOCKS_PER_PASS):
+    for start in range(0, blocks.shape[0], _BLOCKS_PER_PASS):
         stop = min(blocks.shape[0], start + _BLOCKS_PER_PASS)
         # inf/NaN scales (corrupt files) propagate as in the reference, without warnings.
         with np.errstate(invalid="ignore", over="ignore"):
@@ -280,6 +281,23 @@ def unpack(qtensor) -> UnpackedWeight:
         _, part_scales, part_offsets, shift = _UNPACKERS[kind](empty_block)
         scales = np.zeros((0, part_scales.shape[1]), np.float32)
         offsets = None if part_offsets is None else scales.copy()
+    return scales, offsets, shift
+
+
+def unpack(qtensor) -> UnpackedWeight:
+    """Unpack a 2-D QTensor [n, k] of a block-quantized type (no caching; see `unpacked`)."""
+    kind = qtensor.dtype
+    if kind not in _UNPACKERS:
+        raise UnsupportedError(f"native qmatmul: GGML type {kind.name} has no unpacker; "
+                               f"supported: {sorted(t.name for t in _UNPACKERS)}")
+    if len(qtensor.shape) != 2:
+        raise ShapeError(f"native qmatmul: the weight must be 2-D [n, k], got {qtensor.shape}")
+    n, k = qtensor.shape
+    blocks = qtensor.data.reshape(-1, kind.type_size)
+    per_row = k // kind.block_size
+    levels = np.empty((n * per_row, kind.block_size), dtype=np.int8)
+    scales, offsets, shift = (_unpack_in_place(kind, blocks, levels)
+                              or _unpack_in_passes(kind, blocks, levels))
     groups = k >> shift
     return UnpackedWeight(kind, levels.reshape(n, k), scales.reshape(n, groups),
                           None if offsets is None else offsets.reshape(n, groups), shift)

@@ -68,15 +68,16 @@ def test_unpack_rejects_what_it_cannot_handle(rng):
 
 @pytest.mark.parametrize("kind", [GgmlDType.Q4_K, GgmlDType.Q5_0, GgmlDType.Q6_K, GgmlDType.Q8_0],
                          ids=lambda t: t.name)
-def test_numba_levels_equal_the_numpy_unpackers(kind, rng, monkeypatch):
-    """The types whose levels a numba kernel writes (numba/kernels/unpack_levels.py) give the
-    numpy unpacker's levels, scales and offsets exactly, on arbitrary bytes."""
+def test_levels_written_in_place_equal_the_numpy_unpackers(kind, rng, monkeypatch):
+    """The types whose levels are written in place (numba/kernels/unpack_levels.py, Q8_0's
+    byte copy) give the numpy unpacker's levels, scales and offsets exactly, on arbitrary
+    bytes."""
     pytest.importorskip("numba")
     from candle_native import quant_unpack
 
     qt = random_blocks(kind, 9, 512, rng)
     fast = unpack(qt)
-    monkeypatch.setattr(quant_unpack, "_FAST_LEVELS", {})
+    monkeypatch.setattr(quant_unpack, "_IN_PLACE", {})
     slow = unpack(qt)
     assert np.array_equal(fast.levels, slow.levels), f"{kind.name}: levels differ"
     assert fast.group_shift == slow.group_shift
