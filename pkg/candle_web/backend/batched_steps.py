@@ -151,19 +151,21 @@ class FusedBatchedSteps:
             buffers.append(row)
         model.rotary.tables(0, max(s + p.size for s, p in zip(starts, prompts)))
         cos, sin = model.rotary.cos.storage(), model.rotary.sin.storage()
-        # Rows in prompt order, cut into steps; a step's rows of one prompt form a segment.
-        pieces = [(r, done, min(prompt.size - done, FusedCausalSteps.PROMPT_CHUNK))
-                  for r, prompt in enumerate(prompts)
-                  for done in range(0, prompt.size, FusedCausalSteps.PROMPT_CHUNK)]
+        # Rows in prompt order, cut into steps of at most `chunk` rows; a step's rows of one
+        # prompt form a segment (r, first row, length).
+        chunk = FusedCausalSteps.PROMPT_CHUNK
+        steps, rows = [[]], 0
+        for r, prompt in enumerate(prompts):
+            for done in range(0, prompt.size, chunk):
+                length = min(prompt.size - done, chunk)
+                if rows + length > chunk:
+                    steps.append([])
+                    rows = 0
+                steps[-1].append((r, done, length))
+                rows += length
         offsets = np.cumsum([0] + [p.size for p in prompts])
         logits = [None] * len(prompts)
-        step, rows = [], 0
-        for index, piece in enumerate(pieces):
-            step.append(piece)
-            rows += piece[2]
-            last = index == len(pieces) - 1
-            if not last and rows + pieces[index + 1][2] <= FusedCausalSteps.PROMPT_CHUNK:
-                continue
+        for step in steps:
             segments = [(starts[r] + done, length, buffers[r]) for r, done, length in step]
             step_xs = np.concatenate([xs[offsets[r] + done:offsets[r] + done + length]
                                       for r, done, length in step])
@@ -171,7 +173,6 @@ class FusedBatchedSteps:
             for (r, done, length), row_logits in zip(step, out):
                 if done + length == prompts[r].size:
                     logits[r] = row_logits
-            step, rows = [], 0
         for prompt, caches in zip(prompts, row_caches):
             for cache in caches:
                 cache.advance(prompt.size)

@@ -397,6 +397,8 @@ class FusedCausalSteps:
     (token rows), `caches` (nn.KvCache per block), `rotary` (cos/sin tables grown on demand)
     and `config.num_kv_heads` / `config.head_dim`."""
 
+    PROMPT_CHUNK = 128
+
     def __init__(self, model, path: FastPath):
         self.model, self.path = model, path
 
@@ -411,8 +413,6 @@ class FusedCausalSteps:
         for start in range(0, array.shape[1], self.PROMPT_CHUNK):
             logits = self._run(impl, array[:, start:start + self.PROMPT_CHUNK], index_pos + start)
         return Tensor.from_storage(logits.reshape(1, -1), dt.f32, model.device)
-
-    PROMPT_CHUNK = 128
 
     def splits_exactly(self) -> bool:
         """Whether a prompt's logits and cached keys and values are the same bits however it
