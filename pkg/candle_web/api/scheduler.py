@@ -179,7 +179,8 @@ class TextScheduler:
             with self.compute:
                 self.steps = parts.start_causal_decoding(self.model)
                 self.batched = batched_steps.start_batched_causal_decoding(self.model)
-                self._reuse_prefixes = bool(getattr(self.steps, "splits_exactly", bool)())
+                splits_exactly = getattr(self.steps, "splits_exactly", None)
+                self._reuse_prefixes = bool(splits_exactly and splits_exactly())
                 if self._warm_up is not None:
                     self._warm_up(self)
         except Exception as error:  # noqa: BLE001  (raised by __init__, in the caller)
