@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path.home() / ".cache" / "candle-web"
-HELLO = CACHE / "testdata" / "speech" / "synth" / "hello_16k.wav"
+# espeak-ng's "Hello world, this is a test of the speech recogniser." in the test speech that
+# `make models` puts in the model cache (scripts/fetch_test_audio.sh; espeak-ng and sox are
+# system-deps): relative to hub.cache_dir(), which follows CANDLE_WEB_CACHE as the child does.
+HELLO = Path("testdata") / "speech" / "synth" / "hello_16k.wav"
 # A hang guard: reading /dev/zero ran until memory ran out, a FIFO blocked for ever.
 HANG_SECONDS = 300
 
@@ -56,22 +58,28 @@ def test_valid_utf8_text_passes_the_check():
 
 
 @pytest.fixture(scope="module")
-def whisper_cached():
-    if not any(CACHE.glob("models--Systran--faster-whisper-tiny.en/snapshots/*/model.bin")):
-        pytest.skip("whisper-tiny.en is not in the model cache (make models)")
+def hello_clip(model_file) -> Path:
+    """The synthesised clip, with whisper-tiny.en cached for the child to load (a missing file
+    fails the test naming the command that fetches it)."""
+    from candle_web import hub
+
+    for name in ("model.bin", "config.json", "tokenizer.json"):
+        model_file("whisper-tiny.en", name)
+    clip = hub.cache_dir() / HELLO
+    if not clip.is_file():
+        pytest.fail(f"{clip} is missing: run `make models` (scripts/fetch_test_audio.sh "
+                    "synthesises it with espeak-ng and sox)", pytrace=False)
+    return clip
 
 
-def test_special_files_are_refused_and_the_regular_one_still_transcribed(tmp_path,
-                                                                         whisper_cached):
+def test_special_files_are_refused_and_the_regular_one_still_transcribed(tmp_path, hello_clip):
     """`transcribe /dev/zero` read until memory ran out; a FIFO blocked for ever. Both are
     refused naming the path; the regular file given with them (whose name is not UTF-8) is
     still transcribed, and the exit status says something failed."""
-    if not HELLO.is_file():
-        pytest.skip("the synthesised speech test file is not in the cache")
     fifo = tmp_path / "stream.wav"
     os.mkfifo(fifo)
     odd_name = os.fsencode(tmp_path) + b"/h\xe9llo.wav"  # Latin-1, not UTF-8
-    shutil.copyfile(HELLO, odd_name)
+    shutil.copyfile(hello_clip, odd_name)
     done = candle_web(b"transcribe", b"/dev/zero", os.fsencode(fifo), odd_name,
                       b"--model", b"whisper-tiny.en")
     err = done.stderr.decode("utf-8", "replace")

@@ -6,7 +6,6 @@ and ends in a typed error naming the argument or field, or in the same result as
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,37 +16,26 @@ from candle_web.tokenizers import Tokenizer
 
 hf = pytest.importorskip("tokenizers")
 
-CACHE = Path.home() / ".cache" / "candle-web"
-
-
-def cached(pattern: str) -> Path:
-    found = sorted(CACHE.glob(pattern))
-    if not found:
-        pytest.skip(f"{pattern} is not in the model cache (make models)")
-    return found[0]
-
-
 # ---- 1. lone surrogates -----------------------------------------------------------------------
 
+# The registry's files (`make models` fetches them), found as the package finds them: the
+# model_file fixture asks hub.fetch for the cached copy, wherever CANDLE_WEB_CACHE puts the cache,
+# and fails naming the fetch command when one is missing (never a skip).
 REAL_TOKENIZERS = {
-    "whisper": "models--Systran--faster-whisper-tiny.en/snapshots/*/tokenizer.json",
-    "multilingual-e5": "models--candle-web--multilingual-e5-small/snapshots/*/tokenizer.json",
-    "minilm": "models--sentence-transformers--all-MiniLM-L6-v2/snapshots/*/tokenizer.json",
+    "whisper": ("whisper-tiny.en", "tokenizer.json"),
+    "multilingual-e5": ("multilingual-e5-small", "tokenizer.json"),
+    "minilm": ("all-minilm-l6-v2", "tokenizer.json"),
 }
-
-
-def smollm_tokenizer():
-    from candle_web.io.gguf import GgufFile
-
-    path = cached("models--QuantFactory--SmolLM2-135M-Instruct-GGUF/snapshots/*/*.gguf")
-    return Tokenizer.from_gguf_metadata(GgufFile(path).metadata)
+SMOLLM2_GGUF = ("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module", params=[*REAL_TOKENIZERS, "smollm2"])
-def real_tokenizer(request):
+def real_tokenizer(request, model_file):
     if request.param == "smollm2":
-        return smollm_tokenizer()
-    return Tokenizer.from_file(cached(REAL_TOKENIZERS[request.param]))
+        from candle_web.io.gguf import GgufFile
+
+        return Tokenizer.from_gguf_metadata(GgufFile(model_file(*SMOLLM2_GGUF)).metadata)
+    return Tokenizer.from_file(model_file(*REAL_TOKENIZERS[request.param]))
 
 
 @pytest.mark.parametrize("text, shown", [
@@ -68,8 +56,8 @@ def test_lone_surrogates_are_refused_naming_the_argument(real_tokenizer, text, s
     assert real_tokenizer.encode("caf\u00e9!").ids  # the same text, valid, still encodes
 
 
-def test_hf_refuses_them_too_and_the_hf_backend_gives_the_same_error():
-    path = cached(REAL_TOKENIZERS["whisper"])
+def test_hf_refuses_them_too_and_the_hf_backend_gives_the_same_error(model_file):
+    path = model_file(*REAL_TOKENIZERS["whisper"])
     with pytest.raises(TypeError):
         hf.Tokenizer.from_file(str(path)).encode("\udcff")
     wrapped = Tokenizer.from_file(path, backend="hf")
@@ -242,9 +230,10 @@ def test_repeats_in_a_row_that_cannot_be_made_to_fail_are_accepted(pattern):
     assert compile_pattern(pattern, "field").pattern
 
 
-def test_the_real_pre_tokenizer_patterns_still_load():
+def test_the_real_pre_tokenizer_patterns_still_load(model_file):
     """The patterns llama.cpp's GGUF vocabularies name (Llama 3, Qwen 2, DeepSeek...) and
-    every tokenizer.json in the cache."""
+    every tokenizer.json in the cache (the registry's at least)."""
+    from candle_web import hub
     from candle_web.tokenizers import gguf_vocab
     from candle_web.tokenizers.unicode_classes import compile_pattern
 
@@ -253,16 +242,18 @@ def test_the_real_pre_tokenizer_patterns_still_load():
     assert len(patterns) >= 2
     for pattern in patterns:
         compile_pattern(pattern, "field")
-    for found in CACHE.glob("**/tokenizer.json"):
+    for model in REAL_TOKENIZERS.values():
+        model_file(*model)  # the cache holds these, or the test fails saying how to fetch them
+    for found in hub.cache_dir().glob("**/tokenizer.json"):
         Tokenizer.from_file(found)
 
 
 # ---- 4. WordPiece's max_input_chars_per_word ------------------------------------------------------
 
-def test_wordpiece_long_words_are_linear_and_match_hf():
+def test_wordpiece_long_words_are_linear_and_match_hf(model_file):
     """The finding: with max_input_chars_per_word at 1e9 (accepted at load), a 3,000-character
     word took 3.2 s and a 10,000-character one over 20 s (cubic). Now: the same ids as HF."""
-    config = json.loads(cached(REAL_TOKENIZERS["minilm"]).read_text(encoding="utf-8"))
+    config = json.loads(model_file(*REAL_TOKENIZERS["minilm"]).read_text(encoding="utf-8"))
     config["model"]["max_input_chars_per_word"] = 10**9
     config["padding"] = config["truncation"] = None
     text = json.dumps(config)
