@@ -159,7 +159,7 @@ def test_the_rate_limit_names_the_file(tmp_path):
 def test_external_decoders_are_held_to_the_same_limit(monkeypatch):
     monkeypatch.setattr(audio, "_import_soundfile", lambda: object())
     monkeypatch.setattr(audio, "_decode_with_soundfile",
-                        lambda soundfile, data: (np.zeros(10, np.float32), 5))
+                        lambda soundfile, data, *cap: (np.zeros(10, np.float32), 5))
     with pytest.raises(FormatError, match="sample rate 5 Hz is outside the accepted range"):
         audio.load_audio(b"fLaC" + bytes(40))
 

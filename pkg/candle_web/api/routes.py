@@ -33,6 +33,9 @@ class ApiLimits:
     max_upload_bytes: int = 25 << 20  # an audio upload (OpenAI's limit)
     max_embedding_inputs: int = 256
     max_input_chars: int = 1 << 20  # one prompt, message content or embedding input
+    # The longest audio a transcription decodes (`--max-audio-seconds`): 25 MiB of 32 kbps
+    # audio is 1.8 h, and decoding is bounded by this, not by the upload.
+    max_audio_seconds: float = 30 * 60
 
 
 # -- plumbing -------------------------------------------------------------------------------
@@ -524,11 +527,15 @@ class OpenAiApi:
     def _transcribe(self, served, data: bytes, task, language, prompt, temperature):
         """In the model's worker thread: decode the upload, then transcribe with the CLI's
         options (temperature fallback unless a temperature above 0 is given)."""
-        from ..io.audio import load_audio  # noqa: PLC0415
+        from ..io.audio import AudioTooLong, load_audio  # noqa: PLC0415
         from ..pipelines.transcribe import transcribe  # noqa: PLC0415
 
         try:
-            samples = load_audio(data)
+            samples = load_audio(data, max_seconds=self.limits.max_audio_seconds)
+        except AudioTooLong as error:
+            raise bad_request(f"file: the audio lasts {error.lasts}, above this server's limit of "
+                              f"{error.max_seconds:g} s (--max-audio-seconds)", "file",
+                              "audio_too_long") from None
         except (CandleError, OSError, ValueError) as error:
             raise bad_request(f"file: not audio this server can decode ({str(error)[:200]})",
                               "file", "invalid_audio") from None

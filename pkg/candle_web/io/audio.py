@@ -2,7 +2,9 @@
 
 - :func:`decode_audio_file` / :func:`load_audio`: WAV and headerless int16 natively; other
   containers (FLAC, Ogg, MP3, ...) through ``soundfile`` or an ``ffmpeg`` executable when either
-  is present (both looked up at call time, so this module imports in Pyodide).
+  is present (both looked up at call time, so this module imports in Pyodide). ``max_seconds``
+  caps the duration while decoding (:class:`AudioTooLong`): a server is bounded by its cap, not
+  by what an upload holds.
 - :func:`resample` (io/resample.py): band-limited polyphase resampling with a Kaiser-windowed sinc.
 - :func:`mel_filters` and :func:`log_mel_spectrogram`: the same numbers as openai-whisper's
   ``audio.py`` (Slaney mel bank as librosa computes it; periodic Hann STFT with reflect padding).
@@ -21,8 +23,8 @@ import numpy as np
 from ..core.errors import DTypeMismatch, FormatError, ShapeError, UnsupportedError
 from .resample import (SAMPLE_RATE, design_resampling_filter, filter_half_length, kaiser_window,  # noqa: F401
                        resample, resampling_ratio, uses_blocked_matmul)
-from .wav import (MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, check_sample_rate, downmix, read_raw_int16,
-                  read_wav, source_bytes)
+from .wav import (MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, check_sample_rate, downmix, parse_wav_header,
+                  read_raw_int16, read_wav, source_bytes)
 
 # Whisper's fixed audio hyper-parameters.
 N_FFT = 400
@@ -62,14 +64,42 @@ RAW_INT16_SUFFIXES = (".raw", ".pcm")
 # same range as WAV files (the names predate the shared constant).
 MIN_SOURCE_RATE = MIN_SAMPLE_RATE
 MAX_SOURCE_RATE = MAX_SAMPLE_RATE
+# Frames soundfile decodes per read: each block is downmixed into the mono result before the
+# next, so a stereo file never holds all its channels at once (1 MB of float32 per channel).
+DECODE_BLOCK_FRAMES = 1 << 18
+# ffmpeg is told to stop this long past the cap (`-t`): output beyond the cap proves the audio
+# too long without decoding the rest of it.
+FFMPEG_CAP_MARGIN_S = 1.0
+
+
+class AudioTooLong(FormatError):
+    """The audio lasts longer than the caller's ``max_seconds``. Raised from the header's frame
+    count when the container states it (``exact``), else as soon as decoding passes the cap
+    (``duration_s`` is then how far it got: "more than")."""
+
+    def __init__(self, name: str, duration_s: float, max_seconds: float, exact: bool):
+        self.duration_s, self.max_seconds, self.exact = duration_s, max_seconds, exact
+        super().__init__(f"{name}: the audio lasts {self.lasts}, above the limit of "
+                         f"{max_seconds:g} s")
+
+    @property
+    def lasts(self) -> str:
+        """"7200.0 s", or "more than 61.0 s" when decoding stopped past the cap."""
+        return f"{self.duration_s:.1f} s" if self.exact else f"more than {self.duration_s:.1f} s"
+
+
+def _check_duration(frames: int, rate: int, max_seconds: float | None, name: str,
+                    exact: bool = True) -> None:
+    if max_seconds is not None and rate > 0 and frames > max_seconds * rate:
+        raise AudioTooLong(name, frames / rate, max_seconds, exact)
 
 
 # ----------------------------------------------------------------------------------------------
 # Decoding
 
 
-def decode_audio_file(source, *, format: str | None = None,
-                      raw_sample_rate: int = SAMPLE_RATE) -> tuple[np.ndarray, int]:
+def decode_audio_file(source, *, format: str | None = None, raw_sample_rate: int = SAMPLE_RATE,
+                      max_seconds: float | None = None) -> tuple[np.ndarray, int]:
     """Decode audio into (float32 mono samples, native sample rate).
 
     ``source``: a path, bytes-like object, 1-D uint8 numpy array or binary file object.
@@ -77,32 +107,41 @@ def decode_audio_file(source, *, format: str | None = None,
     ``format``: None to detect (WAV by its header, other ``.raw``/``.pcm`` paths as headerless
     int16), "wav", "raw" (mono int16 little-endian at ``raw_sample_rate``), or anything else to
     go to the external decoders directly. Non-finite samples raise FormatError.
+
+    ``max_seconds``: audio longer than this raises :class:`AudioTooLong` without being decoded
+    past the cap (WAV, raw int16 and soundfile from the header's frame count; ffmpeg stops
+    FFMPEG_CAP_MARGIN_S after it), so the samples held never exceed the cap.
     """
+    if max_seconds is not None and not max_seconds > 0:
+        raise ShapeError(f"decode_audio_file: max_seconds must be > 0, got {max_seconds!r}")
     data, name = source_bytes(source, "audio bytes")
     if format is None and name.lower().endswith(RAW_INT16_SUFFIXES) and not _looks_like_wav(data):
         format = "raw"
     if format == "raw":
-        samples, rate = read_raw_int16(data, raw_sample_rate, name=name)
-        return samples, rate
+        check_sample_rate(raw_sample_rate, name)
+        _check_duration(len(data) // 2, raw_sample_rate, max_seconds, name)
+        return read_raw_int16(data, raw_sample_rate, name=name)
     if len(data) == 0:
         raise FormatError(f"{name}: empty input (0 bytes), not an audio file")
     if format in (None, "wav") and _looks_like_wav(data):
         try:
-            samples, rate = read_wav(data, mono=True, name=name)
-            return samples, rate
+            info = parse_wav_header(data, name=name)
         except UnsupportedError as native_error:
             # A WAV codec we do not decode (A-law, ADPCM...): an external decoder may.
-            return _decode_external(data, name, native_error)
+            return _decode_external(data, name, native_error, max_seconds)
+        _check_duration(info.frames, info.sample_rate, max_seconds, name)
+        return read_wav(data, mono=True, name=name)
     if format == "wav":
         raise FormatError(f"{name}: not a WAV file (first bytes {bytes(data[:12])!r})")
-    return _decode_external(data, name, None)
+    return _decode_external(data, name, None, max_seconds)
 
 
 def load_audio(source, sr: int = SAMPLE_RATE, *, format: str | None = None,
-               raw_sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Decode ``source`` (see :func:`decode_audio_file`), downmix to mono and resample to
-    ``sr``: float32 [n]. Audio with no samples raises FormatError."""
-    samples, rate = decode_audio_file(source, format=format, raw_sample_rate=raw_sample_rate)
+               raw_sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None) -> np.ndarray:
+    """Decode ``source`` (see :func:`decode_audio_file`, ``max_seconds`` included), downmix to
+    mono and resample to ``sr``: float32 [n]. Audio with no samples raises FormatError."""
+    samples, rate = decode_audio_file(source, format=format, raw_sample_rate=raw_sample_rate,
+                                      max_seconds=max_seconds)
     name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "audio bytes"
     if samples.size == 0:
         raise FormatError(f"{name}: contains no audio samples (0 frames at {rate} Hz)")
@@ -126,7 +165,8 @@ def _container_name(data) -> str | None:
     return None
 
 
-def _decode_external(data, name: str, native_error: Exception | None) -> tuple[np.ndarray, int]:
+def _decode_external(data, name: str, native_error: Exception | None,
+                     max_seconds: float | None = None) -> tuple[np.ndarray, int]:
     """Try soundfile, then ffmpeg; raise a message that says what was tried and why it failed."""
     failures = []
     tried_any = False
@@ -134,7 +174,8 @@ def _decode_external(data, name: str, native_error: Exception | None) -> tuple[n
     if soundfile is not None:
         tried_any = True
         try:
-            return _finite_or_error(*_decode_with_soundfile(soundfile, data), name)
+            return _finite_or_error(*_decode_with_soundfile(soundfile, data, name, max_seconds),
+                                    name)
         except FormatError:
             raise
         except Exception as exc:  # libsndfile reports every failure as some RuntimeError
@@ -146,7 +187,10 @@ def _decode_external(data, name: str, native_error: Exception | None) -> tuple[n
     if ffmpeg is not None:
         tried_any = True
         try:
-            return _finite_or_error(*_decode_with_ffmpeg(ffmpeg, data), name)
+            return _finite_or_error(*_decode_with_ffmpeg(ffmpeg, data, name, max_seconds),
+                                    name)
+        except AudioTooLong:
+            raise
         except FormatError as exc:
             failures.append(f"ffmpeg: {exc}")
 
@@ -183,24 +227,42 @@ def _find_ffmpeg():
     return shutil.which("ffmpeg")
 
 
-def _decode_with_soundfile(soundfile, data) -> tuple[np.ndarray, int]:
-    samples, rate = soundfile.read(io.BytesIO(bytes(data)), dtype="float32", always_2d=True)
-    return downmix(samples), int(rate)
+def _decode_with_soundfile(soundfile, data, name: str = "audio bytes",
+                           max_seconds: float | None = None) -> tuple[np.ndarray, int]:
+    with soundfile.SoundFile(io.BytesIO(bytes(data))) as sound:
+        rate = int(sound.samplerate)
+        # soundfile reads no further than the frame count libsndfile states, so checking it
+        # bounds what follows; a file over the cap is refused from its header alone.
+        _check_duration(sound.frames, rate, max_seconds, name)
+        samples = np.empty(sound.frames, dtype=np.float32)
+        filled = 0
+        while filled < samples.size:
+            block = sound.read(DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)
+            if len(block) == 0:
+                break  # fewer frames than the header said: keep what is there
+            samples[filled:filled + len(block)] = downmix(block)
+            filled += len(block)
+    return samples[:filled], rate
 
 
-def _decode_with_ffmpeg(ffmpeg: str, data) -> tuple[np.ndarray, int]:
+def _decode_with_ffmpeg(ffmpeg: str, data, name: str = "audio bytes",
+                        max_seconds: float | None = None) -> tuple[np.ndarray, int]:
     import subprocess
 
     # Ask for float WAV at the native rate and parse it ourselves, so resampling is ours too.
     # On a pipe ffmpeg cannot seek back to patch sizes; read_wav accepts its placeholders.
+    # Under a cap, `-t` stops the output a margin past it: decoding costs the cap, not the file.
+    limit = [] if max_seconds is None else ["-t", f"{max_seconds + FFMPEG_CAP_MARGIN_S:g}"]
     command = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-i", "pipe:0",
-               "-vn", "-map_metadata", "-1", "-ac", "1", "-c:a", "pcm_f32le", "-f", "wav",
+               "-vn", "-map_metadata", "-1", "-ac", "1", "-c:a", "pcm_f32le", *limit, "-f", "wav",
                "pipe:1"]
     completed = subprocess.run(command, input=bytes(data), capture_output=True, check=False)
     if completed.returncode != 0:
         message = completed.stderr.decode("utf-8", "replace").strip().splitlines()
         raise FormatError(message[-1] if message else f"exit status {completed.returncode}")
     samples, rate = read_wav(completed.stdout, mono=True)
+    # What ffmpeg wrote past the cap is all that is known of the length: "more than".
+    _check_duration(samples.size, rate, max_seconds, name, exact=False)
     return samples, rate
 
 
