@@ -2,7 +2,8 @@
 
 Each answer streams as it is generated; the KV cache carries over between turns
 (generation/conversation.py), so a turn processes only the tokens the cache does not hold, and
-a line after each answer says how many were new and how many reused. Ctrl-C stops the current
+a line after each answer says how many were new and how many reused (on a backend whose steps do
+not split a prompt exactly, numpy, none are: the start says so). Ctrl-C stops the current
 answer (what was said stays in the conversation) and returns to the prompt; Ctrl-D exits.
 
 Commands (a line starting with "/"):
@@ -43,6 +44,8 @@ class TerminalChat:
 
     def run(self, read_line=input) -> int:
         self.say(f"chat with {self.describe()}; /help for commands, Ctrl-D exits")
+        if self.chat.reuse_note is not None:
+            self.say(f"[{self.chat.reuse_note}]")
         while True:
             try:
                 line = read_line(PROMPT)

@@ -3,9 +3,13 @@ SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct GGUFs.
 
 The reference for every turn is a fresh run: the model's caches cleared and the same
 conversation rendered by the same template, decoded greedily by `generate`. Reusing the cache
-must give the same ids; the prompt pass of a reused turn runs the new tokens only. (The two
-runs process the shared prefix in different chunks, so logits differ by float rounding; greedy
-ids over these short answers are expected to be identical, and the test would show otherwise.)
+must give the same ids; the prompt pass of a reused turn runs the new tokens only.
+
+A prefix is reused only where the decode steps split a prompt exactly (the numba part's
+`step_prompts`): there the reused turn's cached keys and values are bit for bit a fresh run's,
+so its ids cannot differ on any prompt. The multi-turn tests run on numba (skipped, saying so,
+where it is missing); on numpy and on the wasm part (natively under wasmtime) no prefix is
+reused, the turn says why, and the caches and ids are again a fresh run's.
 """
 
 from __future__ import annotations
@@ -18,25 +22,29 @@ import pytest
 from candle_web.core.errors import CandleError, FormatError, ShapeMismatch
 from candle_web.core.tensor import Tensor
 from candle_web.generation import GenerationOptions, generate
-from candle_web.generation.conversation import (STOP_CANCELLED, Conversation,
-                                                check_messages)
+from candle_web.generation.conversation import (PREFIX_NOT_EXACT, STOP_CANCELLED,
+                                                Conversation, check_messages)
 from candle_web.nn.kv_cache import KvCache
 
 GREEDY = GenerationOptions(max_new_tokens=24)
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from candle_web.pipelines import load_llama
-
-    return load_llama("smollm2-135m-instruct")
+SMOLLM2 = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
-def qwen():
+def smollm2(numba_device):
+    """On numba, whose part splits prompts exactly: the turns reuse their prefix."""
     from candle_web.pipelines import load_llama
 
-    return load_llama("qwen2.5-coder-0.5b-instruct")
+    return load_llama(SMOLLM2, device=numba_device)
+
+
+@pytest.fixture(scope="module")
+def qwen(numba_device):
+    from candle_web.pipelines import load_llama
+
+    return load_llama("qwen2.5-coder-0.5b-instruct", device=numba_device)
 
 
 def fresh_ids(chat: Conversation, options=GREEDY) -> list:
@@ -46,6 +54,21 @@ def fresh_ids(chat: Conversation, options=GREEDY) -> list:
     chat.model.clear_kv_cache()
     opts = GenerationOptions(max_new_tokens=options.max_new_tokens, add_special_tokens=False)
     return generate(chat.model, chat.tokenizer, ids, opts).token_ids
+
+
+def cached_bits(model) -> list:
+    """Copies of every block's cached keys and values (the positions the caches hold)."""
+    return [(cache.k.current_data().to_numpy().copy(), cache.v.current_data().to_numpy().copy())
+            for cache in model.caches]
+
+
+def assert_caches_equal(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for block, ((k, v), (fresh_k, fresh_v)) in enumerate(zip(got, want)):
+        assert k.shape == fresh_k.shape, block
+        # Bit for bit (NaN-safe): not close, the same floats.
+        assert np.array_equal(k.view(np.uint32), fresh_k.view(np.uint32)), f"block {block} keys"
+        assert np.array_equal(v.view(np.uint32), fresh_v.view(np.uint32)), f"block {block} values"
 
 
 def test_turn_two_reuses_turn_one_and_equals_a_fresh_run(smollm2):
@@ -62,8 +85,48 @@ def test_turn_two_reuses_turn_one_and_equals_a_fresh_run(smollm2):
     assert second.reused_tokens >= first.prompt_tokens + len(first.token_ids) - 1
     assert second.new_tokens == second.prompt_tokens - second.reused_tokens
     assert second.new_tokens < 20
+    assert second.reuse_note is None and chat.reuse_note is None
+    # Not only the ids: every key and value the reused turn left in the caches (turn 1's
+    # prompt and answer, turn 2's new tokens and answer) is the fresh run's, bit for bit.
+    reused = cached_bits(smollm2.model)
     assert second.token_ids == fresh_ids(chat)
+    assert_caches_equal(reused, cached_bits(smollm2.model))
     assert [m["role"] for m in chat.messages] == ["user", "assistant"] * 2
+
+
+@pytest.mark.parametrize("backend", ["numpy", "wasm"])
+def test_no_prefix_is_reused_where_the_steps_do_not_split_a_prompt_exactly(backend,
+                                                                             model_file):
+    """numpy runs prompts through the model's matmuls (ReferenceSteps) and the wasm part has no
+    `step_prompts`: a prompt in pieces need not be the bits of one pass, so every turn runs its
+    whole prompt, the prompt event and the turn say why, and the answer is a fresh run's."""
+    from candle_web import Device
+    from candle_web.backend import get_backend
+    from candle_web.core.errors import BackendUnavailable
+    from candle_web.pipelines import load_llama
+
+    try:
+        get_backend(backend)
+    except BackendUnavailable as error:
+        pytest.skip(f"{backend} backend unavailable: {error}")
+    model_file(SMOLLM2, "SmolLM2-135M-Instruct.Q4_1.gguf")  # fail with the fetch hint if missing
+    loaded = load_llama(SMOLLM2, device=Device.cpu(backend=backend))
+    options = GenerationOptions(max_new_tokens=12)
+    chat = Conversation(loaded.model, loaded.tokenizer, system="You are a helpful assistant.")
+    assert chat.reuse_note == PREFIX_NOT_EXACT
+    first = chat.send("My name is Ada. Say hello to me.", options)
+    prompt_events = []
+    second = chat.send("What is my name?", options,
+                       on_event=lambda kind, data: prompt_events.append(data)
+                       if kind == "prompt" else None)
+    # The caches held turn 1 (a prefix of turn 2's prompt): none of it was kept.
+    assert second.prompt_tokens > first.prompt_tokens + len(first.token_ids)
+    assert second.reused_tokens == 0 and second.new_tokens == second.prompt_tokens
+    assert second.reuse_note == PREFIX_NOT_EXACT
+    assert prompt_events[0]["reused"] == 0 and prompt_events[0]["reuse_note"] == PREFIX_NOT_EXACT
+    ran = cached_bits(loaded.model)
+    assert second.token_ids == fresh_ids(chat, options)
+    assert_caches_equal(ran, cached_bits(loaded.model))
 
 
 def test_regenerate_and_edit_roll_back_to_the_divergence(smollm2):

@@ -2,9 +2,12 @@
 and (the last test) Qwen2.5-Coder-0.5B-Instruct Q4_K_M.
 
 A three-turn conversation where turn 2 depends on turn 1 (a name given in turn 1 is recalled);
-the reuse counter of turn 2 covers turn 1; regenerate and edit roll back correctly: their ids
-equal those of the same conversation run natively and fresh by generation.Conversation (the
-code `candle-web chat` runs: the twin check, greedy ids must be equal); a reload keeps the
+regenerate and edit: their ids equal those of the same conversation run natively and fresh by
+generation.Conversation (the code `candle-web chat` runs: the twin check, greedy ids must be
+equal). The page's wasm part has no `step_prompts`, so its steps do not split a prompt exactly:
+no turn reuses the cached prefix (which could flip a near-tie) and the status line says so (the
+reuse and its roll-backs are tested natively on numba, tests/generation/test_conversation.py);
+a reload keeps the
 conversation; HTML in an answer is inert; export and import as OpenAI messages JSON; the
 overflow notice on a small context. The page is this module's own (reloaded by a test).
 """
@@ -87,6 +90,14 @@ def send(page, text: str) -> dict:
     return wait_turn(page, "#chat-send")
 
 
+def assert_whole_prompt_ran(*results) -> None:
+    """The page's steps (the wasm part) do not split a prompt exactly: every turn runs its whole
+    prompt, as a fresh run does, and says why it reused nothing."""
+    for result in results:
+        assert result["reusedTokens"] == 0 and result["newTokens"] == result["promptTokens"]
+        assert "not reused on this backend" in result["reuseNote"]
+
+
 def messages_shown(page) -> list:
     return page.evaluate("""() => Array.from(document.querySelectorAll('#chat-turns .chat-message'),
         (li) => [li.classList.contains('chat-user') ? 'user' : 'assistant',
@@ -108,26 +119,29 @@ def test_three_turns_recall_reuse_regenerate_edit_and_reload(page, native, page_
         conversation.append({"role": "assistant", "content": result["text"]})
     first, second, third = results
     assert "Ada" in second["text"]  # turn 2 depends on turn 1
-    assert first["reusedTokens"] == 0
-    assert second["reusedTokens"] >= first["promptTokens"] + len(first["tokenIds"]) - 1
-    reuse = page.locator("#chat-reuse").inner_text()
-    assert reuse == f"prompt: {third['newTokens']} new tokens, {third['reusedTokens']} reused"
-    assert "tok/s" in page.locator("#chat-speed").inner_text()
+    assert_whole_prompt_ran(first, second, third)
+    assert second["promptTokens"] > first["promptTokens"] + len(first["tokenIds"])
+    reuse = page.locator("#chat-reuse")
+    assert reuse.inner_text() == (f"Prompt: {third['promptTokens']} tokens, all run "
+                                  "(no cache reuse on this backend).")
+    assert reuse.get_attribute("title") == third["reuseNote"]
+    speed = page.locator("#chat-speed").inner_text()
+    assert speed.startswith(f"Answer: {len(third['tokenIds'])} tokens · ") and "tok/s" in speed
     assert len(messages_shown(page)) == 6
     report(f"[ui] chat (SmolLM2 in the browser): turn 2 prompt {second['promptTokens']} tokens, "
-           f"{second['reusedTokens']} reused, {second['newTokens']} new; "
+           f"all run (no exact prefix reuse on wasm); "
            f"decode {second['timings'].get('tokensPerSecond', 0):.1f} tok/s")
 
     again = wait_turn(page, ".chat-regenerate")
     assert again["tokenIds"] == third["tokenIds"]
-    assert again["reusedTokens"] == again["promptTokens"] - 1  # only the last id runs again
+    assert_whole_prompt_ran(again)
     assert len(messages_shown(page)) == 6
 
     page.click(".chat-message[data-index='0'] .chat-edit")
     page.locator("#chat-edit-note").wait_for(state="visible")
     edited = send(page, "My name is Bob.")
     assert edited["tokenIds"] == native([system, {"role": "user", "content": "My name is Bob."}])
-    assert 0 < edited["reusedTokens"] < first["promptTokens"]  # rolled back to Ada/Bob
+    assert_whole_prompt_ran(edited)
     shown = messages_shown(page)
     assert [role for role, _ in shown] == ["user", "assistant"]
     assert shown[0][1] == "My name is Bob."
@@ -222,7 +236,7 @@ def test_stop_keeps_the_partial_answer_and_the_next_turn_matches(page, native):
     conversation = [{"role": "user", "content": "Write a very long story about a dragon."},
                     {"role": "assistant", "content": stopped["text"]},
                     {"role": "user", "content": "Now a short one."}]
-    assert result["reusedTokens"] > 0
+    assert_whole_prompt_ran(result)
     assert result["tokenIds"] == native(conversation)
 
 
@@ -244,7 +258,7 @@ def test_qwen_recalls_a_name_with_the_cache_carried_over(page):
     first, second = results
     assert chat_state(page, "s.loadedModel") == qwen
     assert "Ada" in second["text"]
-    assert second["reusedTokens"] >= first["promptTokens"] + len(first["tokenIds"]) - 1
+    assert_whole_prompt_ran(first, second)
     native = native_runner(qwen)
     assert first["tokenIds"] == native(conversation[:2])
     assert second["tokenIds"] == native(conversation[:4])

@@ -65,6 +65,20 @@ export function renderTurns(turnsNode, conversation, { busy, onEdit, onRegenerat
   turnsNode.replaceChildren(...nodes);
 }
 
+// The status line's account of a turn's prompt pass: how many of its tokens ran and how many
+// the KV cache kept from the previous turn; where the backend cannot reuse a prefix exactly the
+// worker sends `reuseNote` (why), and the line says every token ran.
+export function describePrompt({ newTokens, reusedTokens, reuseNote = null }) {
+  const total = newTokens + reusedTokens;
+  if (reuseNote) return `Prompt: ${total} tokens, all run (no cache reuse on this backend).`;
+  return `Prompt: ${total} tokens: ${newTokens} new, ${reusedTokens} reused from the cache.`;
+}
+
+// The answer so far: its tokens and decode speed (tokens after the first, per second).
+export function describeAnswer(tokens, tokensPerSecond) {
+  return `Answer: ${tokens} tokens · ${tokensPerSecond > 0 ? tokensPerSecond.toFixed(1) : "–"} tok/s`;
+}
+
 // The answer being streamed: a message node whose body is re-rendered as text arrives.
 export function streamingNode(turnsNode) {
   const node = messageNode({ role: "assistant", content: "" }, -1, { canEdit: false, canRegenerate: false });

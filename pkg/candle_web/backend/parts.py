@@ -382,6 +382,11 @@ class ReferenceSteps:
     def __call__(self, ids, index_pos: int):
         return self.model.forward(ids, index_pos)
 
+    def splits_exactly(self) -> bool:
+        """No: a prompt's rows go through matmuls whose sums the backend may order by the
+        number of rows, so a prompt in one pass and in pieces can differ in the last bits."""
+        return False
+
 
 class FusedCausalSteps:
     """Single tokens (batch 1) through the part; a prompt of batch 1 through its `step_prompts`

@@ -12,6 +12,13 @@ model's caches hold: the shared prefix stays, the caches are truncated where the
 (an edit, a regenerate, a re-tokenized answer that differs from the sampled ids) and only the
 rest runs. So the ids of turn N equal those of a fresh run of the same conversation.
 
+That holds only where the decode steps split a prompt exactly (`splits_exactly()`: the numba
+part's `step_prompts`, whose keys, values and logits are bit for bit those of feeding the
+tokens one by one), the condition the API's prefix pool uses too. Elsewhere (numpy, the wasm
+part, which has no `step_prompts`) a prompt run in one pass sums in another order than its
+prefix and rest run apart, and a near-tie could pick another id; there every turn runs its
+whole prompt, as a fresh run does, and the turn's `reuse_note` says why nothing was reused.
+
 Context limits: a turn needs its prompt plus `max_new_tokens` positions. When the model's
 context (or `context_length`) cannot hold them, the oldest whole turns leave the model's view
 (the system prompt stays, the messages stay in `messages` for the user to see) and the turn
@@ -34,6 +41,10 @@ from ..core.errors import Cancelled, CandleError, FormatError
 from .decode_loop import CausalLM, GenerationOptions, GenerationResult, generate
 
 ROLES = ("system", "user", "assistant")
+# What a turn says where its prompt runs whole although the caches held a prefix of it.
+PREFIX_NOT_EXACT = ("the cached prefix is not reused on this backend: its steps would not "
+                    "give the same bits as one pass over the prompt, so every turn runs its "
+                    "whole prompt (as a fresh run does)")
 STOP_CANCELLED = "cancelled"  # Stop pressed, Ctrl-C: the partial answer is kept
 MAX_IMPORT_MESSAGES = 10_000
 MAX_IMPORT_CHARS = 4_000_000
@@ -52,6 +63,7 @@ class ChatTurn:
     dropped_messages: int = 0  # messages before the window (not seen by the model)
     notice: str = None  # the visible notice when older turns were dropped
     result: GenerationResult = None
+    reuse_note: str = None  # why no prefix was reused where the steps are not exact, else None
 
     @property
     def stop_reason(self) -> str:
@@ -62,13 +74,16 @@ class PrefixCachedLM(CausalLM):
     """CausalLM whose caches are kept between calls: `prepare(prompt_ids)` truncates them to
     the longest prefix shared with what they hold (at most all but the prompt's last id, whose
     logits start the answer) and `start` runs only the rest. `cached` lists the ids the caches
-    hold, recorded before each step runs, so an interrupted step is caught by `prepare`."""
+    hold, recorded before each step runs, so an interrupted step is caught by `prepare`.
+    Where the steps do not split a prompt exactly (`reuses_prefixes` False) `prepare` always
+    starts over, so the answer is the one a fresh run gives."""
 
     def __init__(self, model):
         super().__init__(model)
         self.cached = []
         self.keep = 0
         self.owned = None  # the model's cache list these ids describe
+        self.reuses_prefixes = self.steps.splits_exactly()
 
     def cache_length(self) -> int:
         """Positions every block's cache holds and `cached` names (an interrupted step can
@@ -80,7 +95,7 @@ class PrefixCachedLM(CausalLM):
         return min([len(self.cached)] + lengths)
 
     def prepare(self, prompt_ids: list) -> int:
-        held = self.cache_length()
+        held = self.cache_length() if self.reuses_prefixes else 0
         limit = min(held, len(prompt_ids) - 1)
         keep = 0
         while keep < limit and self.cached[keep] == prompt_ids[keep]:
@@ -156,6 +171,12 @@ class Conversation:
         self.system = system
         self.messages = []
         self.first = 0  # messages[first:] are in the model's view
+
+    @property
+    def reuse_note(self) -> str:
+        """Why turns never reuse the cached prefix on this model's backend, or None where they
+        do (the steps split a prompt exactly)."""
+        return None if self.lm.reuses_prefixes else PREFIX_NOT_EXACT
 
     # -- the conversation as data ------------------------------------------------------------
     def openai_messages(self) -> list:
@@ -258,8 +279,10 @@ class Conversation:
             notice = (f"{dropped} earlier message{'s' if dropped != 1 else ''} left the "
                       f"model's view to fit its context of {self.context_length} tokens")
         keep = self.lm.prepare(ids)
+        reuse_note = self.reuse_note
         info = {"reused": keep, "new_tokens": len(ids) - keep, "dropped": dropped,
-                "newly_dropped": dropped - dropped_before, "notice": notice}
+                "newly_dropped": dropped - dropped_before, "notice": notice,
+                "reuse_note": reuse_note}
 
         pieces, generated = [], []
 
@@ -280,10 +303,11 @@ class Conversation:
             # what it holds; the next turn's prepare rolls back whatever does not match).
             text = "".join(pieces)
             self.messages.append({"role": "assistant", "content": text})
-            return ChatTurn(text, generated, len(ids), keep, len(ids) - keep, dropped, notice)
+            return ChatTurn(text, generated, len(ids), keep, len(ids) - keep, dropped, notice,
+                            reuse_note=reuse_note)
         self.messages.append({"role": "assistant", "content": result.text})
         return ChatTurn(result.text, list(result.token_ids), len(ids), keep, len(ids) - keep,
-                        dropped, notice, result)
+                        dropped, notice, result, reuse_note)
 
 
 def _without_bos(options: GenerationOptions) -> GenerationOptions:

@@ -113,7 +113,8 @@ class LlamaSession(Session):
         loaded model, so the KV cache carries over: only the tokens past the prefix it shares
         with the previous turn run (an edit or regenerate rolls it back). `context` caps the
         context (tokens; None: the model's). Stop keeps the partial answer (stopReason
-        "cancelled")."""
+        "cancelled"). Where the backend's steps do not split a prompt exactly (the page's wasm
+        and numpy) nothing is reused and "reuseNote" says so (ChatTurn.reuse_note)."""
         from candle_web.generation.conversation import Conversation, check_messages
 
         llama, tokenizer = model
@@ -146,7 +147,8 @@ class LlamaSession(Session):
                            tokensPerSecond=result.tokens_per_second)
         return {"text": turn.text, "tokenIds": [int(t) for t in turn.token_ids],
                 "promptTokens": turn.prompt_tokens, "reusedTokens": turn.reused_tokens,
-                "newTokens": turn.new_tokens, "droppedMessages": turn.dropped_messages,
+                "newTokens": turn.new_tokens, "reuseNote": turn.reuse_note,
+                "droppedMessages": turn.dropped_messages,
                 "notice": turn.notice, "context": conversation.context_length,
                 "stopReason": turn.stop_reason, "timings": timings}
 
