@@ -3,10 +3,12 @@
 // regenerate, edit an earlier message (what followed is dropped), clear; conversations kept in this tab's storage, listed,
 // deletable, exported and imported as OpenAI messages JSON. Each turn sends the whole
 // conversation; the worker's session keeps the KV cache of the previous one and processes only
-// the new tokens (shown as "prompt: 14 new tokens, 312 reused"). Started by app.js.
+// the new tokens (shown as "Prompt: 326 tokens: 14 new, 312 reused from the cache."; where the
+// backend's steps would not split the prompt exactly, as the page's wasm and numpy, none is
+// reused and the line says so). Started by app.js.
 
 import { ChatStore, MAX_IMPORT_BYTES, fromOpenAi, toOpenAi } from "./chat/store.js";
-import { renderList, renderTurns, streamingNode } from "./chat/transcript.js";
+import { describeAnswer, describePrompt, renderList, renderTurns, streamingNode } from "./chat/transcript.js";
 import { MODEL_LABELS, OptionError, readOptions } from "./generate.js";
 import { JobStatus, ViewJobs, describeLoad, fillModelSelect, loadModel, runOnCtrlEnter } from "./view_common.js";
 
@@ -97,6 +99,12 @@ class ChatView {
     this.ui.modelNote.textContent = `${label} loaded (${describeLoad(reply)}); context ${reply.model.context} tokens.${templateNote}`;
   }
 
+  // The prompt pass: tokens run and reused; the worker's reason, where none can be, on hover.
+  showPrompt(prompt) {
+    this.ui.reuse.textContent = describePrompt(prompt);
+    this.ui.reuse.title = prompt.reuseNote || "";
+  }
+
   // Streaming: the prompt pass (with what the cache reused), then one event per token.
   onProgress(show) {
     const { ui, state } = this;
@@ -105,7 +113,7 @@ class ChatView {
       if (message.phase !== "chat") return;
       const data = message.data;
       if (message.event === "prompt") {
-        ui.reuse.textContent = `prompt: ${data.new_tokens} new tokens, ${data.reused} reused`;
+        this.showPrompt({ newTokens: data.new_tokens, reusedTokens: data.reused, reuseNote: data.reuse_note });
         ui.notice.textContent = data.notice || "";
         ui.notice.hidden = !data.notice;
         this.status.set("generating", "Writing…");
@@ -116,8 +124,7 @@ class ChatView {
         const now = performance.now();
         if (firstTokenAt === null) firstTokenAt = now;
         const seconds = (now - firstTokenAt) / 1000;
-        const speed = seconds > 0 ? (state.streamed.tokens - 1) / seconds : 0;
-        ui.speed.textContent = `${state.streamed.tokens} tokens · ${speed > 0 ? speed.toFixed(1) : "–"} tok/s`;
+        ui.speed.textContent = describeAnswer(state.streamed.tokens, seconds > 0 ? (state.streamed.tokens - 1) / seconds : 0);
       }
     };
   }
@@ -176,11 +183,11 @@ class ChatView {
     this.store.touch(conversation);
     state.lastResult = result;
     state.results.push(result);
-    ui.reuse.textContent = `prompt: ${result.newTokens} new tokens, ${result.reusedTokens} reused`;
+    this.showPrompt(result);
     ui.notice.textContent = result.notice || "";
     ui.notice.hidden = !result.notice;
     const speed = result.timings.tokensPerSecond;
-    if (speed !== undefined) ui.speed.textContent = `${result.tokenIds.length} tokens · ${speed.toFixed(1)} tok/s`;
+    if (speed !== undefined) ui.speed.textContent = describeAnswer(result.tokenIds.length, speed);
     if (result.stopReason === "cancelled") return `Stopped after ${result.tokenIds.length} tokens; the partial answer is kept.`;
     return `Done: ${result.tokenIds.length} tokens (${result.stopReason}).`;
   }

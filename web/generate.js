@@ -5,6 +5,7 @@
 // the page loads only when asked for (Gemma-3-270M, whose terms are shown once it is loaded).
 // Started by app.js.
 
+import { renderFencedCode } from "./chat/markdown.js";
 import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
@@ -132,7 +133,7 @@ class GenerateView {
         // The last event may carry only held-back text (id null), not a new token.
         if (data.id !== null) state.streamed.tokens += 1;
         state.streamed.text += data.text;
-        ui.output.textContent += data.text;
+        renderFencedCode(ui.output, state.streamed.text); // ``` fences as code blocks, the rest as written
         const now = performance.now();
         if (firstTokenAt === null) firstTokenAt = now;
         // Decode speed: tokens after the first, over the time since the first arrived.
@@ -183,7 +184,7 @@ class GenerateView {
       onProgress: this.onProgress(options.maxTokens),
       done: (result) => {
         state.lastResult = { ...result, model, prompt, chat, options };
-        ui.output.textContent = result.text; // the final text (a held-back stop string removed)
+        renderFencedCode(ui.output, result.text); // the final text (a held-back stop string removed)
         this.showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
         const memory = result.heap ? ` Worker memory: ${formatBytes(result.heap.endBytes)}.` : "";
         return `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.${memory}`;
