@@ -8,15 +8,16 @@ PY := $(VENV)/bin/python
 STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_SYS := $(VENV)/.stamp-system
 STAMP_BENCH := $(VENV)/.stamp-bench
-# Debian packages: headless Chromium for the UI tests, espeak-ng + sox to synthesise speech,
+# Debian packages: headless Chromium for the UI tests and Firefox ESR for their Firefox smoke
+# suite (tests/ui_firefox), espeak-ng + sox to synthesise speech,
 # ffmpeg to decode mp3/ogg natively when soundfile cannot, and the JDK and Mono that build and
 # run the Java and C# API clients of examples/api/ in tests/api/test_api_clients.py.
-APT_PACKAGES := chromium espeak-ng sox ffmpeg default-jdk-headless mono-mcs mono-runtime \
-	libmono-system-net-http4.0-cil
+APT_PACKAGES := chromium firefox-esr espeak-ng sox ffmpeg default-jdk-headless mono-mcs \
+	mono-runtime libmono-system-net-http4.0-cil
 
 export CANDLE_WEB_OFFLINE ?= 1
 
-.PHONY: demo test setup system-deps models web bench fuzz clean-venv
+.PHONY: demo test setup system-deps node-deps models web bench fuzz clean-venv
 
 # -- set-up -------------------------------------------------------------------------------
 # torch must be the CPU build: install it first, pinned, so no other package pulls a CUDA one.
@@ -48,6 +49,21 @@ setup: $(STAMP_DEV)
 
 system-deps: $(STAMP_SYS)
 
+# npm's packages of package.json's dependencies: puppeteer-core, which drives firefox-esr over
+# WebDriver BiDi in tests/ui_firefox (it never downloads a browser; PUPPETEER_SKIP_DOWNLOAD makes
+# sure), and Pyodide (vendored by `web`). `npm ci` only when puppeteer-core is missing or not the
+# version package-lock.json pins, so the bench's dev packages, once installed, stay. Node and
+# npm come from Debian (nodejs, npm) where neither is on the PATH.
+node-deps: $(STAMP_SYS)
+	@command -v node >/dev/null && command -v npm >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	@want=$$(node -p "require('./package-lock.json').packages['node_modules/puppeteer-core'].version"); \
+	have=$$(node -p "require('./node_modules/puppeteer-core/package.json').version" 2>/dev/null); \
+	if [ "$$want" != "$$have" ]; then \
+	  echo "installing npm packages (puppeteer-core $$want)"; \
+	  PUPPETEER_SKIP_DOWNLOAD=1 npm ci --omit=dev --ignore-scripts --no-audit --no-fund; \
+	fi
+
 # Model files and test data: fetched, sha256-checked, cached (never committed).
 models: $(STAMP_DEV)
 	@if [ -f models/fetch.py ]; then $(PY) models/fetch.py --default; fi
@@ -64,7 +80,7 @@ web: $(STAMP_DEV)
 # One BLAS thread: results do not depend on it, but with pytest, Chromium and native twin
 # subprocesses sharing 2 cores, OpenBLAS's spinning threads made small matmuls 10-30x slower.
 test: export OPENBLAS_NUM_THREADS = 1
-test: $(STAMP_DEV) $(STAMP_SYS) models web
+test: $(STAMP_DEV) $(STAMP_SYS) node-deps models web
 	$(PY) -m pytest -q
 
 # The demo: the browser page first (its URL under a second after the set-up checks), then in
