@@ -8,8 +8,9 @@ Pyodide, so this test stops after two windows (what it must show is the progress
 cancel); `CANDLE_WEB_MEASURE_LONG=1` adds the whole run as a measurement (time, real-time factor
 and the worker's heap at the start, after the first window and at the end).
 
-Then the transcript and the player are linked: clicking a segment of that transcript seeks the
-audio to the segment's start, and the segment being played is the highlighted one.
+Then the transcript and the player are linked: clicking a segment of a transcript seeks the
+audio to the segment's start, and the segment being played is the highlighted one (on one round
+of the clips, ~34 s, transcribed by that test itself: it needs no earlier test's transcript).
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import re
 
 import pytest
 from tests.ui.transcribe_testlib import (MODEL_TINY, SAMPLES_DIR, assert_matches_reference,
-                                         choose_model, run_tool, screenshot, tool, view_state,
-                                         wait_idle_with_clip)
+                                         choose_model, run_to_end, run_tool, screenshot, tool,
+                                         view_state, wait_idle_with_clip)
 
 pytestmark = pytest.mark.ui
 
@@ -41,17 +42,23 @@ PROGRESS_LINE = re.compile(r"(?P<done>\d+\.\d) of 10\.0 min transcribed · about
 
 
 @pytest.fixture(scope="module")
-def long_file(tmp_path_factory):
-    """ten_minutes.wav: ROUND with 1 s of silence after each clip, repeated, cut at 600 s."""
+def one_round(tmp_path_factory):
+    """round.wav: the ROUND clips, each followed by 1 s of silence (~34 s: two windows)."""
     sox = tool("sox")
-    folder = tmp_path_factory.mktemp("long")
+    folder = tmp_path_factory.mktemp("round")
     silence = folder / "silence.wav"
     run_tool(sox, "-n", "-r", "16000", "-c", "1", "-b", "16", str(silence), "trim", "0", "1")
-    one_round = folder / "round.wav"
+    path = folder / "round.wav"
     parts = [str(path) for name in ROUND for path in (SAMPLES_DIR / name, silence)]
-    run_tool(sox, *parts, str(one_round))
-    long = folder / "ten_minutes.wav"
-    run_tool(sox, str(one_round), str(long), "repeat", "20", "trim", "0", str(LONG_SECONDS))
+    run_tool(sox, *parts, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def long_file(tmp_path_factory, one_round):
+    """ten_minutes.wav: one_round repeated, cut at 600 s."""
+    long = tmp_path_factory.mktemp("long") / "ten_minutes.wav"
+    run_tool(tool("sox"), str(one_round), str(long), "repeat", "20", "trim", "0", str(LONG_SECONDS))
     return long
 
 
@@ -113,11 +120,17 @@ def test_ten_minutes_stream_with_progress_and_cancel_within_a_window(ready_page,
            f"at the first window, {heap['lastBytes'] / 1e6:.0f} MB at the last event")
 
 
-def test_a_clicked_segment_seeks_the_player_and_the_playing_one_is_highlighted(ready_page):
+def test_a_clicked_segment_seeks_the_player_and_the_playing_one_is_highlighted(ready_page,
+                                                                              one_round):
     page = ready_page
+    choose_model(page, MODEL_TINY)
+    page.set_input_files("#file-input", str(one_round))
+    wait_idle_with_clip(page, one_round.name)
+    state = run_to_end(page, WINDOW_TIMEOUT_MS)
+    spoken = [s for s in state["result"]["segments"] if s["text"].strip()]
     rows = page.evaluate("""() => [...document.querySelectorAll('#segments li.segment')]
         .map((li) => ({start: Number(li.dataset.start), end: Number(li.dataset.end)}))""")
-    assert len(rows) >= 3, "needs the transcript of the previous test (run the module in order)"
+    assert len(rows) == len(spoken) >= 4, spoken  # a segment to click and a later one to play
     assert page.locator("#segments li.playing").count() == 0  # nothing played yet
     target = 2
     # The click seeks, then plays on: the position the seek goes to, and where it plays from.
