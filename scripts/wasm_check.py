@@ -33,9 +33,10 @@ VALTYPES = {0x7F: "i32", 0x7E: "i64", 0x7D: "f32", 0x7C: "f64", 0x7B: "v128", 0x
 EXTERNAL_KINDS = {0: "func", 1: "table", 2: "memory", 3: "global", 4: "tag"}
 
 # Exports wasm-ld adds on its own to a `--no-entry --import-memory` module. None were seen
-# with zig 0.17 (memory is imported, so it is not exported; no function table is needed as the
-# kernels take no function pointers). Listed here so that any future forced export is a
-# conscious decision, not a silent one.
+# with zig 0.17 (memory is imported, so it is not exported; the threads build's one function
+# table, for the job table's pointer in web/kernels/team_jobs.c, is the module's own: neither
+# imported nor exported, which the import and export checks below hold it to). Listed here so
+# that any future forced export is a conscious decision, not a silent one.
 LINKER_FORCED_EXPORTS: frozenset[str] = frozenset()
 STACK_POINTER = "__stack_pointer"
 

@@ -3,7 +3,7 @@
  * The ABI's constants and every export's prototype come from kernels_abi.h, which
  * scripts/build_kernels.py generates from pkg/candle_web/backend/wasm/abi.py before compiling
  * (into web/vendor/, never committed); what one file calls in another and is not exported is
- * declared at the end of this header (team.h for the threads build's step functions).
+ * declared at the end of this header (team_jobs.h for the threads build's jobs).
  *
  * Rules every kernel keeps, checked at build time by scripts/wasm_check.py:
  * - no stack: no local arrays, no address-taken locals, no struct returns that survive

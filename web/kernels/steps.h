@@ -7,7 +7,7 @@
 #define CANDLE_KERNELS_STEPS_H
 
 #include "kernels.h"
-#include "team.h"
+#include "step_jobs.h"
 
 /* Y [R, y_rs] columns [lo, hi) = X [R, K] W[lo:hi]^T for one stored matrix of K columns. */
 static void matmul_cols(int R, int type, int lo, int hi, int K, const void *W, const float *X,

@@ -20,13 +20,22 @@
 
 #include "kernels_abi.h"
 
-/* The jobs (steps.c), run by team.c's team_run and team_worker with a thread id `tid` of `nt`
- * on the argument block `args` (a header, then one record per block: TEAM_LLAMA_HEADER and
- * TEAM_LLAMA_LAYER words, ...), each thread with its own scratch. */
-void llama_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args, uint8_t *scratch);
-void whisper_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args, uint8_t *scratch);
-void whisper_encoder_team_step(int tid, int nt, TeamCtrl *team, const int32_t *args,
-                               uint8_t *scratch);
+/* The jobs: job `job` (TEAM_JOB_*) run as thread `tid` of `nt` on the argument block `args` (a
+ * header, then one record per block: TEAM_LLAMA_HEADER and TEAM_LLAMA_LAYER words, ...), each
+ * thread with its own scratch; TEAM_JOB_STOP and an id without a job run nothing. The one
+ * function of this type is the job table (team_jobs.c, over the step files' jobs), which hands
+ * itself to team_fork_join and team_serve: team.c calls it through that pointer only, so the
+ * team (this header, team.c) names no step while the steps call its barrier, and the files
+ * depend one way (team_jobs.c -> the steps -> team.h; team_jobs.c -> team.c). */
+typedef void (*TeamJobs)(int job, int tid, int nt, TeamCtrl *team, const int32_t *args,
+                         uint8_t *scratch);
+
+/* team.c, what the exports team_run and team_worker (team_jobs.c) do: team_fork_join publishes
+ * `job` to the helper when it is there, runs thread 0's share and meets it at the final barrier
+ * (returns the number of threads that ran it); team_serve is the helper's loop (returns only
+ * for TEAM_JOB_STOP). */
+int team_fork_join(TeamCtrl *c, int job, const int32_t *args, uint8_t *scratch, TeamJobs jobs);
+void team_serve(TeamCtrl *c, uint8_t *scratch, TeamJobs jobs);
 
 /* Row shares start at multiples of this: the matrix-vector kernels work on 4 rows at a time
  * and the dequantized tiles on 8, so an aligned cut gives each row the same code path (and
