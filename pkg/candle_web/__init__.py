@@ -15,6 +15,10 @@ from .core.errors import (BackendUnavailable, Cancelled, CandleError, DeviceMism
 from .core.shape import Shape
 from .core.tensor import Tensor, Var, custom_op, manual_seed
 
+# The backend registry (backend/__init__.py: stdlib only at import) registers how devices find
+# their kernels into the core, which never imports the layer above it.
+from . import backend  # noqa: E402,F401  (after the core it registers into)
+
 __version__ = "0.1.0"
 
 # Subpackages reachable as attributes (`cw.nn`, `cw.io.safetensors`), imported on first use so

@@ -10,6 +10,7 @@ device, and fail with a message naming the missing package.
 
 from __future__ import annotations
 
+from ..core.device import register_backend_lookup
 from ..core.errors import BackendUnavailable
 from .base import Backend
 from .settings import settings
@@ -115,3 +116,5 @@ def _wasm_factory():
 
 register_backend("numpy", _numpy_factory)
 register_backend("wasm", _wasm_factory)
+# Devices find their backends through this registry (core/device.py), which never imports it.
+register_backend_lookup(get_backend, backend_for)

@@ -6,11 +6,17 @@ the same device (equal, same hash, tensors mix freely since every CPU backend ho
 arrays) but its ops run through the named backend's kernels. Tests use it to run the same op
 suite on every backend; `Device.cpu(backend=...)` raises BackendUnavailable at once when the
 backend's package is missing.
+
+The backends live in the layer above (backend/), which registers how a device finds them
+(`register_backend_lookup`, called when backend/ is imported; the package's face imports it):
+the core never imports that layer, so core -> backend -> ... -> core is no circle.
 """
 
 from __future__ import annotations
 
-from .errors import DeviceMismatch
+from typing import Callable, NamedTuple
+
+from .errors import BackendUnavailable, DeviceMismatch
 
 
 class Device:
@@ -29,10 +35,8 @@ class Device:
         if backend is None:
             return CPU
         if backend not in _CPU_BY_BACKEND:
-            from ..backend import get_backend
-
             device = Device("cpu")
-            device._backend = get_backend(backend)
+            device._backend = _lookup().by_name(backend)
             _CPU_BY_BACKEND[backend] = device
         return _CPU_BY_BACKEND[backend]
 
@@ -58,9 +62,7 @@ class Device:
     def backend(self):
         """The kernel backend for this device (resolved once, on first use)."""
         if self._backend is None:
-            from ..backend import backend_for
-
-            self._backend = backend_for(self)
+            self._backend = _lookup().for_device(self)
         return self._backend
 
     def is_cpu(self) -> bool:
@@ -85,3 +87,28 @@ class Device:
 CPU = Device("cpu")
 # Pinned-backend CPU devices, one per backend name, so identity checks stay cheap.
 _CPU_BY_BACKEND = {}
+
+
+class BackendLookup(NamedTuple):
+    """How devices find their kernel backends: `by_name(name)` and `for_device(device)`, each
+    returning a backend or raising BackendUnavailable (backend/__init__.py's get_backend and
+    backend_for)."""
+
+    by_name: Callable[[str], object]
+    for_device: Callable[["Device"], object]
+
+
+_LOOKUP: BackendLookup | None = None
+
+
+def register_backend_lookup(by_name, for_device) -> None:
+    """Called by the backend layer when it is imported (see the module doc)."""
+    global _LOOKUP
+    _LOOKUP = BackendLookup(by_name, for_device)
+
+
+def _lookup() -> BackendLookup:
+    if _LOOKUP is None:  # only if candle_web.backend failed to import with the package
+        raise BackendUnavailable("no kernel backends are registered: candle_web.backend was not "
+                                 "imported")
+    return _LOOKUP
