@@ -313,7 +313,9 @@ def cmd_serve(args) -> int:
     for model in args.model:
         argv += ["--model", model]
     for flag, value in (("--parallel", args.parallel), ("--queue", args.queue),
-                        ("--ray-address", args.ray_address), ("--replicas", args.replicas)):
+                        ("--ray-address", args.ray_address), ("--replicas", args.replicas),
+                        ("--max-audio-seconds", args.max_audio_seconds),
+                        ("--drain-seconds", args.drain_seconds)):
         if value is not None:
             argv += [flag, str(value)]
     if args.api_key:
@@ -393,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--local-model", action="append", default=[], metavar="DIR",
                    help="also serve model folder DIR under /models/local/<DIR's name>/ "
                         "(e.g. a T5 for the Text-to-text view); repeatable")
-    from .serve import add_api_arguments, add_host_arguments  # stdlib-only at import
+    from .serve import add_api_arguments, add_drain_arguments, add_host_arguments  # stdlib-only
     add_host_arguments(s)
+    add_drain_arguments(s)
     add_api_arguments(s)
     s.set_defaults(func=cmd_serve)
 

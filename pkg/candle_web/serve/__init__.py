@@ -16,6 +16,7 @@ The modules, each importing only those above it:
   hosts.py    the Host check (DNS rebinding: 421) and the connection bounds, a subclass of
               uvicorn's httptools protocol (503 beyond MAX_CONNECTIONS, 408/close after
               IDLE_TIMEOUT_S idle, 400 for what does not parse)
+  drain.py    SIGTERM: requests in flight finish, new ones get 503, then the process exits 0
   site.py     the static files: a small ASGI handler of its own rather than Starlette's
               StaticFiles, because its guarantees are exact (single ranges, weak ETags,
               If-Range, path checks before any file is opened)
@@ -56,6 +57,7 @@ from .replies import (ISOLATION_HEADERS, encode_headers, raw_reply, refuse, requ
                       respond)
 from .hosts import (DEFAULT_HOST, IDLE_TIMEOUT_S, LOOPBACK_HOST_NAMES, MAX_CONNECTIONS,
                     MISDIRECTED_JSON, allowed_host_name, host_allowed)
+from .drain import DEFAULT_DRAIN_S, Drain
 from .site import (CACHE_ENV_VAR, COPY_CHUNK_BYTES, DEFAULT_MIME_TYPE, DEMO_MODELS_FOLDER,
                    DEMO_PROGRESS_SUFFIX, INDEX_FILE, LOCAL_MODELS_SEGMENT, MIME_TYPES,
                    MODELS_URL_PREFIX, PINNED_CACHE_CONTROL, REVALIDATE_CACHE_CONTROL,
@@ -64,22 +66,25 @@ from .site import (CACHE_ENV_VAR, COPY_CHUNK_BYTES, DEFAULT_MIME_TYPE, DEMO_MODE
                    default_web_root, mime_type_for, resolve_request_path, serve_file)
 from .app import API_PREFIX, SiteApp
 from .server import (API_KEY_ENV_VAR, DEFAULT_PORT, GRACEFUL_SHUTDOWN_S, LISTEN_BACKLOG,
-                     SERVE_EXTRA_HINT, STARTUP_WAIT_S, Server, add_api_arguments,
-                     add_host_arguments, announce, api_key_from, build_api, demo_models_root,
+                     MAX_AUDIO_ENV_VAR, SERVE_EXTRA_HINT, STARTUP_WAIT_S, Server,
+                     add_api_arguments, add_drain_arguments, add_host_arguments, announce,
+                     api_key_from, build_api, demo_models_root,
                      demo_progress_path, import_server_stack, local_model_map, main, make_server,
                      make_site_config, serve, server_url, start_in_thread)
 
 __all__ = [
     "ISOLATION_HEADERS", "encode_headers", "raw_reply", "refuse", "request_headers", "respond",
     "DEFAULT_HOST", "IDLE_TIMEOUT_S", "LOOPBACK_HOST_NAMES", "MAX_CONNECTIONS", "MISDIRECTED_JSON",
-    "allowed_host_name", "host_allowed", "CACHE_ENV_VAR", "COPY_CHUNK_BYTES", "DEFAULT_MIME_TYPE",
+    "allowed_host_name", "host_allowed", "DEFAULT_DRAIN_S", "Drain", "CACHE_ENV_VAR",
+    "COPY_CHUNK_BYTES", "DEFAULT_MIME_TYPE",
     "DEMO_MODELS_FOLDER", "DEMO_PROGRESS_SUFFIX", "INDEX_FILE", "LOCAL_MODELS_SEGMENT",
     "MIME_TYPES", "MODELS_URL_PREFIX", "PINNED_CACHE_CONTROL", "REVALIDATE_CACHE_CONTROL",
     "STALE_PROGRESS_S", "UNSERVED_MODEL_KIND", "VENDOR_PYODIDE_URL_PREFIX", "WEB_ROOT_ENV_VAR",
     "RefusedPath", "RegistryModelFiles", "SiteConfig", "default_web_root", "mime_type_for",
     "resolve_request_path", "serve_file", "API_PREFIX", "SiteApp", "API_KEY_ENV_VAR",
-    "DEFAULT_PORT", "GRACEFUL_SHUTDOWN_S", "LISTEN_BACKLOG", "SERVE_EXTRA_HINT", "STARTUP_WAIT_S",
-    "Server", "add_api_arguments", "add_host_arguments", "announce", "api_key_from", "build_api",
+    "DEFAULT_PORT", "GRACEFUL_SHUTDOWN_S", "LISTEN_BACKLOG", "MAX_AUDIO_ENV_VAR",
+    "SERVE_EXTRA_HINT", "STARTUP_WAIT_S", "Server", "add_api_arguments", "add_drain_arguments",
+    "add_host_arguments", "announce", "api_key_from", "build_api",
     "demo_models_root", "demo_progress_path", "import_server_stack", "local_model_map", "main",
     "make_server", "make_site_config", "serve", "server_url", "start_in_thread",
 ]

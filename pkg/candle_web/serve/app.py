@@ -1,10 +1,12 @@
-"""The ASGI application of `candle-web serve`: the Host check first, then /v1 to the API
-(when one is attached) and everything else to the static site (GET and HEAD only)."""
+"""The ASGI application of `candle-web serve`: the Host check first, then 503 while the server
+drains (drain.py), then /v1 to the API (when one is attached) and everything else to the static
+site (GET and HEAD only). It counts the requests in flight, which a drain waits for."""
 from __future__ import annotations
 
 import sys
 from http import HTTPStatus
 
+from .drain import Drain, refuse_while_draining
 from .hosts import DEFAULT_HOST, MISDIRECTED_JSON, host_allowed
 from .replies import ISOLATION_HEADERS, encode_headers, refuse, request_headers, respond
 from .site import SiteConfig, serve_file
@@ -21,15 +23,21 @@ class SiteApp:
     def __init__(self, site: SiteConfig, api=None):
         self.site, self.api = site, api
         self.headers = encode_headers({**ISOLATION_HEADERS, **site.extra_headers})
+        self.drain = Drain(site.drain_timeout_s)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":  # lifespan is off; websockets are not served
             return
-        own_headers = self.headers
+        own_headers, drain = self.headers, self.drain
 
         async def send_with_headers(message) -> None:
             if message["type"] == "http.response.start":
-                message = dict(message, headers=list(message.get("headers", [])) + own_headers)
+                headers = list(message.get("headers", [])) + own_headers
+                # Draining: a client's next request would be refused, so it reconnects anew.
+                if drain.draining and not any(name.lower() == b"connection"
+                                              for name, _ in headers):
+                    headers.append((b"connection", b"close"))
+                message = dict(message, headers=headers)
             await send(message)
 
         method = scope["method"]
@@ -47,6 +55,18 @@ class SiteApp:
                 await refuse(send_with_headers, HTTPStatus.MISDIRECTED_REQUEST, send_body,
                              headers=[("Connection", "close")])
             return
+        if drain.draining:
+            await refuse_while_draining(send_with_headers, to_api, send_body)
+            return
+        drain.in_flight += 1
+        try:
+            await self._dispatch(scope, receive, send_with_headers, url_path, to_api, send_body)
+        finally:
+            drain.in_flight -= 1
+
+    async def _dispatch(self, scope, receive, send_with_headers, url_path: str, to_api: bool,
+                        send_body: bool) -> None:
+        method = scope["method"]
         if to_api:
             await self.api(scope, receive, send_with_headers)
             return

@@ -1,7 +1,7 @@
 """Running `candle-web serve`: uvicorn on its own asyncio loop with the bounded protocol
-(hosts.py) and the site's application (app.py), the helpers that build and start a server
-(tests and notebooks start one in a thread), the API's start-up (candle_web.api, with --api),
-and the command line."""
+(hosts.py), the site's application (app.py) and the SIGTERM drain (drain.py), the helpers that
+build and start a server (tests and notebooks start one in a thread), the API's start-up
+(candle_web.api, with --api), and the command line."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from .app import SiteApp
+from .drain import DEFAULT_DRAIN_S, draining_server_class
 from .hosts import DEFAULT_HOST, LOOPBACK_HOST_NAMES, _protocol_base, allowed_host_name
 from .site import (CACHE_ENV_VAR, DEMO_MODELS_FOLDER, DEMO_PROGRESS_SUFFIX, WEB_ROOT_ENV_VAR,
                    RegistryModelFiles, SiteConfig, default_web_root)
@@ -25,6 +26,9 @@ DEFAULT_PORT = 8000
 LISTEN_BACKLOG = 128
 # On stop, requests still running (a long generation) get this long to finish, then are cut.
 GRACEFUL_SHUTDOWN_S = 3
+# `--max-audio-seconds` when the flag is not given; without either, the API's default
+# (ApiLimits.max_audio_seconds: 30 minutes).
+MAX_AUDIO_ENV_VAR = "CANDLE_WEB_MAX_AUDIO_SECONDS"
 # start_in_thread waits at most this long for the loop to start listening.
 STARTUP_WAIT_S = 30.0
 
@@ -45,14 +49,15 @@ def import_server_stack():
 
 class Server:
     """A bound server: uvicorn on its own asyncio loop, serving the site (and the API).
-    `serve_forever()` runs it in the calling thread (Ctrl-C in the main thread stops it
-    gracefully); `shutdown()` asks it to stop from another thread and waits; `server_close()`
-    releases the socket. `server_address` is (host, port) as bound."""
+    `serve_forever()` runs it in the calling thread (in the main thread, Ctrl-C stops it
+    gracefully and SIGTERM drains it: drain.py); `shutdown()` asks it to stop from another
+    thread and waits; `server_close()` releases the socket. `server_address` is (host, port)
+    as bound; `drain` counts the requests in flight (its `cut`: how many a drain timed out on)."""
 
-    def __init__(self, sock: socket.socket, app, site: SiteConfig):
+    def __init__(self, sock: socket.socket, app: SiteApp, site: SiteConfig):
         uvicorn = import_server_stack()
 
-        self.socket, self.app, self.site = sock, app, site
+        self.socket, self.app, self.site, self.drain = sock, app, site, app.drain
         self.server_address = sock.getsockname()[:2]
         protocol = type("SiteProtocol", (_protocol_base(),), {
             "max_connections": site.max_connections, "idle_timeout_s": site.idle_timeout_s,
@@ -63,7 +68,8 @@ class Server:
             timeout_keep_alive=max(1, int(math.ceil(site.idle_timeout_s))),
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, proxy_headers=False,
             server_header=False, ws="none")
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = draining_server_class()(config)
+        self._uvicorn.drain = self.drain
         self._stopped = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -122,12 +128,14 @@ def demo_progress_path(name: str) -> Path:
 
 def make_site_config(web_root: Optional[Path] = None, serve_models: bool = True,
                      verbose: bool = False, local_models=(),
-                     demo_root: Optional[Path] = None, allowed_hosts=()) -> SiteConfig:
+                     demo_root: Optional[Path] = None, allowed_hosts=(),
+                     drain_timeout_s: float = DEFAULT_DRAIN_S) -> SiteConfig:
     web_root = Path(web_root) if web_root is not None else default_web_root()
     model_files = RegistryModelFiles() if serve_models else None
     return SiteConfig(web_root=web_root, model_files=model_files, verbose=verbose,
                       local_models=local_model_map(local_models), demo_root=demo_root,
-                      allowed_hosts=tuple(allowed_host_name(name) for name in allowed_hosts))
+                      allowed_hosts=tuple(allowed_host_name(name) for name in allowed_hosts),
+                      drain_timeout_s=drain_timeout_s)
 
 
 def make_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
@@ -185,12 +193,15 @@ def announce(site: SiteConfig, url: str, host: str = DEFAULT_HOST) -> None:
 
 
 def build_api(models=(), parallel: Optional[int] = None, queue_size: Optional[int] = None,
-              api_key: Optional[str] = None):
+              api_key: Optional[str] = None, max_audio_seconds: Optional[float] = None):
     """(ASGI app for /v1, model pool): the OpenAI-compatible API (candle_web.api) with the
     `models` (registry names or local paths) loaded now; the other registry models load on
-    their first request."""
+    their first request. `max_audio_seconds`: the longest audio a transcription decodes
+    (None: ApiLimits' default)."""
     from .. import api  # noqa: PLC0415  (Starlette and the models: only with --api)
 
+    limits = api.ApiLimits() if max_audio_seconds is None else api.ApiLimits(
+        max_audio_seconds=max_audio_seconds)
     pool = api.ModelPool(parallel=parallel or api.DEFAULT_PARALLEL,
                          queue_size=api.DEFAULT_QUEUE if queue_size is None else queue_size)
     for name in models:
@@ -198,18 +209,21 @@ def build_api(models=(), parallel: Optional[int] = None, queue_size: Optional[in
         served = pool.add(str(name))
         print(f"candle-web: loaded {served.name} ({served.kind}) in "
               f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    return api.build_app(pool, api_key=api_key), pool
+    return api.build_app(pool, api_key=api_key, limits=limits), pool
 
 
 def serve(port: int = DEFAULT_PORT, open_browser: bool = False, host: str = DEFAULT_HOST,
           web_root: Optional[Path] = None, verbose: bool = True, local_models=(),
-          demo_root: Optional[Path] = None, api=None, allowed_hosts=()) -> None:
-    """Serve until interrupted (Ctrl-C), printing the URL. Model files come from the hub's
-    cache ($CANDLE_WEB_CACHE, default ~/.cache/candle-web), the local model folders and the
-    model folders in demo_root; `api` (build_api's app) adds /v1; `allowed_hosts`: the names
-    it answers to besides its address and the loopback names."""
+          demo_root: Optional[Path] = None, api=None, allowed_hosts=(),
+          drain_timeout_s: float = DEFAULT_DRAIN_S):
+    """Serve until interrupted (Ctrl-C) or drained (SIGTERM), printing the URL; returns the
+    server's Drain. Model files come from the hub's cache ($CANDLE_WEB_CACHE, default
+    ~/.cache/candle-web), the local model folders and the model folders in demo_root; `api`
+    (build_api's app) adds /v1; `allowed_hosts`: the names it answers to besides its address
+    and the loopback names."""
     site = make_site_config(web_root, verbose=verbose, local_models=local_models,
-                            demo_root=demo_root, allowed_hosts=allowed_hosts)
+                            demo_root=demo_root, allowed_hosts=allowed_hosts,
+                            drain_timeout_s=drain_timeout_s)
     server = make_server(host, port, site, api)
     url = server_url(server)
     announce(site, url, host)
@@ -225,6 +239,7 @@ def serve(port: int = DEFAULT_PORT, open_browser: bool = False, host: str = DEFA
     finally:
         server.server_close()
         print("candle-web: stopped", flush=True)
+    return server.drain
 
 
 API_KEY_ENV_VAR = "CANDLE_WEB_API_KEY"
@@ -244,6 +259,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 def _allowed_host(text: str) -> str:
     try:
         return allowed_host_name(text)
@@ -260,6 +285,14 @@ def add_host_arguments(parser) -> None:
                              "(DNS rebinding); repeatable")
 
 
+def add_drain_arguments(parser) -> None:
+    """--drain-seconds, shared by `candle-web serve` and `python -m candle_web.serve`."""
+    parser.add_argument("--drain-seconds", type=_seconds, default=DEFAULT_DRAIN_S, metavar="S",
+                        help="on SIGTERM, requests in flight get S seconds to finish while new "
+                             "ones get 503, then the process exits with 0 (default "
+                             f"{DEFAULT_DRAIN_S:g})")
+
+
 def add_api_arguments(parser) -> None:
     """The API's flags, shared by `candle-web serve` and `python -m candle_web.serve`."""
     parser.add_argument("--api", action="store_true",
@@ -273,6 +306,10 @@ def add_api_arguments(parser) -> None:
                         help="slots per text model: requests decoded together (default 4)")
     parser.add_argument("--queue", type=_count, default=None, metavar="N",
                         help="requests waiting beyond the slots before 429 (default 16)")
+    parser.add_argument("--max-audio-seconds", type=_seconds, default=None, metavar="S",
+                        help="with --api: the longest audio a transcription accepts; a longer "
+                             "upload gets 400 without being decoded past S (default: "
+                             f"${MAX_AUDIO_ENV_VAR} when set, else 1800, 30 minutes)")
     parser.add_argument("--ray-address", default=None, metavar="HEAD:PORT",
                         help="with --api: serve the API from replicas on this Ray cluster "
                              "behind Ray Serve's proxy on --host:--port (the cluster extra; the "
@@ -288,6 +325,20 @@ def add_api_arguments(parser) -> None:
 
 def api_key_from(args) -> Optional[str]:
     return args.api_key or os.environ.get(API_KEY_ENV_VAR) or None
+
+
+def max_audio_seconds_from(args, parser) -> Optional[float]:
+    """--max-audio-seconds, else $CANDLE_WEB_MAX_AUDIO_SECONDS, else None (the API's default);
+    a bad value of the variable stops the command with a message naming it."""
+    if args.max_audio_seconds is not None:
+        return args.max_audio_seconds
+    text = os.environ.get(MAX_AUDIO_ENV_VAR, "").strip()
+    if not text:
+        return None
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError as error:
+        parser.error(f"${MAX_AUDIO_ENV_VAR}: {error}")
 
 
 def _serve_on_ray(args) -> int:
@@ -328,6 +379,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--open", action="store_true", help="open the page in a browser")
     parser.add_argument("--quiet", action="store_true", help="do not log requests")
     add_host_arguments(parser)
+    add_drain_arguments(parser)
     add_api_arguments(parser)
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
@@ -343,6 +395,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             and args.host not in LOOPBACK_HOST_NAMES:
         print(f"warning: the API on {args.host} answers anyone who can reach it; set "
               f"${API_KEY_ENV_VAR} (or --api-key) to require a key", file=sys.stderr)
+    max_audio_seconds = max_audio_seconds_from(args, parser)
     if args.ray_address:
         return _serve_on_ray(args)
     api = None
@@ -350,14 +403,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         from ..core.errors import CandleError  # noqa: PLC0415
 
         try:
-            api, _ = build_api(args.model, args.parallel, args.queue, api_key_from(args))
+            api, _ = build_api(args.model, args.parallel, args.queue, api_key_from(args),
+                               max_audio_seconds)
         except (CandleError, OSError, ImportError) as error:
             print(f"candle-web serve: {error}", file=sys.stderr)
             return 2
     try:
-        serve(args.port, open_browser=args.open, host=args.host, web_root=args.web_root,
-              verbose=not args.quiet, local_models=args.local_model,
-              demo_root=demo_models_root(), api=api, allowed_hosts=args.allowed_host)
+        drain = serve(args.port, open_browser=args.open, host=args.host,
+                      web_root=args.web_root, verbose=not args.quiet,
+                      local_models=args.local_model, demo_root=demo_models_root(), api=api,
+                      allowed_hosts=args.allowed_host, drain_timeout_s=args.drain_seconds)
     except OSError as error:
         print(f"candle-web serve: cannot listen on {args.host}:{args.port}: {error}",
               file=sys.stderr)
@@ -365,4 +420,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ImportError as error:
         print(f"candle-web serve: {error}", file=sys.stderr)
         return 1
+    if drain.cut:
+        # A cut transcription still runs in its model's worker thread, which the interpreter
+        # would wait for at exit: the drain's bound holds only if the process ends here.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0

@@ -19,6 +19,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Optional
 
+from .drain import DEFAULT_DRAIN_S
 from .hosts import IDLE_TIMEOUT_S, MAX_CONNECTIONS
 from .replies import encode_headers, refuse, request_headers, respond
 
@@ -147,6 +148,8 @@ class SiteConfig:
     # Host names served besides the bound address and the loopback names (`--allowed-host`,
     # lower case): the names a server on 0.0.0.0 is reached by. Others get 421.
     allowed_hosts: tuple = ()
+    # After SIGTERM, requests in flight get this long to finish (`--drain-seconds`, drain.py).
+    drain_timeout_s: float = DEFAULT_DRAIN_S
 
 
 def _decoded_segments(url_path: str) -> list[str]:
