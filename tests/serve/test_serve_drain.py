@@ -221,6 +221,23 @@ def test_a_drain_that_would_never_end_stops_at_its_timeout_with_status_0(started
     assert "candle-web: stopped" in output
 
 
+def test_a_second_sigterm_ends_the_drain_at_once(started):
+    """The sender of a second SIGTERM means it: the drain's 10 minutes are not waited for."""
+    server = started("--api", "--drain-seconds", "600")
+    stalled = start_in_flight(server.port, b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              b"Content-Type: application/json\r\nContent-Length: 100\r\n"
+                              b"Expect: 100-continue\r\n\r\n")
+    server.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not any("SIGTERM: draining 1 request(s)" in line for line in server.lines):
+        assert time.monotonic() < deadline and server.process.poll() is None, server.lines
+        time.sleep(0.05)
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(HANG_GUARD_S) == 0  # the hang guard is far below 600 s
+    stalled.close()
+    assert "cutting 1 request(s) still in flight" in server.output()
+
+
 def test_uploads_longer_than_the_cap_get_400_naming_duration_and_limit(started):
     short, long = clip_seconds(CLIP), clip_seconds(CLIP_B)
     assert short < long

@@ -5,8 +5,8 @@ request gets 503 with `Retry-After` and `Connection: close` (OpenAI's error JSON
 listening socket stays open meanwhile, so a client is told why instead of finding nothing there.
 Once no request is left, or after the drain timeout (`--drain-seconds`; what still runs is then
 cancelled), uvicorn's own shutdown runs and the process exits with status 0: a drain is the
-stop that was asked for, not a failure. A second SIGTERM ends the wait
-at once; Ctrl-C (SIGINT) stops as before.
+stop that was asked for, not a failure. A second SIGTERM ends the wait at once; Ctrl-C (SIGINT)
+stops as before.
 
 The hook is a subclass of uvicorn's Server built on first use (uvicorn is a native-only
 dependency, never imported by the page): its signal handler starts the drain instead of the
