@@ -25,6 +25,12 @@ const PHASE_LABELS = {
   threads: "second thread",
 };
 const MAX_JOB_ID = 2 ** 31 - 1; // ids live in an int32 slot
+// The start's status line: redrawn this often while stages run; a stage running longer than
+// SLOW_STAGE_MS shows its time; a worker silent for WORKER_SILENCE_MS after the page opened
+// (its module scripts never arrived) is said to be. The worker's own deadlines fail a stage.
+const STATUS_TICK_MS = 1000;
+const SLOW_STAGE_MS = 10_000;
+const WORKER_SILENCE_MS = 60_000;
 
 // Talks to web/worker.js: one promise per command, progress through a callback.
 export class WorkerClient {
@@ -175,23 +181,86 @@ function describeStart(summary) {
   return `· start ${formatSeconds(summary.totalMs)}: ${phases.join(", ")}`;
 }
 
+// The start's stages as the status line tells them: the last one that ended, then those still
+// running (with their time once it is more than a moment), so a stage that hangs is named on
+// the page rather than leaving the last finished one there. The worker fails a stalled stage
+// (worker/start_watch.js); until the worker answers at all, the page counts alone.
+class StartProgress {
+  constructor(text, bar) {
+    this.text = text;
+    this.bar = bar;
+    this.bar.max = INIT_PHASES.length + 1; // the last step: ready
+    this.done = new Set();
+    this.running = new Map(); // phase -> when it started (performance.now())
+    this.failures = []; // [{label, error}] in order
+    this.last = null; // "wasm kernels ready (0.3 s)": the last stage that ended
+    this.heardAt = null; // the worker's first message
+    this.openedAt = performance.now();
+    this.ticker = setInterval(() => this.show(), STATUS_TICK_MS);
+  }
+
+  update(message) {
+    const label = PHASE_LABELS[message.phase] || message.phase;
+    this.heardAt ??= performance.now();
+    if (message.state === "start") {
+      this.running.set(message.phase, performance.now());
+    } else if (message.state === "done") {
+      this.running.delete(message.phase);
+      this.done.add(message.phase);
+      this.bar.value = Math.min(this.done.size, this.bar.max - 1); // "threads" may be a sixth phase
+      this.last = `${label} ready (${formatSeconds(message.ms)})`;
+    } else if (message.state === "failed") {
+      this.running.delete(message.phase);
+      this.failures.push({ label, error: message.error });
+      this.last = `${label} ${message.error?.name === "StartStalled" ? "stalled" : "failed"}: ${message.error?.message}`;
+    }
+    this.show();
+  }
+
+  // "numpy stalled" for the stage whose failure ended the start, or null.
+  failedStage(error) {
+    const failure = this.failures.find((f) => f.error?.name === error.name && f.error?.message === error.message);
+    if (!failure) return null;
+    return `${failure.label} ${error.name === "StartStalled" ? "stalled" : "failed"}`;
+  }
+
+  show() {
+    const now = performance.now();
+    if (this.heardAt === null) {
+      const silent = now - this.openedAt;
+      if (silent >= WORKER_SILENCE_MS) {
+        this.text.textContent = `The worker has not answered in ${formatSeconds(silent)}: its scripts did not load or it is stuck (the console may say why).`;
+      }
+      return;
+    }
+    const running = Array.from(this.running, ([phase, since]) => {
+      const label = PHASE_LABELS[phase] || phase;
+      return now - since >= SLOW_STAGE_MS ? `${label} (${formatSeconds(now - since)})` : label;
+    });
+    const parts = [this.last, running.length > 0 ? `Loading ${running.join(", ")}…` : null];
+    this.text.textContent = parts.filter((part) => part !== null).join(" · ");
+  }
+
+  stop() {
+    clearInterval(this.ticker);
+  }
+}
+
 function setUpStatus(client) {
   const status = document.getElementById("runtime-status");
   const text = document.getElementById("runtime-text");
   const bar = document.getElementById("runtime-progress");
-  bar.max = INIT_PHASES.length + 1; // the last step: ready
-  const done = new Set();
-  client.onInitProgress = (message) => {
-    const label = PHASE_LABELS[message.phase] || message.phase;
-    if (message.state === "start") {
-      text.textContent = `Loading ${label}…`;
-    } else if (message.state === "done") {
-      done.add(message.phase);
-      bar.value = Math.min(done.size, bar.max - 1); // "threads" may be a sixth phase
-      text.textContent = `${label} ready (${formatSeconds(message.ms)})`;
-    }
+  const start = new StartProgress(text, bar);
+  client.onInitProgress = (message) => start.update(message);
+  const showFailure = (error) => {
+    start.stop();
+    status.dataset.state = "error";
+    const stage = start.failedStage(error);
+    text.textContent = `The Python runtime failed to start${stage ? ` (${stage})` : ""}: ${error.message}`;
+    console.error(error.traceback || error);
   };
-  return (summary) => {
+  const showReady = (summary) => {
+    start.stop();
     status.dataset.state = "ready";
     bar.value = bar.max;
     text.textContent = `Ready in ${formatSeconds(summary.totalMs)}`;
@@ -205,17 +274,12 @@ function setUpStatus(client) {
       console.warn(`candle-web runs the ${summary.backend.name} backend: ${summary.backend.reason}`);
     }
   };
-}
-
-function showStartFailure(error) {
-  document.getElementById("runtime-status").dataset.state = "error";
-  document.getElementById("runtime-text").textContent = `The Python runtime failed to start: ${error.message}`;
-  console.error(error.traceback || error);
+  return { showReady, showFailure };
 }
 
 const client = new WorkerClient();
 setUpTabs();
-const showReady = setUpStatus(client);
+const { showReady, showFailure } = setUpStatus(client);
 const pageOptions = new URLSearchParams(location.search);
 // ?threads=N: a number for the worker to check (it answers an error naming anything but 1, 2
 // or auto).
@@ -223,7 +287,7 @@ const threadsOption = pageOptions.get("threads");
 const ready = client.init(pageOptions.get("backend"), pageOptions.get("snapshot") !== "0",
   threadsOption === null || threadsOption === "auto" ? null
     : Number.isInteger(Number(threadsOption)) ? Number(threadsOption) : threadsOption);
-ready.then(showReady, showStartFailure);
+ready.then(showReady, showFailure);
 
 const transcribeView = setUpTranscribe(client, ready);
 const generateView = setUpGenerate(client, ready);

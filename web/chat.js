@@ -10,7 +10,7 @@
 import { ChatStore, MAX_IMPORT_BYTES, fromOpenAi, toOpenAi } from "./chat/store.js";
 import { describeAnswer, describePrompt, renderList, renderTurns, streamingNode } from "./chat/transcript.js";
 import { MODEL_LABELS, OptionError, readOptions } from "./generate.js";
-import { JobStatus, ViewJobs, describeLoad, fillModelSelect, loadModel, runOnCtrlEnter } from "./view_common.js";
+import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
 const NUMBER_CONTROLS = [
@@ -96,7 +96,7 @@ class ChatView {
     state.loadedModel = reply.key;
     // Without the vendored jinja2 the prompts use a built-in format: say so (chatTemplateNote).
     const templateNote = reply.model.chatTemplateNote ? ` Note: ${reply.model.chatTemplateNote}.` : "";
-    this.ui.modelNote.textContent = `${label} loaded (${describeLoad(reply)}); context ${reply.model.context} tokens.${templateNote}`;
+    this.ui.modelNote.textContent = `${label} loaded (${describeLoad(reply)}); context ${reply.model.context} tokens.${templateNote}${describeNotKept(reply, label)}`;
   }
 
   // The prompt pass: tokens run and reused; the worker's reason, where none can be, on hover.

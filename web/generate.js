@@ -6,7 +6,7 @@
 // Started by app.js.
 
 import { renderFencedCode } from "./chat/markdown.js";
-import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
+import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
 export const MODEL_LABELS = {
@@ -108,7 +108,7 @@ class GenerateView {
     const option = this.ui.modelSelect.selectedOptions[0];
     // Without the vendored jinja2, --chat prompts use a built-in format: say so, as Chat does.
     const templateNote = reply.model?.chatTemplateNote ? ` Note: ${reply.model.chatTemplateNote}.` : "";
-    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).${licenceNote(option?.dataset.license)}${templateNote}`;
+    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).${licenceNote(option?.dataset.license)}${templateNote}${describeNotKept(reply, MODEL_LABELS[model] || model)}`;
   }
 
   showSpeed(tokens, tokensPerSecond) {

@@ -2,7 +2,7 @@
 // sentence embedder (all-MiniLM-L6-v2: mean pooling, L2-normalised), and their cosine
 // similarity matrix is shown as a coloured grid. Started by app.js with its WorkerClient.
 
-import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
+import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "bert";
 const MODEL_LABELS = { "all-minilm-l6-v2": "all-MiniLM-L6-v2" };
@@ -118,7 +118,7 @@ class SimilarityView {
     const reply = await loadModel(this.client, KIND, { model }, this.status, { label: MODEL_LABELS[model] || model, track, events: state.events });
     state.lastLoad = reply;
     state.loadedModel = reply.key;
-    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).`;
+    this.ui.modelNote.textContent = `${MODEL_LABELS[model] || model} loaded (${describeLoad(reply)}).${describeNotKept(reply, MODEL_LABELS[model] || model)}`;
   }
 
   showNotice(result) {

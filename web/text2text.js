@@ -8,7 +8,7 @@
 // is still training it, the view says how far it got ("demo model still training: 40%") and
 // offers the model as soon as it is served, without a reload. Started by app.js.
 
-import { JobStatus, ViewJobs, describeLoad, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
+import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "t5";
 const SOURCE_HUB = "hub";
@@ -156,7 +156,7 @@ class Text2textView {
     state.loadedSource = identity;
     state.loadedKey = reply.key;
     const m = reply.model;
-    this.ui.modelNote.textContent = `${label} loaded: T5 with ${m.encoderLayers}+${m.decoderLayers} layers, d_model ${m.dModel}${m.gated ? ", gated FF (v1.1)" : ""} (${describeLoad(reply)}).`;
+    this.ui.modelNote.textContent = `${label} loaded: T5 with ${m.encoderLayers}+${m.decoderLayers} layers, d_model ${m.dModel}${m.gated ? ", gated FF (v1.1)" : ""} (${describeLoad(reply)}).${describeNotKept(reply, label)}`;
     return reply.key;
   }
 

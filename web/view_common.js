@@ -153,14 +153,17 @@ export async function loadModel(client, kind, fields, status, { label, track, ev
   const name = label || fields.model || fields.hf_repo || fields.url;
   status.set("loading", `Loading ${name}…`);
   status.fraction(0);
+  let notKept = ""; // said up front when this browser will not keep the download
   const onProgress = (message) => {
     events?.push({ phase: message.phase, state: message.state, file: message.file, cached: message.cached });
-    if (message.phase === "download" && message.state === "running") {
+    if (message.phase === "download" && message.state === "not-kept") {
+      notKept = ` · ${notKeptNote(name, message.reason)}`;
+    } else if (message.phase === "download" && message.state === "running") {
       const amount = `${formatBytes(message.loaded)} of ${formatBytes(message.total)}`;
       status.fraction(message.total ? message.loaded / message.total : 0);
       status.phase.textContent = message.cached
         ? `Reading ${message.file} from this browser's cache (no download): ${amount}`
-        : `Downloading ${message.file}: ${amount}`;
+        : `Downloading ${message.file}: ${amount}${notKept}`;
       status.phase.dataset.cached = String(Boolean(message.cached));
     } else if (message.phase === "verify") {
       status.phase.textContent = `Checking the sha256 of ${message.file}…`;
@@ -172,6 +175,17 @@ export async function loadModel(client, kind, fields, status, { label, track, ev
   const job = client.start("load", { kind, ...fields }, { onProgress });
   track?.(job);
   return job.result;
+}
+
+// Why a download was not kept, in the words a model note uses.
+export function notKeptNote(label, reason) {
+  return `Could not keep ${label} in this browser's storage (${reason}); it will be downloaded again next time.`;
+}
+
+// " Could not keep ... next time." after a load this browser could not keep (a private
+// window, its quota, a full disk: the model ran from the downloaded bytes), else "".
+export function describeNotKept(reply, label) {
+  return reply.notKept ? ` ${notKeptNote(label, reply.notKept.reason)}` : "";
 }
 
 // "(from this browser's cache)" or "(12.3 MB downloaded)", and the build time.

@@ -20,8 +20,11 @@
  *       threads, with a helper worker (web/team_helper.js) on a shared memory; auto, the
  *       default: 2 where the browser reports two or more cores; 1 (?threads=1) one thread. One
  *       thread runs when the second cannot start, saying why in backend.threadsReason)
- *       progress {phase: "runtime"|"kernels"|"wheel"|"packages"|"backend", state, ms} (phases
- *       overlap: the kernels and the wheel are fetched while Pyodide starts)
+ *       progress {phase: "runtime"|"kernels"|"wheel"|"packages"|"backend"|"threads",
+ *       state: "start"|"done"|"failed", ms, error? ({name, message}: name StartStalled when
+ *       a request got no answer or the stage passed its deadline, worker/start_watch.js)}
+ *       (phases overlap: the kernels and the wheel are fetched while Pyodide starts; a failed
+ *       kernels or threads phase is a reason to go on without them, any other fails the start)
  *       -> {phases: {phase: ms}, totalMs (wall clock), versions, wheel (its manifest),
  *           snapshot: {used, reason}, backend: {name, requested, variant, label,
  *           kernels: {file, sha256}, reason, threads, threadsReason},
@@ -32,7 +35,9 @@
  *                                  hint: how to get one if none)
  *   load {kind?, model} | {kind?, hf_repo, revision} | {kind, url} (a folder on this origin)
  *       progress {phase: "download", file, loaded, total, cached}, {phase: "verify"},
- *       {phase: "build"} -> {key, cached, downloadedBytes, timingsMs, model: {...}}
+ *       {phase: "build"}, {phase: "download", state: "not-kept", reason, bytes} (this browser
+ *       will not keep the files: the model still runs) -> {key, cached, downloadedBytes,
+ *       notKept: null | {reason, bytes}, timingsMs, model: {...}}
  *   transcribe {model, samples: Float32Array (transferred), options, profile?, offset?, prior?}
  *       (offset: seconds added to the segments' times, the samples' place in a longer
  *       recording; prior: segments already final before them, kept in the result and exports)
@@ -96,6 +101,7 @@ import { downloadModelFiles } from "./worker/model_files.js";
 // before the start could begin (~0.1-0.15 s of page open -> ready). Named here, every file is
 // fetched at once, one round trip after this one.
 import "./worker/kernels.js";
+import "./worker/start_watch.js";
 import "./worker/team.js";
 import "./worker/wheel.js";
 import "./vendor/abi.js";
@@ -254,7 +260,7 @@ async function handleLoad(message) {
       timingsMs.build = await timedPhase(id, "build", async () => { summary = JSON.parse(session.build_model(key)); });
       const verified = manifest.files.every((file) => Boolean(file.sha256));
       return { payload: { key, cached: download.cached, verified, downloadedBytes: download.downloadedBytes,
-                          source: manifest.source, timingsMs, model: summary } };
+                          notKept: download.notKept, source: manifest.source, timingsMs, model: summary } };
     } catch (error) {
       if (key !== null) session.discard_incoming(key);
       throw error;

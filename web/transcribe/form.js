@@ -1,7 +1,7 @@
 // The Transcribe view's form: the model (loaded into the worker with byte-level progress),
 // language and task (multilingual models only), beam size and timestamps.
 
-import { describeLoad, fillModelSelect, formatBytes } from "../view_common.js";
+import { describeLoad, describeNotKept, fillModelSelect, notKeptNote, formatBytes } from "../view_common.js";
 import { FILE_PHASES, KIND, MAX_BEAM_SIZE, MODEL_LABELS, WHISPER_LANGUAGES, isMultilingual, languageName } from "./format.js";
 
 export class ModelForm {
@@ -68,13 +68,15 @@ export class ModelForm {
   onLoadProgress(message) {
     const { ui } = this;
     this.state.events.push({ phase: message.phase, state: message.state, cached: message.cached, file: message.file });
-    if (message.phase === "download" && message.state === "running") {
+    if (message.phase === "download" && message.state === "not-kept") {
+      this.notKept = ` · ${notKeptNote(this.model, message.reason)}`; // said with the download's progress
+    } else if (message.phase === "download" && message.state === "running") {
       const what = FILE_PHASES[message.file] || message.file;
       const amount = `${formatBytes(message.loaded)} of ${formatBytes(message.total)}`;
       ui.progress.value = message.total ? message.loaded / message.total : 0;
       ui.phase.textContent = message.cached
         ? `Reading the model ${what} from this browser's cache (no download): ${amount}`
-        : `Downloading the model ${what} (${message.file}): ${amount}`;
+        : `Downloading the model ${what} (${message.file}): ${amount}${this.notKept ?? ""}`;
       ui.phase.dataset.cached = String(Boolean(message.cached));
     } else if (message.phase === "verify") {
       ui.phase.textContent = `Checking the sha256 of ${message.file}…`;
@@ -88,13 +90,14 @@ export class ModelForm {
     const { state } = this;
     if (state.loadedModel === model) return;
     this.status.set("loading", `Loading ${model}…`);
+    this.notKept = null;
     const job = this.client.start("load", { model }, { onProgress: (message) => this.onLoadProgress(message) });
     track(job);
     const reply = await job.result;
     state.lastLoad = reply;
     state.loadedModel = reply.key;
     if (typeof reply.model?.multilingual === "boolean") this.multilingualModels[model] = reply.model.multilingual;
-    this.ui.modelNote.textContent = `${model} loaded (${describeLoad(reply)}).`;
+    this.ui.modelNote.textContent = `${model} loaded (${describeLoad(reply)}).${describeNotKept(reply, model)}`;
     this.showLanguageTask();
   }
 

@@ -1,7 +1,9 @@
 // The start: Pyodide (from the vendored memory snapshot when there is one), the kernels, the
 // threads build and the candle_web wheel fetched at the same time, numpy (and scipy for the
 // numpy backend) loaded while the wheel is unpacked, then the backend chosen by Python
-// (candle_web.worker.boot, the one Python entry point of the start).
+// (candle_web.worker.boot, the one Python entry point of the start). Every stage has a
+// deadline and every request of the start one for its answer (start_watch.js): a stage that
+// stalls or fails says so, by name, in its progress message and the start's error.
 
 import { loadPyodide } from "../vendor/pyodide/pyodide.mjs";
 import {
@@ -9,6 +11,7 @@ import {
   fetchChecked, fetchVerified, progress,
 } from "./common.js";
 import { KernelsUnavailable, compileKernels, instantiateKernels, watchForPyodideMemory } from "./kernels.js";
+import { StartStalled, watchStartRequests, withinDeadline } from "./start_watch.js";
 import { registerTeam, startTeam } from "./team.js";
 import { installWheelFiles, unpackWheel } from "./wheel.js";
 
@@ -24,8 +27,22 @@ let runtimePromise = null;
 
 // Log lines of Pyodide's package loader are chatty; keep them out of the console unless
 // something goes wrong.
-function quietLoaderOptions() {
-  return { messageCallback: () => {}, errorCallback: (text) => console.warn(text), checkIntegrity: true };
+function quietLoaderOptions(errors = []) {
+  return { messageCallback: () => {}, errorCallback: (text) => { errors.push(text); console.warn(text); }, checkIntegrity: true };
+}
+
+// Pyodide's loadPackage logs a package it could not load and resolves all the same (the
+// import fails later, far from the cause): here it fails, saying what the loader said.
+async function loadPackages(names) {
+  const errors = [];
+  await runtime.pyodide.loadPackage(names, quietLoaderOptions(errors));
+  if (errors.length > 0) throw new TypedError("PackageLoadFailed", errors.join(" "));
+}
+
+// Requests under Pyodide's folder are Pyodide's own (its runtime files, then the packages):
+// the stages that wait on Pyodide fail when one of those stalls.
+function isPyodideRequest(url) {
+  return url.startsWith(PYODIDE_INDEX_URL);
 }
 
 // Starts Pyodide: from the vendored memory snapshot when the manifest has one (the interpreter
@@ -54,19 +71,25 @@ async function loadRuntime(manifest) {
   return { pyodide: await loadPyodide(options), snapshot: false, snapshotReason };
 }
 
-// Runs `work` as the named phase of a start (progress start/done with ms) and keeps its
+// Runs `work` as the named phase of a start (progress start, then done with ms or failed
+// with ms and the error) within its deadline (and, with `watched`, failing when one of the
+// requests `watched` owns stalls: `watch` is the start's watchStartRequests) and keeps its
 // duration in `phases`; returns what `work` returns. Phases may overlap.
-async function startPhase(id, phases, phase, work) {
+async function startPhase(id, phases, phase, work, { watch = null, watched = null } = {}) {
   progress(id, { phase, state: "start" });
   const start = performance.now();
-  let state = "failed"; // a phase that throws still has its duration (the kernels' may)
   try {
-    const value = await work();
-    state = "done";
-    return value;
-  } finally {
+    const value = await withinDeadline(work, watched === null ? null : watch.stallFor(watched));
     phases[phase] = performance.now() - start;
-    progress(id, { phase, state, ms: phases[phase] });
+    progress(id, { phase, state: "done", ms: phases[phase] });
+    return value;
+  } catch (error) {
+    const failure = error instanceof StartStalled && error.stage === null
+      ? new StartStalled(`the ${phase} stage stalled: ${error.message}`, phase) : error;
+    // A phase that throws still has its duration (the kernels' may).
+    phases[phase] = performance.now() - start;
+    progress(id, { phase, state: "failed", ms: phases[phase], error: describeError(failure) });
+    throw failure;
   }
 }
 
@@ -143,7 +166,7 @@ del _pin_runtime_archives
 `;
 
 // Pyodide itself, with its memory captured for the kernels; the page's interrupt slot armed.
-async function startPython(id, phases, useSnapshot, manifest, controlSlots) {
+async function startPython(id, phases, useSnapshot, manifest, controlSlots, watch) {
   const memoryWatch = watchForPyodideMemory();
   let started = null;
   await startPhase(id, phases, "runtime", async () => {
@@ -158,7 +181,7 @@ async function startPython(id, phases, useSnapshot, manifest, controlSlots) {
     if (controlSlots !== null) {
       started.pyodide.setInterruptBuffer(new Int32Array(controlSlots.buffer, 0, 1));
     }
-  });
+  }, { watch, watched: isPyodideRequest });
   return { ...started, memory: memoryWatch.memory() };
 }
 
@@ -171,7 +194,8 @@ async function kernelsOrReason(kernelsPromise, memory, choice) {
     await instantiateKernels(runtime.pyodide, kernels, memory);
     return { kernels, reason: null };
   } catch (error) {
-    if (!(error instanceof KernelsUnavailable)) throw error;
+    // A stalled kernels file (or manifest) is a reason like any other: numpy runs instead.
+    if (!(error instanceof KernelsUnavailable || error instanceof StartStalled)) throw error;
     return { kernels: null, reason: error.message };
   }
 }
@@ -184,7 +208,7 @@ function fallBack(choice, why) {
 
 // The backend phase: Python renews what a snapshot shares, then chooses the backend (wasm on
 // the registered kernels, else numpy with scipy's BLAS). Returns {name, kernels, reason}.
-async function chooseBackend(id, phases, started, choice, { kernels, reason }) {
+async function chooseBackend(id, phases, started, choice, { kernels, reason }, watch) {
   const { pyodide } = runtime;
   let name = null;
   await startPhase(id, phases, "backend", async () => {
@@ -199,11 +223,11 @@ async function chooseBackend(id, phases, started, choice, { kernels, reason }) {
         reason = `the wasm backend did not start: ${describeError(error).message}`;
         kernels = null;
         fallBack(choice, reason);
-        await pyodide.loadPackage("scipy", quietLoaderOptions());
+        await loadPackages("scipy");
       }
     }
     if (kernels === null) name = runtime.boot.select_backend("numpy");
-  });
+  }, { watch, watched: isPyodideRequest });
   return { name, kernels, reason };
 }
 
@@ -235,16 +259,24 @@ function versions() {
 // The start (see the file's head). `choice`: "auto" (wasm when the kernels load, else numpy
 // with the reason), "wasm" or "wasm-simd128" (the kernels or an error) or "numpy" (the
 // reference, for A/B). `useSnapshot`: restore the vendored Pyodide snapshot when there is one.
-async function startRuntime(id, { choice, useSnapshot, threads, controlSlots }) {
+async function startRuntime(id, choices) {
+  const watch = watchStartRequests();
+  try {
+    return await startWatched(id, choices, watch);
+  } finally {
+    watch.stop();
+  }
+}
+
+async function startWatched(id, { choice, useSnapshot, threads, controlSlots }, watch) {
   const startedAt = performance.now();
   const phases = {};
   const downloads = startDownloads(id, phases, choice, threads);
-  const started = await startPython(id, phases, useSnapshot, downloads.manifest, controlSlots);
+  const started = await startPython(id, phases, useSnapshot, downloads.manifest, controlSlots, watch);
   const loaded = await kernelsOrReason(downloads.kernels, started.memory, choice);
   if (loaded.kernels === null && choice !== "numpy") fallBack(choice, loaded.reason);
-  const packages = startPhase(id, phases, "packages", async () => {
-    await runtime.pyodide.loadPackage(loaded.kernels === null ? ["numpy", "scipy"] : ["numpy"], quietLoaderOptions());
-  });
+  const packages = later(startPhase(id, phases, "packages",
+    () => loadPackages(loaded.kernels === null ? ["numpy", "scipy"] : ["numpy"]), { watch, watched: isPyodideRequest }));
   const { manifest, entries, templates } = await downloads.wheel;
   // One install for all (the template wheels are imported when a model has a template), while
   // numpy downloads.
@@ -253,7 +285,7 @@ async function startRuntime(id, { choice, useSnapshot, threads, controlSlots }) 
     console.warn(`candle-web: models' own chat templates are not rendered, the recognised chat formats (ChatML, Llama) are: ${templates.reason}`);
   }
   await packages;
-  const backend = await chooseBackend(id, phases, started, choice, loaded);
+  const backend = await chooseBackend(id, phases, started, choice, loaded, watch);
   const { team, threadsReason } = await startThreads(downloads, backend, choice, threads);
   return {
     phases,

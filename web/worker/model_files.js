@@ -2,12 +2,24 @@
 // allocates, checked against their sha256, and kept in the Cache API under keys made of that
 // sha256 (a changed file gets a new key, an unchanged one is never downloaded twice). Files
 // without a pinned sha256 (an unknown Hub revision, a folder URL) are not cached.
+//
+// Keeping is never needed to run: a browser that cannot keep a file (a private window, the
+// origin's quota, a full disk: caches.open, match or put fail, often with a bare
+// "UnknownError") still gets the model from the downloaded bytes, and the load's reply says
+// what was not kept and why (`notKept`). Before a download that would not fit in what
+// navigator.storage.estimate() reports free, caching is skipped up front.
 
-import { BASE_URL, CancelledError, PROGRESS_INTERVAL_MS, TypedError, hexDigest, progress, timedPhase } from "./common.js";
+import { BASE_URL, CancelledError, PROGRESS_INTERVAL_MS, TypedError, describeError, hexDigest, progress, timedPhase } from "./common.js";
 
 // Bump the version to drop every cached file.
 const MODEL_CACHE_NAME = "candle-web-models-v1";
 const DOWNLOAD_PROGRESS_BYTES = 1 << 20; // at most one progress message per MiB (and 100 ms)
+// A download that gets no byte for this long has stalled: it fails, naming the file, rather
+// than leaving the page at "Downloading ..." for ever.
+const DOWNLOAD_STALL_MS = 60_000;
+// How long the cache may still take to finish writing a file after its last byte arrived (its
+// branch of the body arrives at the same pace): past it the file is not kept, the model runs.
+const CACHE_WRITE_GRACE_MS = 60_000;
 
 function cacheKeyFor(file) {
   // Content-addressed: the key is the sha256 (an http(s) URL, as the Cache API wants), so the
@@ -15,13 +27,53 @@ function cacheKeyFor(file) {
   return new URL(`model-cache/sha256/${file.sha256}/${encodeURIComponent(file.name)}`, BASE_URL).href;
 }
 
+// "UnknownError: Failed to execute 'put' on 'Cache': ..." (the browser's words, its type first).
+function storageErrorText(error) {
+  const { name, message } = describeError(error);
+  return name && name !== "Error" ? `${name}: ${message}` : message;
+}
+
+// {cache, reason}: the model cache, or null and why files will not be kept.
 async function openModelCache() {
-  // No Cache API (e.g. an insecure context): download every time, say so once.
-  if (!self.caches) {
-    console.warn("no Cache API here: model files will be downloaded on every visit");
+  // No Cache API (e.g. an insecure context): download every time.
+  if (!self.caches) return { cache: null, reason: "this browser offers no Cache API here (an insecure context?)" };
+  try {
+    return { cache: await caches.open(MODEL_CACHE_NAME), reason: null };
+  } catch (error) {
+    return { cache: null, reason: storageErrorText(error) };
+  }
+}
+
+// The cached response of `file`, or undefined (also when the cache cannot be read: then the
+// file is downloaded, which is always possible).
+async function cachedResponse(cache, file) {
+  if (!cache || !file.sha256) return undefined;
+  try {
+    return await cache.match(cacheKeyFor(file));
+  } catch (error) {
+    console.warn(`candle-web: could not read ${file.name} from this browser's cache, downloading it: ${storageErrorText(error)}`);
+    return undefined;
+  }
+}
+
+function formatMegabytes(bytes) {
+  return `${(bytes / 1e6).toFixed(bytes >= 1e8 ? 0 : 1)} MB`;
+}
+
+// Why `bytes` more will not fit in this origin's storage, or null (they fit, or the browser
+// cannot say: then caching is tried and its failure, if any, is reported instead).
+async function storageShortfall(bytes) {
+  if (bytes <= 0 || !self.navigator?.storage?.estimate) return null;
+  try {
+    const { quota, usage } = await navigator.storage.estimate();
+    if (!Number.isFinite(quota) || !Number.isFinite(usage)) return null;
+    const free = Math.max(quota - usage, 0);
+    if (bytes <= free) return null;
+    return `it needs ${formatMegabytes(bytes)} and this browser's storage for this page has ${formatMegabytes(free)} free`;
+  } catch (error) {
+    console.warn(`candle-web: navigator.storage.estimate() failed: ${storageErrorText(error)}`);
     return null;
   }
-  return caches.open(MODEL_CACHE_NAME);
 }
 
 // Posts download progress: always when forced, else at most once per MiB and 100 ms.
@@ -38,6 +90,20 @@ function downloadReporter(id, fileName, size, cached) {
   };
 }
 
+// The next chunk of `reader`, or a NetworkError once no byte came for DOWNLOAD_STALL_MS.
+async function readOrStall(reader, fileName, loaded, size) {
+  let timer = null;
+  const stalled = new Promise((resolve, reject) => {
+    timer = setTimeout(() => reject(new TypedError("NetworkError",
+      `${fileName}: the download stalled (no byte for ${DOWNLOAD_STALL_MS / 1000} s at ${loaded} of ${size} bytes)`)), DOWNLOAD_STALL_MS);
+  });
+  try {
+    return await Promise.race([reader.read(), stalled]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 // Streams one response body into the numpy buffer `target` (a PyProxy of a uint8 array of
 // exactly `size` bytes), posting byte-level progress. Checks for a cancel between chunks.
 async function streamInto(id, response, target, size, fileName, cached, { abort, isCancelled }) {
@@ -51,7 +117,15 @@ async function streamInto(id, response, target, size, fileName, cached, { abort,
       await reader.cancel().catch(() => {});
       throw new CancelledError(`load cancelled while reading ${fileName}`);
     }
-    const { done, value } = await reader.read();
+    let chunk;
+    try {
+      chunk = await readOrStall(reader, fileName, loaded, size);
+    } catch (error) {
+      abort();
+      reader.cancel().catch(() => {});
+      throw error;
+    }
+    const { done, value } = chunk;
     if (done) break;
     if (loaded + value.byteLength > size) {
       await reader.cancel().catch(() => {});
@@ -99,8 +173,45 @@ function expectedSize(file, response) {
   return size;
 }
 
+// Writes `body` (a branch of a tee) to the cache under `cacheKey`. Resolves null once kept, or
+// the reason it was not (never rejects); a failed write's branch is cancelled so the tee
+// stops holding its chunks, and whatever part was written is deleted.
+function writeToCache(cache, cacheKey, body) {
+  const reader = body.getReader();
+  const source = new ReadableStream({
+    async pull(controller) {
+      const { done, value } = await reader.read();
+      if (done) controller.close();
+      else controller.enqueue(value);
+    },
+    cancel(reason) {
+      return reader.cancel(reason);
+    },
+  });
+  let settled = false;
+  const give = (reason) => {
+    if (settled) return null;
+    settled = true;
+    reader.cancel().catch(() => {});
+    cache.delete(cacheKey).catch(() => {});
+    return reason;
+  };
+  let write;
+  try {
+    write = cache.put(cacheKey, new Response(source, { headers: { "Content-Type": "application/octet-stream" } }));
+  } catch (error) { // put may throw at once rather than reject
+    write = Promise.reject(error);
+  }
+  const result = write.then(() => { settled = true; return null; }, (error) => give(storageErrorText(error)));
+  // The caller stops waiting for a write that has not settled within the grace period after
+  // the file's last byte: give(...) then drops it.
+  result.giveUp = (why) => give(why);
+  return result;
+}
+
 // The file's response from the network; with a cache, one branch of the body is written to
-// the cache as it streams (dropped again if the hash fails). Resolves {response, cacheWrite}.
+// the cache as it streams (dropped again if the hash fails). Resolves {response, cacheWrite}
+// (cacheWrite: writeToCache's promise, or null when the file is not to be kept).
 async function fetchFromNetwork(id, file, cache, cacheKey, signal, isCancelled) {
   let response;
   try {
@@ -115,53 +226,99 @@ async function fetchFromNetwork(id, file, cache, cacheKey, signal, isCancelled) 
   }
   if (!cache || !file.sha256) return { response, cacheWrite: null };
   const [forBuffer, forCache] = response.body.tee();
-  const cacheWrite = cache.put(cacheKey, new Response(forCache, { headers: { "Content-Type": "application/octet-stream" } }));
-  cacheWrite.catch(() => {});
+  const cacheWrite = writeToCache(cache, cacheKey, forCache);
   return { response: new Response(forBuffer, { headers: response.headers }), cacheWrite };
 }
 
-// One file into the session's buffer for model `key`, from the cache or the network, checked.
-async function fetchModelFile(id, key, file, cache, session, isCancelled) {
+// Waits for a file's cache write: null once kept, else why not. A write still going
+// CACHE_WRITE_GRACE_MS after the file's last byte is given up (the model does not wait on it).
+async function settleCacheWrite(cacheWrite) {
+  let timer = null;
+  const late = new Promise((resolve) => {
+    timer = setTimeout(() => resolve(cacheWrite.giveUp(`the browser's storage had not finished writing it ${CACHE_WRITE_GRACE_MS / 1000} s after the download`)), CACHE_WRITE_GRACE_MS);
+  });
+  try {
+    return await Promise.race([cacheWrite, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+// One file into the session's buffer for model `key`, from the cache (`response`, when it
+// was found there) or the network, checked; kept in `cache` when one is given. Resolves
+// {cached, bytes, notKept: why a downloaded file was not kept, or null}.
+async function fetchModelFile(id, key, file, { cache, response }, session, isCancelled) {
   const cacheKey = cacheKeyFor(file);
   const controller = new AbortController();
-  let response = cache && file.sha256 ? await cache.match(cacheKey) : undefined;
   const cached = response !== undefined;
   let cacheWrite = null;
   if (!cached) {
     ({ response, cacheWrite } = await fetchFromNetwork(id, file, cache, cacheKey, controller.signal, isCancelled));
   }
-  const size = expectedSize(file, response);
-  const target = session.allocate_file(key, file.name, size);
+  let notKept = null;
+  let target = null;
   try {
+    const size = expectedSize(file, response);
+    target = session.allocate_file(key, file.name, size);
     await streamInto(id, response, target, size, file.name, cached, { abort: () => controller.abort(), isCancelled });
-    if (cacheWrite !== null) await cacheWrite;
+    if (cacheWrite !== null) notKept = await settleCacheWrite(cacheWrite);
     if (file.sha256) {
       progress(id, { phase: "verify", state: "running", file: file.name });
       const actual = await digestOf(target);
       if (actual !== file.sha256) {
-        if (cache) await cache.delete(cacheKey);
+        if (cache) await cache.delete(cacheKey).catch(() => {});
         throw new TypedError("HashMismatch", `${file.name}: sha256 ${actual}, expected ${file.sha256}${cached ? " (cached copy dropped: load again)" : ""}`);
       }
     }
+    return { cached, bytes: size, notKept };
+  } catch (error) {
+    cacheWrite?.giveUp("the load failed");
+    throw error;
   } finally {
-    target.destroy();
+    target?.destroy();
   }
-  return { cached, bytes: size };
+}
+
+// The registry's bytes of `files` (a file of unknown size counts 0).
+function sizeOf(files) {
+  return files.reduce((sum, file) => sum + (file.size ?? 0), 0);
 }
 
 // Every file of a load manifest into the session's buffers, as the "download" phase. Resolves
-// {ms, cached: whether all came from the cache, downloadedBytes}.
+// {ms, cached: whether all came from the cache, downloadedBytes, notKept: null when every
+// downloaded file was kept (or was not meant to be: no pinned sha256), else {reason, bytes}:
+// why and how much this browser could not keep (it will be downloaded again next time)}.
+// A reason known before the download (no cache, too little storage) is posted at once as
+// progress {phase: "download", state: "not-kept", reason, bytes}.
 export async function downloadModelFiles(id, manifest, session, isCancelled) {
-  const cache = await openModelCache();
   let downloadedBytes = 0;
   let allCached = true;
+  let notKept = null;
   const ms = await timedPhase(id, "download", async () => {
-    for (const file of manifest.files) {
-      const { cached, bytes } = await fetchModelFile(id, manifest.key, file, cache, session, isCancelled);
+    const opened = await openModelCache();
+    let cache = opened.cache;
+    const found = [];
+    for (const file of manifest.files) found.push(await cachedResponse(cache, file));
+    const toKeep = manifest.files.filter((file, i) => file.sha256 && found[i] === undefined);
+    const keepBytes = sizeOf(toKeep);
+    const upFront = toKeep.length === 0 ? null : opened.reason ?? (await storageShortfall(keepBytes));
+    if (upFront !== null) {
+      cache = null; // download and run, do not try to keep
+      notKept = { reason: upFront, bytes: keepBytes };
+      progress(id, { phase: "download", state: "not-kept", ...notKept });
+    }
+    for (const [i, file] of manifest.files.entries()) {
+      const { cached, bytes, notKept: why } = await fetchModelFile(id, manifest.key, file, { cache, response: found[i] }, session, isCancelled);
       allCached = allCached && cached;
       if (!cached) downloadedBytes += bytes;
+      if (why !== null) {
+        // One failed write is the storage's answer for this load: the rest is not tried.
+        cache = null;
+        notKept = { reason: why, bytes: sizeOf(toKeep.slice(toKeep.indexOf(file))) };
+        progress(id, { phase: "download", state: "not-kept", ...notKept });
+      }
     }
-    return { cached: allCached };
+    return { cached: allCached, notKept };
   });
-  return { ms, cached: allCached, downloadedBytes };
+  return { ms, cached: allCached, downloadedBytes, notKept };
 }
