@@ -2,14 +2,11 @@
 
 Models ship a Jinja template (GGUF `tokenizer.chat_template`, HF `tokenizer_config.json`).
 `load_chat_template` (what `chat_template_for` uses) renders it with Jinja2 as transformers'
-`apply_chat_template` does: a sandbox (`ImmutableSandboxedEnvironment`, trim_blocks and
-lstrip_blocks, the loop controls, the `{% generation %}` tag), the globals `raise_exception`,
-`strftime_now`, a plain `dict` and a namespace that refuses underscore names, a `tojson` filter
-taking json.dumps' options (not HTML-escaping), and the variables `messages`,
-`add_generation_prompt`, `bos_token`/`eos_token`, `tools`/`documents` none. jinja2 is imported
-when a template is loaded (natively the `chat` extra; the page vendors Jinja2 3.1.6 and a pure
-MarkupSafe from PyPI, scripts/vendor_pyodide.py). A render is bounded: a step budget (a
-template cannot loop for ever), sizes of `*`/`**` results, the output length.
+`apply_chat_template` does, in the sandbox of template_sandbox.py (the environment transformers
+gives templates, a step budget and a size budget checked before anything large is built), with
+the variables `messages`, `add_generation_prompt`, `bos_token`/`eos_token`, `tools`/`documents`
+none. jinja2 is imported when a template is loaded (natively the `chat` extra; the page vendors
+Jinja2 3.1.6 and a pure MarkupSafe from PyPI, scripts/vendor_pyodide.py).
 
 Without jinja2, or for a template jinja2 cannot parse, `ChatTemplate.detect` recognises the
 three formats below by their marker tokens and renders them directly, and raises
@@ -29,13 +26,18 @@ already placed BOS where the format wants it).
 
 from __future__ import annotations
 
-import functools
-import json
 import re
-import sys
 from dataclasses import dataclass
 
 from ..core.errors import CandleError, UnsupportedError
+from .template_budget import MAX_BUILT_CHARS, MAX_RENDERED_CHARS, TemplateBudgetError
+from .template_sandbox import (MAX_TEMPLATE_STEPS, compile_template, jinja_environment,
+                               render_bounded, template_data)
+
+__all__ = ["CHATML", "FORMATS", "JINJA_HINT", "LLAMA2", "LLAMA3", "MAX_BUILT_CHARS",
+           "MAX_RENDERED_CHARS", "MAX_TEMPLATE_STEPS", "ChatTemplate", "JinjaChatTemplate",
+           "TemplateBudgetError", "chat_template_for", "jinja_environment",
+           "load_chat_template", "render_chat"]
 
 CHATML = "chatml"
 LLAMA3 = "llama3"
@@ -159,39 +161,14 @@ def render_chat(template, messages, add_generation_prompt: bool = True, bos_toke
                                                                       add_generation_prompt)
 
 
-# -- Jinja templates ---------------------------------------------------------------------------
+# -- the model's own Jinja template (rendered in template_sandbox.py) ---------------------------
 
-# Trace events a render may take (the largest of llama.cpp's 70 templates takes ~6000 for four
-# messages; 2M take ~1 s natively): past this the template is looping, not formatting.
-MAX_TEMPLATE_STEPS = 2_000_000
-# Characters a rendered prompt, or one string or list built with `*`, may have.
-MAX_RENDERED_CHARS = 4_000_000
-MAX_POWER_EXPONENT = 256
 JINJA_HINT = "install jinja2 (pip install 'candle-web[chat]') to render the model's own template"
 
 
-class _StepBudget(Exception):
-    pass
-
-
-def _checked_data(value, where: str, depth: int = 0):
-    """A copy of `value` made of JSON types only (what a template may see), as transformers
-    rebuilds its template inputs; keys whose value is None are dropped from messages."""
-    if depth > 32:
-        raise CandleError(f"{where}: nested too deeply")
-    if value is None or type(value) in (str, int, float, bool):
-        return value
-    if isinstance(value, dict):
-        return {str(key): _checked_data(item, f"{where}[{key!r}]", depth + 1)
-                for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_checked_data(item, f"{where}[{index}]", depth + 1)
-                for index, item in enumerate(value)]
-    raise CandleError(f"{where}: expected JSON data (str, number, bool, list, dict), got "
-                      f"{type(value).__name__}")
-
-
 def _jinja_messages(messages) -> list:
+    """The messages as the template sees them: JSON data, keys whose value is None dropped (as
+    transformers does)."""
     _normalise_messages(messages)  # the same checks and errors as the direct formats
     out = []
     for index, message in enumerate(messages):
@@ -199,145 +176,8 @@ def _jinja_messages(messages) -> list:
             message = {key: value for key, value in message.items() if value is not None}
         else:
             message = {"role": message[0], "content": message[1]}
-        out.append(_checked_data(message, f"chat message {index}"))
+        out.append(template_data(message, f"chat message {index}"))
     return out
-
-
-@functools.lru_cache(maxsize=1)
-def _environment_class():
-    """The sandbox class, built on first use (jinja2 is imported here, not at module level)."""
-    import jinja2
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
-    from jinja2.exceptions import SecurityError
-
-    class GenerationTag(jinja2.ext.Extension):
-        """`{% generation %}...{% endgeneration %}` (transformers marks assistant text with
-        it): rendered as its body."""
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [],
-                                          body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    class ChatSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(("*", "**"))
-
-        def is_safe_attribute(self, obj, attr, value):
-            # str.format reached any other way than `getattr` below (item access, the attr
-            # filter) would skip the sandboxed formatter on jinja2 < 3.1.5 (Pyodide 0.27's own
-            # package is 3.1.3): refused.
-            if isinstance(obj, str) and attr in ("format", "format_map"):
-                return False
-            return super().is_safe_attribute(obj, attr, value)
-
-        def getattr(self, obj, attribute):
-            if isinstance(obj, str) and attribute in ("format", "format_map"):
-                return self._sandboxed_format(obj, attribute == "format_map")
-            return super().getattr(obj, attribute)
-
-        def _sandboxed_format(self, text: str, is_map: bool):
-            formatter = SandboxedFormatter(self)
-
-            def format_call(*args, **kwargs):
-                if is_map:
-                    if kwargs or len(args) != 1:
-                        raise TypeError("format_map() takes exactly one argument")
-                    args, kwargs = (), args[0]
-                result = formatter.vformat(text, args, kwargs)
-                _check_size(result)
-                return result
-
-            return format_call
-
-        def call_binop(self, context, operator, left, right):
-            if operator == "**":
-                if isinstance(right, (int, float)) and abs(right) > MAX_POWER_EXPONENT:
-                    raise SecurityError(f"exponent {right} is too large")
-                return left ** right
-            if operator == "*":
-                for sequence, count in ((left, right), (right, left)):
-                    if (isinstance(sequence, (str, list, tuple)) and isinstance(count, int)
-                            and len(sequence) * count > MAX_RENDERED_CHARS):
-                        raise SecurityError("a repeated string or list "
-                                            "would be too long")
-                return left * right
-            return super().call_binop(context, operator, left, right)
-
-    return ChatSandbox, GenerationTag
-
-
-def _check_size(text: str) -> None:
-    if len(text) > MAX_RENDERED_CHARS:
-        raise CandleError(f"chat template: the rendered text passed {MAX_RENDERED_CHARS} "
-                          f"characters")
-
-
-def jinja_environment():
-    """A sandboxed Jinja environment with the options, globals and filters transformers gives
-    chat templates (see the module docstring). Raises ImportError without jinja2."""
-    import datetime
-
-    import jinja2
-    import jinja2.ext
-    import jinja2.utils
-    from jinja2.exceptions import SecurityError, TemplateError
-
-    sandbox, generation_tag = _environment_class()
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                          separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(format):
-        return datetime.datetime.now().strftime(format)
-
-    class PlainDict:
-        """`dict(...)` and `dict.fromkeys(...)`, and nothing else of the type."""
-
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
-
-    class Namespace(jinja2.utils.Namespace):
-        """A namespace that refuses underscore names (no route to the interpreter)."""
-
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attributes = dict(*args, **kwargs)
-            for name in attributes:
-                Namespace._check(name)
-            jinja2.utils.Namespace.__init__(self, attributes)
-
-        def __setitem__(self, name, value):
-            Namespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise SecurityError(f"namespace attribute {name!r} "
-                                    f"(underscore names are refused)")
-
-    environment = sandbox(trim_blocks=True, lstrip_blocks=True,
-                          extensions=[generation_tag, jinja2.ext.loopcontrols])
-    environment.filters["tojson"] = tojson
-    environment.globals["raise_exception"] = raise_exception
-    environment.globals["strftime_now"] = strftime_now
-    environment.globals["dict"] = PlainDict()
-    environment.globals["namespace"] = Namespace
-    return environment
 
 
 class JinjaChatTemplate:
@@ -360,54 +200,13 @@ class JinjaChatTemplate:
         """Render `messages` (dicts with role/content, or (role, content) pairs). `tools`
         (JSON schemas) and `documents` (dicts) as apply_chat_template takes them; extra
         `variables` (JSON data) are passed to the template, as its kwargs."""
-        from jinja2.exceptions import TemplateError
-
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token,
-                   **_checked_data(variables, "chat template variables"),
+                   **template_data(variables, "chat template variables"),
                    "messages": _jinja_messages(messages),
-                   "tools": _checked_data(tools, "chat template tools"),
-                   "documents": _checked_data(documents, "chat template documents"),
+                   "tools": template_data(tools, "chat template tools"),
+                   "documents": template_data(documents, "chat template documents"),
                    "add_generation_prompt": bool(add_generation_prompt)}
-        try:
-            return _bounded_render(self.compiled, context)
-        except _StepBudget:
-            raise CandleError(f"chat template: rendering took more than {MAX_TEMPLATE_STEPS} "
-                              f"steps (a template that loops instead of formatting)") from None
-        except TemplateError as exc:
-            raise CandleError(f"chat template: {exc}") from None
-        except RecursionError:
-            raise CandleError("chat template: recursion too deep") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError,
-                ArithmeticError) as exc:
-            raise CandleError(f"chat template: {type(exc).__name__}: {exc}") from None
-
-
-def _bounded_render(compiled, context: dict) -> str:
-    """compiled.render(context), stopped past MAX_TEMPLATE_STEPS trace events or
-    MAX_RENDERED_CHARS characters (a trace function is the one bound that works in Pyodide,
-    which has no threads or signals to interrupt a loop)."""
-    steps = [0]
-
-    def trace(frame, event, arg):
-        steps[0] += 1
-        if steps[0] > MAX_TEMPLATE_STEPS:
-            raise _StepBudget()
-        return trace
-
-    previous = sys.gettrace()
-    pieces = []
-    length = 0
-    sys.settrace(trace)
-    try:
-        for piece in compiled.generate(context):
-            length += len(piece)
-            if length > MAX_RENDERED_CHARS:
-                raise CandleError(f"chat template: the rendered text passed "
-                                  f"{MAX_RENDERED_CHARS} characters")
-            pieces.append(piece)
-    finally:
-        sys.settrace(previous)
-    return "".join(pieces)
+        return render_bounded(self.compiled, context)
 
 
 def load_chat_template(template, bos_token: str = "", eos_token: str = ""):
@@ -430,7 +229,7 @@ def load_chat_template(template, bos_token: str = "", eos_token: str = ""):
     from jinja2.exceptions import TemplateSyntaxError
 
     try:
-        compiled = jinja_environment().from_string(template)
+        compiled = compile_template(template)
     except TemplateSyntaxError as exc:
         if recognised is not None:
             return recognised
