@@ -65,9 +65,10 @@
  *       -> {text, tokenIds, promptIds, renderedPrompt, stopReason, timings: {tokensPerSecond, ...}}
  *   chat {model, messages: [{role, content}] (ending with the user message to answer),
  *         context?, options}   one turn of the Chat view; the KV cache carries over
- *       progress {phase: "chat", event: "prompt" (with reused, new_tokens, dropped, notice)
+ *       progress {phase: "chat", event: "prompt" (with reused, new_tokens, reuse_note, dropped, notice)
  *                 |"token"|"done", data}
- *       -> {text, tokenIds, promptTokens, reusedTokens, newTokens, droppedMessages, notice,
+ *       -> {text, tokenIds, promptTokens, reusedTokens, newTokens, reuseNote (why nothing is
+ *           reused where the steps do not split a prompt exactly, else null), droppedMessages, notice,
  *           context, stopReason ("cancelled": Stop kept the partial answer), timings}
  *   text2text {model, prompt, options: {maxTokens, temperature, topK, topP, seed}}
  *       progress {phase: "text2text", event: "token"|"done", data}
