@@ -212,6 +212,9 @@ class FirefoxPage:
     def inner_text(self, selector: str) -> str:
         return self.evaluate("(s) => document.querySelector(s).innerText", selector)
 
+    def text_content(self, selector: str) -> str:
+        return self.evaluate("(s) => document.querySelector(s).textContent", selector)
+
     def reload(self) -> None:
         self._command("reload", timeout=120_000)
 
