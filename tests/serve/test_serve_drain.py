@@ -4,8 +4,8 @@ orchestrators stop it (SIGTERM), and its audio duration cap.
 - SIGTERM drains: a transcription whose upload is still arriving when the signal comes is
   answered in full (the same transcript as before the signal), every new request gets 503 (the
   OpenAI error JSON under /v1), and the process exits with status 0 once nothing is in flight.
-- A drain that would never end (a request that stalls) ends at `--drain-seconds`: the process
-  still exits 0, saying what it cut.
+- A drain that would never end (a request that stalls, a five-minute transcription) ends at
+  `--drain-seconds`, or at a second SIGTERM: the process still exits 0, saying what it cut.
 - `--max-audio-seconds` / $CANDLE_WEB_MAX_AUDIO_SECONDS: a longer upload gets 400 naming the
   duration and the limit, a shorter one is transcribed.
 
@@ -23,13 +23,14 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("starlette", reason="the serve extra installs starlette")
 pytest.importorskip("uvicorn", reason="the serve extra installs uvicorn")
 
 from candle_web import serve  # noqa: E402
-from candle_web.io.wav import parse_wav_header  # noqa: E402
+from candle_web.io.wav import encode_wav, parse_wav_header, read_wav  # noqa: E402
 from tests.api.api_testlib import CLIP, CLIP_B, WHISPER, multipart_body  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -216,6 +217,26 @@ def test_a_drain_that_would_never_end_stops_at_its_timeout_with_status_0(started
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(HANG_GUARD_S) == 0
     stalled.close()
+    output = server.output()
+    assert "cutting 1 request(s) still in flight" in output, output
+    assert "candle-web: stopped" in output
+
+
+def test_a_long_transcription_cut_by_the_drain_timeout_does_not_hold_the_exit(started):
+    """Five minutes of speech uploaded whole, then SIGTERM with a 3 s drain: the transcription
+    is cut (its model's worker thread may still be busy; the process does not wait for it) and
+    the process exits 0."""
+    samples, rate = read_wav(CLIP.read_bytes(), mono=True)
+    five_minutes = encode_wav(np.tile(samples, int(np.ceil(300 * rate / samples.size))), rate)
+    body, content_type = multipart_body({"model": WHISPER}, "long.wav", five_minutes)
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+            f"{content_type}\r\nContent-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n")
+    server = started("--api", "--model", WHISPER, "--drain-seconds", "3")
+    in_flight = start_in_flight(server.port, head.encode())
+    in_flight.sendall(body)
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(HANG_GUARD_S) == 0
+    in_flight.close()
     output = server.output()
     assert "cutting 1 request(s) still in flight" in output, output
     assert "candle-web: stopped" in output
