@@ -9,7 +9,9 @@ dict is made of:
   floats, str and bytes (all widths), tuples, lists, dicts, the memo (PUT/GET, MEMOIZE),
   MARK/POP/DUP, PROTO and FRAME;
 - GLOBAL / STACK_GLOBAL, resolved against an allowlist the caller passes (`globals`:
-  "module.name" -> a plain Python function or value of ours); REDUCE calls only those;
+  "module.name" -> a plain Python function or value of ours); REDUCE calls only those. An
+  allowed function checks its arguments' types and returns a new value or an immutable one
+  (never a list or dict it was given);
 - BUILD only on an ``OrderedDict`` with a dict state (``state_dict()._metadata``), which is
   dropped;
 - persistent ids (BINPERSID, PERSID), handed to the caller's ``persistent_load``.
@@ -19,8 +21,25 @@ records its name (REDUCE, NEWOBJ and BUILD on a placeholder give another placeho
 that one FormatError at the end can name every class and function the pickle refers to.
 INST, OBJ, NEWOBJ and NEWOBJ_EX on anything else, extension codes, out-of-band buffers, sets
 and any unknown opcode are refused on the spot with a FormatError naming the opcode and its
-offset. Lengths are checked against the bytes left before anything is allocated; a pickle is
-read in one pass, so time is linear in its size.
+offset. Lengths are checked against the bytes left before anything is allocated.
+
+*Time and memory linear in the pickle's size.* DUP and the memo let a pickle refer to one
+value many times: 2 bytes (DUP, TUPLE2) make a tuple whose halves are one object, so 80 bytes
+can describe a tuple of 2**40 nodes. Whatever walks such a value as a tree (Python's tuple
+hash, ``repr``, ``str``, a check of a dict key) would take exponential time. So every value
+carries its *size*, the value written out in full (one per container and scalar, plus the
+length of each string and bytes, a shared part counted each time it appears), summed as
+containers are built and grown; a container, and the arguments of all calls together, may
+not exceed ``NODES_PER_BYTE`` per byte read so far (plus ``MIN_SIZE_CAP``). A list or dict
+that the memo or a DUP also refers to keeps one size record for every reference, and once it
+is inside another container it may not change (the containers that hold it counted its size;
+a real pickler fills a container before another one takes it, cycles aside). The memo keeps
+at most one entry per two bytes read (every entry a real pickler makes follows an opcode that
+built the value), a global's name is kept once however often it appears and refused from
+``MAX_GLOBAL_NAME`` characters, dict keys are checked with a walk that stops at
+``MAX_KEY_NODES`` nodes,
+and values appear in messages only through `describe`, which stops at
+``MAX_DESCRIBED_CHARS`` (these two live in io/pickle_values.py).
 """
 
 from __future__ import annotations
@@ -29,24 +48,18 @@ import collections
 import struct
 
 from ..core.errors import FormatError
+from .pickle_values import Refused, describe, key_problem, leaf_size
 
-MAX_MEMO_ENTRIES = 1 << 24  # a state dict has a few entries per tensor
-MAX_TEXT_INT_DIGITS = 4000
-MAX_INT_KEY = 1 << 60  # dict keys: see _hashable  # INT/LONG written as text: below Python's int-from-str limit
+# A value (or all calls' arguments together) may be this many times the bytes read so far,
+# plus MIN_SIZE_CAP: a real state dict's size is about its pickle's length (sharing is rare:
+# tied weights share a storage, which weighs 1).
+NODES_PER_BYTE = 16
+MIN_SIZE_CAP = 1 << 20
+MAX_TEXT_INT_DIGITS = 4000  # INT/LONG written as text: below Python's int-from-str limit
+MAX_GLOBAL_NAME = 512  # characters of "module.name"
+MAX_ERROR_CHARS = 200  # an error raised by Python while running an opcode, quoted
 # The placeholder names listed in one error message (the rest are counted).
 MAX_NAMED_GLOBALS = 24
-
-
-class Refused:
-    """What an unknown global (and anything built from it) stands for: only its name."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<refused {self.name}>"
 
 
 class _Mark:
@@ -54,6 +67,21 @@ class _Mark:
 
 
 _MARK = _Mark()
+
+
+class _Shared:
+    """The size of a list or dict that the memo or a DUP also refers to: one record shared by
+    every reference, so that filling the container through one of them is seen through all."""
+
+    __slots__ = ("size", "nested")
+
+    def __init__(self, size: int):
+        self.size = size
+        self.nested = False  # inside another container (or a call's arguments): frozen
+
+
+def _size_of(entry) -> int:
+    return entry.size if type(entry) is _Shared else entry
 
 
 class PickleMachine:
@@ -66,14 +94,18 @@ class PickleMachine:
     def __init__(self, data, start: int = 0, *, globals=None, persistent_load=None,
                  what: str = "pickle"):
         self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-        self.pos = start
+        self.start = self.pos = start
         self.globals = dict(globals or {})
         self.persistent_load = persistent_load
         self.what = what
         self.stack = []
+        self.sizes = []  # each stack value's size: an int, or a _Shared record
         self.marks = []  # the stack lengths at each MARK
-        self.memo = {}
-        self.refused = []  # names of globals that were not allowed, in order of appearance
+        # The memo: ids a pickler hands out in order (0, 1, 2...) live in two lists (value,
+        # size), any other id in `sparse_memo` (id -> (value, size)).
+        self.memo, self.memo_sizes, self.sparse_memo = [], [], {}
+        self.call_sizes = 0  # the sizes of all calls' arguments, together
+        self.refused = {}  # names of globals that were not allowed (one string each), in order
 
     # -- reading ------------------------------------------------------------------------------
     def fail(self, message: str, at=None) -> FormatError:
@@ -98,22 +130,81 @@ class PickleMachine:
             raise self.fail("a text argument has no end of line (or is too long)")
         return self.take(end + 1)[:-1]
 
-    # -- the stack ----------------------------------------------------------------------------
-    def push(self, value) -> None:
-        self.stack.append(value)
+    # -- sizes --------------------------------------------------------------------------------
+    def size_cap(self) -> int:
+        return NODES_PER_BYTE * (self.pos - self.start) + MIN_SIZE_CAP
 
-    def pop(self):
+    def check_size(self, size: int, what: str) -> None:
+        if size > self.size_cap():
+            raise self.fail(
+                f"{what} of size {size} (shared parts counted each time they appear) from "
+                f"{self.pos - self.start} bytes of pickle: more than {NODES_PER_BYTE} per "
+                f"byte plus {MIN_SIZE_CAP}, what no state dict needs (walking it would take "
+                "time out of proportion to the file)")
+
+    @staticmethod
+    def nest(entries) -> int:
+        """The total size of values going inside a container (or into a call's arguments). A
+        shared list or dict among them is frozen from now on: the container counted it."""
+        total = 0
+        for entry in entries:
+            if type(entry) is _Shared:
+                entry.nested = True
+                total += entry.size
+            else:
+                total += entry
+        return total
+
+    def share_top(self):
+        """The top's size entry, made a _Shared record if the top is a list or dict (about to
+        be referred to by the memo or a DUP as well)."""
+        entry = self.sizes[-1]
+        if type(entry) is not _Shared and isinstance(self.stack[-1], (list, dict)):
+            entry = self.sizes[-1] = _Shared(entry)
+        return entry
+
+    def grow_top(self, entries, opcode: str) -> None:
+        """The list or dict on top is getting the values whose size entries are `entries`."""
+        entry = self.sizes[-1]
+        if type(entry) is _Shared and entry.nested:
+            raise self.fail(f"{opcode} changes a {type(self.stack[-1]).__name__} that is already "
+                            "inside another container (a pickler fills a container before it "
+                            "is used)")
+        size = _size_of(entry) + self.nest(entries)
+        self.check_size(size, f"a {type(self.stack[-1]).__name__}")
+        if type(entry) is _Shared:
+            entry.size = size
+        else:
+            self.sizes[-1] = size
+
+    # -- the stack ----------------------------------------------------------------------------
+    def push(self, value, size=None) -> None:
+        self.stack.append(value)
+        self.sizes.append(leaf_size(value) if size is None else size)
+
+    def push_built(self, container, entries) -> None:
+        """Push a new container made of the values whose size entries are `entries`."""
+        size = 1 + self.nest(entries)
+        self.check_size(size, f"a {type(container).__name__}")
+        self.push(container, size)
+
+    def pop_entry(self):
+        """(value, size entry) of the top, removed."""
         if not self.stack or (self.marks and len(self.stack) <= self.marks[-1]):
             raise self.fail("pops an empty stack")
-        return self.stack.pop()
+        return self.stack.pop(), self.sizes.pop()
 
-    def pop_mark(self) -> list:
+    def pop(self):
+        return self.pop_entry()[0]
+
+    def pop_mark(self):
+        """(values, size entries) since the last MARK, removed."""
         if not self.marks:
             raise self.fail("needs a MARK and there is none")
         start = self.marks.pop()
-        items = self.stack[start:]
-        del self.stack[start:]
-        return items
+        items, entries = self.stack[start:], self.sizes[start:]
+        del self.stack[start:], self.sizes[start:]
+        return items, entries
 
     def top(self):
         if not self.stack or (self.marks and len(self.stack) <= self.marks[-1]):
@@ -123,33 +214,62 @@ class PickleMachine:
     def memo_put(self, key: int) -> None:
         if not 0 <= key < 1 << 32:  # what the binary opcodes can write; no colliding hashes
             raise self.fail(f"memo key of {key.bit_length()} bits")
-        if len(self.memo) >= MAX_MEMO_ENTRIES and key not in self.memo:
-            raise self.fail(f"more than {MAX_MEMO_ENTRIES} memo entries")
-        self.memo[key] = self.top()
+        value = self.top()
+        entry = self.share_top()
+        if key < len(self.memo):
+            self.memo[key], self.memo_sizes[key] = value, entry
+            return
+        if key == len(self.memo):
+            self.memo.append(value)
+            self.memo_sizes.append(entry)
+            self.sparse_memo.pop(key, None)
+        else:
+            self.sparse_memo[key] = (value, entry)
+        entries = self.memo_count()
+        if entries > (self.pos - self.start) // 2:
+            raise self.fail(f"{entries} memo entries from {self.pos - self.start} bytes: a "
+                            "pickler memoizes each value once, after the opcode that built it")
+
+    def memo_count(self) -> int:
+        """How many memo ids are stored: the id MEMOIZE gives the top."""
+        return len(self.memo) + len(self.sparse_memo)
 
     def memo_get(self, key: int):
-        if key not in self.memo:
+        if key < len(self.memo):
+            self.push(self.memo[key], self.memo_sizes[key])
+        elif key in self.sparse_memo:
+            self.push(*self.sparse_memo[key])
+        else:
             raise self.fail(f"memo key {key} was never stored")
-        self.push(self.memo[key])
 
     # -- globals ------------------------------------------------------------------------------
     def find_global(self, module, name):
         if not isinstance(module, str) or not isinstance(name, str):
             raise self.fail("STACK_GLOBAL needs two strings")
+        if len(module) + len(name) >= MAX_GLOBAL_NAME:
+            raise self.fail(f"a global name of {len(module) + len(name) + 1} characters")
         full = f"{module}.{name}"
         if full in self.globals:
             return self.globals[full]
-        self.refused.append(full)
-        return Refused(full)
+        return Refused(self.refused.setdefault(full, full))
 
-    def call(self, func, args):
+    def call(self, func, args, args_entry):
+        """(result, its size) of REDUCE."""
         if isinstance(func, Refused):
-            return Refused(func.name)
+            return Refused(func.name), 1
         if not isinstance(args, tuple):
             raise self.fail("REDUCE needs an argument tuple")
         if not callable(func):
             raise self.fail(f"REDUCE on a value that is not a function ({type(func).__name__})")
-        return func(*args)
+        # A function's work (and what it builds) grows with its arguments, which may be shared
+        # values reached by 2-byte memo GETs: every call is charged its arguments' size.
+        args_size = _size_of(args_entry)
+        self.call_sizes += args_size
+        self.check_size(self.call_sizes, "the arguments of the calls, together,")
+        result = func(*args)
+        if isinstance(result, (tuple, list, dict)):
+            return result, 1 + args_size  # built from the arguments only
+        return result, leaf_size(result)
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self):
@@ -168,7 +288,7 @@ class PickleMachine:
                     raise self.fail(f"STOP with {len(self.stack)} values on the stack and "
                                     f"{len(self.marks)} open MARKs", at)
                 if self.refused:
-                    names = list(dict.fromkeys(self.refused))
+                    names = list(self.refused)
                     shown = ", ".join(names[:MAX_NAMED_GLOBALS])
                     more = len(names) - MAX_NAMED_GLOBALS
                     raise FormatError(
@@ -184,7 +304,10 @@ class PickleMachine:
                 raise
             except (ValueError, TypeError, OverflowError, UnicodeDecodeError, KeyError,
                     IndexError, struct.error, RecursionError, MemoryError) as error:
-                raise self.fail(f"opcode {code!r}: {type(error).__name__}: {error}", at) from None
+                # A KeyError's text is its key's repr: described, as the pickle's values are.
+                text = (describe(error.args[0]) if isinstance(error, KeyError) and error.args
+                        else str(error)[:MAX_ERROR_CHARS])
+                raise self.fail(f"opcode {code!r}: {type(error).__name__}: {text}", at) from None
 
 
 # -- opcode handlers ------------------------------------------------------------------------------
@@ -268,48 +391,38 @@ def _sized(fmt: str, kind: str):
 
 
 def _tuple(m):
-    m.push(tuple(m.pop_mark()))
+    items, entries = m.pop_mark()
+    m.push_built(tuple(items), entries)
 
 
 def _tuple_n(count: int):
     def handler(m):
-        items = [m.pop() for _ in range(count)][::-1]
-        m.push(tuple(items))
+        popped = [m.pop_entry() for _ in range(count)][::-1]
+        m.push_built(tuple(value for value, _ in popped), [entry for _, entry in popped])
     return handler
 
 
 def _list(m):
-    m.push(m.pop_mark())
+    items, entries = m.pop_mark()
+    m.push_built(items, entries)
 
 
 def _append(m):
-    value = m.pop()
+    value, entry = m.pop_entry()
     target = m.top()
     if not isinstance(target, list):
         raise m.fail(f"APPEND to a {type(target).__name__}")
+    m.grow_top([entry], "APPEND")
     target.append(value)
 
 
 def _appends(m):
-    items = m.pop_mark()
+    items, entries = m.pop_mark()
     target = m.top()
     if not isinstance(target, list):
         raise m.fail(f"APPENDS to a {type(target).__name__}")
+    m.grow_top(entries, "APPENDS")
     target.extend(items)
-
-
-def key_problem(key):
-    """Why `key` may not be a dict key here, or None. Allowed: keys whose hashes a file cannot
-    make collide: str and bytes (randomised hashes), ints up to 2**60 (hashed as themselves),
-    None, and tuples of those. Huge ints and floats are refused: multiples of 2**61 - 1 all
-    hash alike, which turns n insertions into n**2 work."""
-    if isinstance(key, tuple):
-        return next((problem for problem in map(key_problem, key) if problem), None)
-    if isinstance(key, int) and not -MAX_INT_KEY <= key <= MAX_INT_KEY:
-        return f"a dict key int of {key.bit_length()} bits"
-    if not isinstance(key, (str, bytes, int, type(None))):
-        return f"a dict key of type {type(key).__name__}"
-    return None
 
 
 def _hashable(m, key):
@@ -319,8 +432,6 @@ def _hashable(m, key):
 
 
 def _set_items(m, target, items):
-    if not isinstance(target, dict):
-        raise m.fail(f"SETITEM(S) on a {type(target).__name__}")
     if len(items) % 2:
         raise m.fail("SETITEMS with an odd number of values")
     for index in range(0, len(items), 2):
@@ -329,21 +440,28 @@ def _set_items(m, target, items):
 
 
 def _dict(m):
-    items = m.pop_mark()
+    items, entries = m.pop_mark()
     target = {}
     _set_items(m, target, items)
-    m.push(target)
+    m.push_built(target, entries)
 
 
 def _setitem(m):
-    value = m.pop()
-    key = m.pop()
-    _set_items(m, m.top(), [key, value])
+    value, value_entry = m.pop_entry()
+    key, key_entry = m.pop_entry()
+    _grow_dict(m, [key, value], [key_entry, value_entry])
 
 
 def _setitems(m):
-    items = m.pop_mark()
-    _set_items(m, m.top(), items)
+    _grow_dict(m, *m.pop_mark())
+
+
+def _grow_dict(m, items, entries):
+    target = m.top()
+    if not isinstance(target, dict):
+        raise m.fail(f"SETITEM(S) on a {type(target).__name__}")
+    m.grow_top(entries, "SETITEM(S)")
+    _set_items(m, target, items)
 
 
 def _global(m):
@@ -359,9 +477,9 @@ def _stack_global(m):
 
 
 def _reduce(m):
-    args = m.pop()
+    args, args_entry = m.pop_entry()
     func = m.pop()
-    m.push(m.call(func, args))
+    m.push(*m.call(func, args, args_entry))
 
 
 def _newobj(m):
@@ -412,13 +530,14 @@ def _inst(m):
 
 
 def _obj(m):
-    items = m.pop_mark()
+    items, _ = m.pop_mark()
     named = items[0].name if items and isinstance(items[0], Refused) else "a class"
     raise m.fail(f"opcode OBJ is refused: it would build an instance of {named}")
 
 
 def _dup(m):
-    m.push(m.top())
+    value = m.top()
+    m.push(value, m.share_top())
 
 
 def _pop_mark(m):
@@ -442,7 +561,7 @@ _OPCODES = {
     b"]": lambda m: m.push([]), b"l": _list, b"a": _append, b"e": _appends,
     b"}": lambda m: m.push({}), b"d": _dict, b"s": _setitem, b"u": _setitems,
     b"p": lambda m: m.memo_put(_text_int(m, m.line())), b"q": lambda m: m.memo_put(m.take(1)[0]),
-    b"r": lambda m: m.memo_put(m.unpack("<I")), b"\x94": lambda m: m.memo_put(len(m.memo)),
+    b"r": lambda m: m.memo_put(m.unpack("<I")), b"\x94": lambda m: m.memo_put(m.memo_count()),
     b"g": lambda m: m.memo_get(_text_int(m, m.line())), b"h": lambda m: m.memo_get(m.take(1)[0]),
     b"j": lambda m: m.memo_get(m.unpack("<I")),
     b"c": _global, b"\x93": _stack_global, b"R": _reduce, b"\x81": _newobj,
@@ -461,4 +580,4 @@ def run_pickle(data, start: int = 0, **options):
     return PickleMachine(data, start, **options).run()
 
 
-__all__ = ["PickleMachine", "Refused", "key_problem", "run_pickle"]
+__all__ = ["PickleMachine", "Refused", "describe", "key_problem", "run_pickle"]

@@ -18,10 +18,14 @@ outside this allowlist: `collections.OrderedDict`, `torch._utils._rebuild_tensor
 `_rebuild_parameter`, `_rebuild_parameter_with_state` (the tensor is kept, the rest dropped),
 the storage classes `torch.{Double,Float,Half,BFloat16,Long,Int,Short,Char,Byte,Bool}Storage`,
 `torch.Size`, the dtype names (`torch.float16`...), `torch.device` (a string) and
-`_codecs.encode` (how protocol 2 writes bytes). Anything else (a class, a function, an
-opcode that builds objects, a persistent id that is not a storage) is refused with a
-FormatError naming it; nothing from the file is imported or executed. This is the same
-contract as `torch.load(weights_only=True)`, a little narrower.
+`_codecs.encode` (how protocol 2 writes bytes). Each of these functions checks its arguments'
+types first (a FormatError names the function, the argument and the type found). Anything
+else (a class, a function, an opcode that builds objects, a persistent id that is not a
+storage) is refused with a FormatError naming it; nothing from the file is imported or
+executed. This is the same contract as `torch.load(weights_only=True)`, a little narrower.
+Values from the pickle appear in messages through `pickle_vm.describe` (cut at 80
+characters: a few bytes of pickle can make a value whose repr never ends), and tensor names
+stop at MAX_NAME_CHARS characters.
 
 *Files that pickle more than tensors* (a Lightning checkpoint with its hyper-parameters, a
 `training_args.bin` holding an `argparse.Namespace`): refused, with the name of every class
@@ -65,7 +69,7 @@ import numpy as np
 from ..core.errors import CandleError, FormatError, ModelNotFound, UnsupportedError
 from .bounds import MAX_NUMPY_DIMS, nonzero_bytes, zip_member_data_start
 from .npz import _ZIP_ERRORS, _ZIP_FEATURE_ERRORS, _BufferReader, _buffer_and_name
-from .pickle_vm import Refused, key_problem, run_pickle
+from .pickle_vm import Refused, describe, key_problem, run_pickle
 from .safetensors import _make_tensor, to_candle_storage
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -76,6 +80,9 @@ ZIP_MAGIC = b"PK\x03\x04"
 LEGACY_FIRST_BYTES = (b"\x80", b"L")
 MAX_ELEMENTS = 1 << 62  # a size, stride, offset or element count above this is a lie
 MAX_NESTING = 32  # how deep tensors are looked for in nested dicts and lists
+# A tensor's name (its keys joined with "."): names are copied per tensor, and a pickle can
+# repeat one long key string at every level for 2 bytes a level.
+MAX_NAME_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -295,7 +302,7 @@ class TorchCheckpoint:
                               f"first value is not torch's magic number)")
         protocol, end = self._pickle(self._buffer, end, "protocol version", False)
         if protocol != LEGACY_PROTOCOL:
-            raise UnsupportedError(f"{self.what}: legacy protocol version {protocol!r}, "
+            raise UnsupportedError(f"{self.what}: legacy protocol version {describe(protocol)}, "
                                    f"expected {LEGACY_PROTOCOL}")
         info, end = self._pickle(self._buffer, end, "system info", False)
         if not isinstance(info, dict) or not isinstance(info.get("little_endian", True), bool):
@@ -336,8 +343,10 @@ class TorchCheckpoint:
         allowed = {
             "collections.OrderedDict": _ordered_dict,
             "torch._utils._rebuild_tensor_v2": self._rebuild_tensor,
-            "torch._utils._rebuild_parameter": _rebuild_parameter,
-            "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
+            "torch._utils._rebuild_parameter":
+                _parameter_rebuilder("torch._utils._rebuild_parameter"),
+            "torch._utils._rebuild_parameter_with_state":
+                _parameter_rebuilder("torch._utils._rebuild_parameter_with_state"),
             "torch.Size": _size,
             "torch.device": _device,
             "_codecs.encode": _encode,
@@ -352,7 +361,8 @@ class TorchCheckpoint:
         where = f"{self.what}: persistent id"
         if not isinstance(pid, tuple) or not pid or pid[0] != "storage":
             head = pid[0] if isinstance(pid, tuple) and pid else type(pid).__name__
-            raise FormatError(f"{where} {head!r} is refused: only ('storage', ...) ids are read")
+            raise FormatError(f"{where} {describe(head)} is refused: only ('storage', ...) ids "
+                              "are read")
         if len(pid) > 1 and isinstance(pid[1], Refused):
             return Refused(pid[1].name)  # named with the other refused globals at the end
         expected = 6 if self.format == "legacy" else 5
@@ -361,34 +371,39 @@ class TorchCheckpoint:
                               f"format has {expected}")
         storage_type, key, location, numel = pid[1:5]
         if not isinstance(storage_type, StorageType):
-            raise FormatError(f"{where}: {storage_type!r} is not a storage type")
+            raise FormatError(f"{where}: {describe(storage_type)} is not a storage type")
         if not isinstance(key, str) or not isinstance(location, str):
             raise FormatError(f"{where}: key and location must be strings")
-        numel = _checked_int(numel, f"storage {key!r} size", where)
+        named = describe(key)  # a key may be a long string, referred to by many ids
+        numel = _checked_int(numel, f"storage {named} size", where)
         if numel * storage_type.itemsize >= MAX_ELEMENTS:
-            raise FormatError(f"{where}: storage {key!r} claims {numel} elements")
+            raise FormatError(f"{where}: storage {named} claims {numel} elements")
         storage = self._storages.get(key)
         if storage is None:
             storage = self._storages[key] = Storage(key, storage_type, numel, location)
         elif (storage.type, storage.numel) != (storage_type, numel):
-            raise FormatError(f"{where}: storage {key!r} is declared twice, as {storage.numel} "
+            raise FormatError(f"{where}: storage {named} is declared twice, as {storage.numel} "
                               f"{storage.type.dtype} and as {numel} {storage_type.dtype}")
         view = pid[5] if expected == 6 else None
         if view is None:
             return storage
         if not isinstance(view, tuple) or len(view) != 3:
-            raise FormatError(f"{where}: storage {key!r} has a view field that is not "
+            raise FormatError(f"{where}: storage {named} has a view field that is not "
                               "(key, offset, size)")
         offset = _checked_int(view[1], "view offset", where)
         size = _checked_int(view[2], "view size", where)
         if offset + size > numel:
             raise FormatError(f"{where}: a view of {size} elements from {offset} does not fit "
-                              f"storage {key!r} of {numel}")
+                              f"storage {named} of {numel}")
         return StorageView(storage, offset, size)
 
     def _rebuild_tensor(self, storage, storage_offset, size, stride, requires_grad=False,
                         backward_hooks=None, metadata=None):
         where = f"{self.what}: tensor"
+        function = "torch._utils._rebuild_tensor_v2"
+        _argument(function, 5, "requires_grad", requires_grad, (bool,), "a bool")
+        _argument(function, 6, "backward_hooks", backward_hooks, OPTIONAL_DICT, "a dict")
+        _argument(function, 7, "metadata", metadata, OPTIONAL_DICT, "a dict")
         if isinstance(storage, Refused):
             return Refused(storage.name)
         base, limit = 0, None
@@ -412,7 +427,7 @@ class TorchCheckpoint:
         if last > limit:
             raise FormatError(f"{where}: size {list(shape)}, stride {list(strides)} at offset "
                               f"{offset} reaches element {last}, past the {limit} elements of "
-                              f"storage {storage.key!r}")
+                              f"storage {describe(storage.key)}")
         return TorchTensor(storage, base + offset, shape, strides)
 
     # -- the tensors ---------------------------------------------------------------------------
@@ -429,7 +444,11 @@ class TorchCheckpoint:
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in items:
             if isinstance(key, (str, int)) and not isinstance(key, bool):
-                self._collect(item, f"{name}.{key}" if name else str(key), depth + 1, seen)
+                inner = f"{name}.{key}" if name else str(key)
+                if len(inner) > MAX_NAME_CHARS:
+                    raise FormatError(f"{self.what}: a tensor name of more than "
+                                      f"{MAX_NAME_CHARS} characters: {describe(inner)}")
+                self._collect(item, inner, depth + 1, seen)
 
     def keys(self) -> list:
         return list(self._tensors)
@@ -498,39 +517,71 @@ class TorchCheckpoint:
         self.close()
 
 
+def _argument(function: str, position: int, label: str, value, types: tuple, expected: str):
+    """`value` if it is one of `types` (a bool only where `types` names bool), else a
+    FormatError naming the function, the argument and the type found. The allowlisted
+    functions check their arguments before using them: a pickle can pass any value it built."""
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise FormatError(f"{function}: argument {position} ({label}) is a "
+                          f"{type(value).__name__}, expected {expected}")
+    return value
+
+
+OPTIONAL_DICT = (dict, type(None))
+
+
 def _ordered_dict(items=()):
     """`collections.OrderedDict(pairs)` for the keys the pickle interpreter allows."""
+    _argument("collections.OrderedDict", 1, "items", items, (dict, list, tuple),
+              "a dict or a list of (key, value) pairs")
     if isinstance(items, dict):
         items = list(items.items())
-    if not isinstance(items, (list, tuple)):
-        raise FormatError(f"OrderedDict of a {type(items).__name__}")
     for pair in items:
         if not isinstance(pair, tuple) or len(pair) != 2:
-            raise FormatError("OrderedDict of something other than (key, value) pairs")
+            raise FormatError("collections.OrderedDict: argument 1 (items) holds something "
+                              "other than (key, value) pairs")
         problem = key_problem(pair[0])
         if problem:
             raise FormatError(f"OrderedDict: {problem}")
     return collections.OrderedDict(items)
 
 
-def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, state=None):
-    return data  # a Parameter's tensor; its gradient flag and hooks mean nothing here
+def _parameter_rebuilder(function: str):
+    """`torch._utils._rebuild_parameter(_with_state)`: a Parameter's tensor; its gradient
+    flag, hooks and attributes mean nothing here and are dropped (once their types are
+    checked)."""
+    def rebuild(data, requires_grad=False, backward_hooks=None, state=None):
+        _argument(function, 1, "data", data, (TorchTensor, Refused), "a tensor")
+        _argument(function, 2, "requires_grad", requires_grad, (bool,), "a bool")
+        _argument(function, 3, "backward_hooks", backward_hooks, OPTIONAL_DICT, "a dict")
+        _argument(function, 4, "state", state, (dict, tuple, type(None)), "a dict or a tuple")
+        return data
+    return rebuild
 
 
 def _size(dims=()):
-    if not isinstance(dims, (tuple, list)):
-        raise FormatError(f"torch.Size of a {type(dims).__name__}")
+    _argument("torch.Size", 1, "sizes", dims, (tuple, list), "a tuple of ints")
+    for dim in dims:
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            raise FormatError(f"torch.Size: argument 1 (sizes) holds a {type(dim).__name__}, "
+                              "expected ints")
     return tuple(dims)
 
 
 def _device(kind, index=None):
-    return str(kind) if index is None else f"{kind}:{index}"
+    """`torch.device("cuda:0")` or `torch.device("cuda", 0)`: the device's name."""
+    _argument("torch.device", 1, "type", kind, (str,), "a str")
+    _argument("torch.device", 2, "index", index, (int, type(None)), "an int")
+    return kind if index is None else f"{kind}:{index}"
 
 
 def _encode(text, encoding="utf-8"):
     """`_codecs.encode`, which protocol 2 uses to write bytes: only text to latin-1 bytes."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise FormatError("_codecs.encode is read only as (str, 'latin1')")
+    _argument("_codecs.encode", 1, "obj", text, (str,), "a str")
+    _argument("_codecs.encode", 2, "encoding", encoding, (str,), "a str")
+    if encoding not in ("latin1", "latin-1"):
+        raise FormatError(f"_codecs.encode is read only as (str, 'latin1'), not with encoding "
+                          f"{describe(encoding)}")
     return text.encode("latin-1")
 
 
