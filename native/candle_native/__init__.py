@@ -40,6 +40,8 @@ def _sources_digest() -> str:
     for path in sorted(package.rglob("*.py")):
         digest.update(path.relative_to(package).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
+    # The integer kernels' forced instruction form changes their machine code, not their source.
+    digest.update(os.environ.get("CANDLE_NATIVE_INT_LANES", "").encode())
     return digest.hexdigest()[:16]
 
 

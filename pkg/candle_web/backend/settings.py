@@ -16,6 +16,7 @@ the environment; the environment stays what the user set.
 | CANDLE_WEB_WHISPER_F16 | 1 | 0: the fused Whisper step keeps f16-valued weights as f32 |
 | CANDLE_WEB_DECODE_THREADS | (all) | 1: the fused decode steps run on one thread |
 | CANDLE_WEB_PROMPT_WEIGHTS_MB | 1024 | MiB of f32 copies of quantized weights kept for multi-row products (prompts without a fused part) |
+| CANDLE_WEB_COMPUTE_TYPE | float32 | `int8`: quantized products of the fused parts multiply int8 activations by the int8 weight levels with integer dot products (quantized/int8_rows.py); `float32`: they widen the weights to f32 (the reference) |
 | CANDLE_WEB_WASM_KERNELS | (checkout) | the kernels.wasm the wasm backend runs natively (wasmtime); default: web/vendor/ of the source checkout |
 """
 
@@ -34,8 +35,12 @@ WHISPER_F16_VARIABLE = "CANDLE_WEB_WHISPER_F16"
 DECODE_THREADS_VARIABLE = "CANDLE_WEB_DECODE_THREADS"
 PROMPT_WEIGHTS_MB_VARIABLE = "CANDLE_WEB_PROMPT_WEIGHTS_MB"
 WASM_KERNELS_VARIABLE = "CANDLE_WEB_WASM_KERNELS"
+COMPUTE_TYPE_VARIABLE = "CANDLE_WEB_COMPUTE_TYPE"
 
 CPU_BACKENDS = ("numpy", "numba", "wasm")
+# faster-whisper's / CTranslate2's option name and values.
+COMPUTE_TYPES = ("float32", "int8")
+DEFAULT_COMPUTE_TYPE = "float32"
 DEFAULT_PROMPT_WEIGHTS_MB = 1024.0
 
 
@@ -49,6 +54,7 @@ class Settings:
     decode_threads: int | None  # None: as many as numba has
     prompt_weights_bytes: int
     wasm_kernels: str | None  # None: the checkout's web/vendor/kernels.wasm, if any
+    compute_type: str = DEFAULT_COMPUTE_TYPE  # one of COMPUTE_TYPES
 
 
 def _switch(variable: str) -> bool:
@@ -90,6 +96,19 @@ def _prompt_weights_bytes() -> int:
     return int(megabytes * (1 << 20))
 
 
+def _compute_type() -> str:
+    choice = os.environ.get(COMPUTE_TYPE_VARIABLE, "").strip().lower()
+    return check_compute_type(choice, COMPUTE_TYPE_VARIABLE) if choice else DEFAULT_COMPUTE_TYPE
+
+
+def check_compute_type(choice, where: str) -> str:
+    """`choice` when it names a compute type, else an error naming `where` it came from."""
+    if choice not in COMPUTE_TYPES:
+        raise UnsupportedError(f"{where}={choice!r}: expected one of "
+                               f"{', '.join(repr(name) for name in COMPUTE_TYPES)}")
+    return choice
+
+
 def _read() -> Settings:
     return Settings(cpu_backend=_cpu_backend(),
                     fused_whisper_decoder=_switch(FUSED_WHISPER_VARIABLE),
@@ -98,7 +117,8 @@ def _read() -> Settings:
                     whisper_f16=_switch(WHISPER_F16_VARIABLE),
                     decode_threads=_decode_threads(),
                     prompt_weights_bytes=_prompt_weights_bytes(),
-                    wasm_kernels=os.environ.get(WASM_KERNELS_VARIABLE, "").strip() or None)
+                    wasm_kernels=os.environ.get(WASM_KERNELS_VARIABLE, "").strip() or None,
+                    compute_type=_compute_type())
 
 
 _current: Settings | None = None
@@ -130,6 +150,8 @@ def override_settings(**values) -> Settings:
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise UnsupportedError(f"override_settings: decode_threads={threads!r}: expected a "
                                "whole number of threads >= 1 or None")
+    if "compute_type" in values:
+        check_compute_type(values["compute_type"], "override_settings: compute_type")
     if "prompt_weights_bytes" in values and not values["prompt_weights_bytes"] >= 0:
         raise UnsupportedError(f"override_settings: prompt_weights_bytes="
                                f"{values['prompt_weights_bytes']!r}: expected bytes >= 0")

@@ -40,3 +40,14 @@ def strict_inline(fn):
     call LLVM does not inline stays in memory (no SROA), and the lanes go through loads and
     stores."""
     return njit(cache=True, fastmath=STRICT_LANES, nogil=True, inline="always")(fn)
+
+
+def exact_kernel(fn):
+    """A serial kernel with strict IEEE semantics (no fast-math flags at all): for results that
+    a numpy reference reproduces bit for bit (the int8 products' epilogue, qint8.py)."""
+    return njit(cache=True, nogil=True)(fn)
+
+
+def exact_inline(fn):
+    """An exact helper inlined into its callers at numba's IR level (see strict_inline)."""
+    return njit(cache=True, nogil=True, inline="always")(fn)

@@ -23,7 +23,7 @@ from numba import prange, types
 from numba.extending import overload
 
 from ._jit import FAST_REDUCTIONS, kernel, parallel_kernel
-from . import qrows
+from . import qint8, qrows
 from .decoder_step import (ROW_CHUNK, _attend_parallel, _attend_serial, _rope_head, _rows_f32,
                            _silu_mul_halves, rms_norm_vector, weight_rows)
 
@@ -61,6 +61,11 @@ def _project_rows_for_type(xs, weight, outs, parallel):
             else:
                 _matmul_rows_f32_serial(xs, weight, outs)
         return float_rows
+
+    if weight.types[0].dtype == types.uint8:  # levels viewed as uint8: compute type int8
+        def int8_rows(xs, weight, outs, parallel):
+            qint8.rows(xs, weight, outs, parallel)
+        return int8_rows
 
     def quantized_rows(xs, weight, outs, parallel):
         if parallel:

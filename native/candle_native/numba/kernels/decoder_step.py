@@ -33,7 +33,7 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
-from . import qrows
+from . import qint8, qrows
 from ._jit import FAST_REDUCTIONS, kernel, parallel_kernel
 from .vector_math import SOFTMAX_NEGLIGIBLE
 
@@ -96,6 +96,11 @@ def _project_for_type(x, weight, out, parallel):
             else:
                 _matvec_f32_serial(x, weight, out)
         return float_matvec
+
+    if weight.types[0].dtype == types.uint8:  # levels viewed as uint8: compute type int8
+        def int8_matvec(x, weight, out, parallel):
+            qint8.rows(x.reshape((1, x.size)), weight, out.reshape((1, out.size)), parallel)
+        return int8_matvec
 
     def quantized_matvec(x, weight, out, parallel):
         matvec(x, weight, out, parallel)

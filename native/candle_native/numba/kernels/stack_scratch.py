@@ -35,5 +35,6 @@ def _stack_array(length: int):
 
 
 # One intrinsic per length: the length must be a compile-time constant for SROA.
+stack_f32_16 = _stack_array(16)
 stack_f32_32 = _stack_array(32)
 stack_f32_64 = _stack_array(64)

@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from candle_web.backend.settings import settings
+
 from ..decode_threads import decode_in_parallel
 from ..kernels import decoder_step as nk
 from ...quant_unpack import UNPACKABLE, kernel_weight
@@ -40,8 +42,17 @@ NO_BIAS = np.zeros(0, np.float32)
 
 
 def _kernel_tuple(qmatmul):
-    """The weight in the form the kernels take: the quantized tuple, or the f32 matrix itself
-    (C-ordered, never copied when it already is); None when the layer is neither."""
+    """The weight in the form the kernels take: the quantized tuple (its levels viewed as
+    uint8 under the compute type int8, which selects the integer kernels, qint8.py), or the
+    f32 matrix itself (C-ordered, never copied when it already is); None when the layer is
+    neither."""
+    weight = _float_or_quantized_tuple(qmatmul)
+    if isinstance(weight, tuple) and settings().compute_type == "int8":
+        return (weight[0].view(np.uint8), *weight[1:])
+    return weight
+
+
+def _float_or_quantized_tuple(qmatmul):
     if not qmatmul.is_quantized:
         matrix = qmatmul.weight.to_numpy()
         if matrix.dtype != np.float32 or matrix.ndim != 2:
