@@ -9,6 +9,7 @@ checkpoint gives the same logits.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -99,6 +100,33 @@ def test_hf_layout_gives_the_same_tokens_as_ct2(hf_checkpoint, whisper_models, s
     greedy = TranscribeOptions(temperatures=(0.0,))
     want = [s.tokens for s in transcribe(ct2_model, tokenizer, samples, greedy).segments]
     assert [s.tokens for s in transcribe(hf_model, tokenizer, samples, greedy).segments] == want
+
+
+def test_load_whisper_reads_each_hf_file_once(hf_checkpoint, model_file, tmp_path, monkeypatch,
+                                              whisper_models, speech_clips):
+    """The HF layout through the loader (a folder of model.safetensors, config.json and
+    tokenizer.json): each file is opened once, however often the checkpoint is asked again
+    afterwards (issue 36), and the model gives the CTranslate2 weights' tokens."""
+    from candle_web.pipelines import load_whisper
+    from tests.file_opens_testlib import count_opens, opens_per_file
+
+    folder, _ = hf_checkpoint
+    for name in ("model.safetensors", "config.json"):
+        (tmp_path / name).symlink_to(folder / name)
+    shutil.copy(model_file("whisper-tiny.en", "tokenizer.json"), tmp_path / "tokenizer.json")
+    opened = count_opens(monkeypatch)
+    loaded = load_whisper(str(tmp_path))
+    assert loaded.checkpoint.config["d_model"] == loaded.model.config.d_model
+    assert loaded.checkpoint.weights.has("model.decoder.embed_tokens.weight")
+    assert loaded.checkpoint.tokenizer is loaded.tokenizer
+    assert opens_per_file(opened, loaded.checkpoint.files) == {
+        "model.safetensors": 1, "config.json": 1, "tokenizer.json": 1}
+    ct2_model, tokenizer = whisper_models("whisper-tiny.en")
+    greedy = TranscribeOptions(temperatures=(0.0,))
+    samples = speech_clips["goforward.raw"]
+    want = [s.tokens for s in transcribe(ct2_model, tokenizer, samples, greedy).segments]
+    got = transcribe(loaded.model, loaded.tokenizer, samples, greedy).segments
+    assert [s.tokens for s in got] == want
 
 
 def test_logits_match_transformers(hf_checkpoint, speech_clips):

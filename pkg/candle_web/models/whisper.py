@@ -26,7 +26,7 @@ import numpy as np
 from ..core import dtype as dt
 from ..backend import parts
 from ..core.errors import FormatError, ShapeMismatch
-from ..io.checkpoint import CONFIG_FILE, open_checkpoint
+from ..io.checkpoint import open_checkpoint
 from ..io.weights import Ct2Weights, RowSlice, WeightNames, open_weights
 from ..nn import ops
 from ..nn.kv_cache import KvCache
@@ -358,11 +358,16 @@ class Whisper:
         """From what io/checkpoint.py opens (a folder, a registry name, a Hub spec, received
         bytes, a Checkpoint): a CTranslate2 model.bin (faster-whisper's config.json optional)
         or HF weights (model.safetensors) + config.json."""
-        checkpoint = open_checkpoint(model_dir, kind="whisper")
-        config = checkpoint.files.get(CONFIG_FILE)  # a path or bytes: the readers below name it
-        if checkpoint.format != "ct2":
+        checkpoint = open_checkpoint(model_dir, kind="whisper")  # a Checkpoint as it is
+        # config.json and the weights through the checkpoint, which reads each file once and
+        # keeps it for whoever asks next (the loader's tokenizer, a caller's config); messages
+        # name the file (checkpoint.config_label).
+        if checkpoint.format == "ct2":
+            config = _ct2_config_of(checkpoint.weights, checkpoint.config,
+                                    checkpoint.config_label)
+        else:
             # The config first: a broken config.json is named before the weights are read.
-            config = _hf_config(config)
+            config = _hf_config(checkpoint.config, checkpoint.config_label)
         return Whisper.load(checkpoint.weights, config, device)
 
 
@@ -427,24 +432,26 @@ def _source_name(what: str, source) -> str:
     return what
 
 
-def _hf_config(config) -> WhisperConfig:
-    """HF's config.json (a path, bytes or the parsed object) as a WhisperConfig."""
+def _hf_config(config, source: str | None = None) -> WhisperConfig:
+    """HF's config.json (a path, bytes or the parsed object) as a WhisperConfig; `source`
+    names it in messages (default: its path, when it is one)."""
     if isinstance(config, WhisperConfig):
         return config
     if config is None:
         raise FormatError("whisper: HF safetensors weights need their config.json")
     return WhisperConfig.from_hf_config(read_json_config(config, "whisper config.json"),
-                                        _source_name("whisper config.json", config))
+                                        source or _source_name("whisper config.json", config))
 
 
-def _ct2_config_of(weights, config_json) -> WhisperConfig:
-    """The config of a CTranslate2 model.bin, with faster-whisper's config.json (or None)."""
+def _ct2_config_of(weights, config_json, config_source: str | None = None) -> WhisperConfig:
+    """The config of a CTranslate2 model.bin, with faster-whisper's config.json (or None);
+    `config_source` names that in messages (default: its path, when it is one)."""
     if not isinstance(weights, Ct2Weights):
         raise FormatError(f"{weights.label}: CTranslate2 names without a model.bin: pass a "
                           f"WhisperConfig")
     extra = {} if config_json is None else read_json_config(config_json, "whisper config.json")
     return _ct2_config(weights.ct2, extra, _source_name("CTranslate2 whisper model", weights.path),
-                       _source_name("whisper config.json", config_json))
+                       config_source or _source_name("whisper config.json", config_json))
 
 
 def _ct2_variable(ct2, name: str, source: str):
