@@ -192,7 +192,7 @@ class StartProgress {
     this.bar.max = INIT_PHASES.length + 1; // the last step: ready
     this.done = new Set();
     this.running = new Map(); // phase -> when it started (performance.now())
-    this.failures = []; // [{label, error}] in order
+    this.failures = []; // [{label, error, cause}] in order
     this.last = null; // "wasm kernels ready (0.3 s)": the last stage that ended
     this.heardAt = null; // the worker's first message
     this.openedAt = performance.now();
@@ -211,17 +211,18 @@ class StartProgress {
       this.last = `${label} ready (${formatSeconds(message.ms)})`;
     } else if (message.state === "failed") {
       this.running.delete(message.phase);
-      this.failures.push({ label, error: message.error });
-      this.last = `${label} ${message.error?.name === "StartStalled" ? "stalled" : "failed"}: ${message.error?.message}`;
+      this.failures.push({ label, error: message.error, cause: message.cause });
+      this.last = `${label} ${message.error?.name === "StartStalled" ? "stalled" : "failed"}: ${message.cause}`;
     }
     this.show();
   }
 
-  // "numpy stalled" for the stage whose failure ended the start, or null.
+  // "numpy stalled (numpy-....whl got no answer in 30 s)" for the stage whose failure ended
+  // the start, or null.
   failedStage(error) {
     const failure = this.failures.find((f) => f.error?.name === error.name && f.error?.message === error.message);
     if (!failure) return null;
-    return `${failure.label} ${error.name === "StartStalled" ? "stalled" : "failed"}`;
+    return `${failure.label} ${error.name === "StartStalled" ? "stalled" : "failed"} (${failure.cause})`;
   }
 
   show() {
@@ -256,7 +257,7 @@ function setUpStatus(client) {
     start.stop();
     status.dataset.state = "error";
     const stage = start.failedStage(error);
-    text.textContent = `The Python runtime failed to start${stage ? ` (${stage})` : ""}: ${error.message}`;
+    text.textContent = `The Python runtime failed to start: ${stage ?? error.message}`;
     console.error(error.traceback || error);
   };
   const showReady = (summary) => {

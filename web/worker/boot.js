@@ -88,7 +88,8 @@ async function startPhase(id, phases, phase, work, { watch = null, watched = nul
       ? new StartStalled(`the ${phase} stage stalled: ${error.message}`, phase) : error;
     // A phase that throws still has its duration (the kernels' may).
     phases[phase] = performance.now() - start;
-    progress(id, { phase, state: "failed", ms: phases[phase], error: describeError(failure) });
+    // error: what the start fails with; cause: what went wrong in the stage's own words.
+    progress(id, { phase, state: "failed", ms: phases[phase], error: describeError(failure), cause: describeError(error).message });
     throw failure;
   }
 }
