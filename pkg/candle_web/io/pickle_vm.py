@@ -216,16 +216,18 @@ class PickleMachine:
             raise self.fail(f"memo key of {key.bit_length()} bits")
         value = self.top()
         entry = self.share_top()
-        if key < len(self.memo):
-            self.memo[key], self.memo_sizes[key] = value, entry
+        memo = self.memo
+        if key < len(memo):
+            memo[key], self.memo_sizes[key] = value, entry
             return
-        if key == len(self.memo):
-            self.memo.append(value)
+        if key == len(memo):  # the usual case: ids handed out in order
+            memo.append(value)
             self.memo_sizes.append(entry)
-            self.sparse_memo.pop(key, None)
+            if self.sparse_memo:
+                self.sparse_memo.pop(key, None)
         else:
             self.sparse_memo[key] = (value, entry)
-        entries = self.memo_count()
+        entries = len(memo) + len(self.sparse_memo)
         if entries > (self.pos - self.start) // 2:
             raise self.fail(f"{entries} memo entries from {self.pos - self.start} bytes: a "
                             "pickler memoizes each value once, after the opcode that built it")
