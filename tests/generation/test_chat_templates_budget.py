@@ -17,8 +17,8 @@ from tests.bounded_run_testlib import assert_typed_error, run_bounded
 pytest.importorskip("jinja2")
 
 CAP = 1 << 30  # RLIMIT_AS: the interpreter and jinja2 as imported, plus 1 GiB
-# What a refused render may have allocated at its peak: twice the whole render's budget
-# (MAX_BUILT_CHARS, 32 M characters: 32 MB of ASCII text) covers the budget's own worst case.
+# What a refused render may have allocated at its peak: twice what a render may keep at once
+# (MAX_LIVE_CHARS, 32 M characters: 32 MB of ASCII text) covers the budget's own worst case.
 REFUSED_PEAK_BYTES = 64 << 20
 S = "x" * 60_000  # the review's `s`: s|replace('x', s) is 3.6 G characters
 BIG = "x" * 1_000_000
@@ -62,10 +62,11 @@ REPRODUCERS = [
     ("~ of a list", "{{ ('' ~ [s] * 60000)|length }}", "the ~ operator"),
     ("int squaring", "{% set ns = namespace(n=3) %}{% for i in range(40) %}"
      "{% set ns.n = ns.n * ns.n %}{% endfor %}{{ ns.n > 0 }}", "bits"),
-    ("int power", "{{ ((2 ** 256) ** 256) > 0 }}", "bits"),
+    ("int power", "{% set ns = namespace(n=2 ** 256) %}{% for i in range(4) %}"
+     "{% set ns.n = ns.n ** 256 %}{% endfor %}{{ ns.n > 0 }}", "bits"),
     # filters that build more than their input
     ("indent width", "{{ s|indent(300000000, true) }}", "the indent filter"),
-    ("indent per line", "{{ ('\\n' * 60000)|indent(s)|length }}", "the indent filter"),
+    ("indent per line", "{{ ('y\\n' * 60000)|indent(s)|length }}", "the indent filter"),
     ("wordwrap", "{{ s|wordwrap(1, wrapstring=s)|length }}", "the wordwrap filter"),
     ("tojson of a list", "{{ ([s] * 60000)|tojson|length }}", "the tojson filter"),
     ("tojson indent", "{{ [1]|tojson(indent=300000000) }}", "the tojson filter"),
@@ -76,7 +77,7 @@ REPRODUCERS = [
     ("sum of lists", "{{ ([[s]] * 60000)|sum(start=[])|length }}", "the sum filter"),
     ("batch padding", "{{ [1]|batch(300000000, 'x')|list|length }}", "the batch filter"),
     ("list of a string", "{{ ('\u3042' * 2000000)|list|length }}", "the list filter"),
-    ("str.split", "{{ ('a ' * 2000000).split()|length }}", "str.split()"),
+    ("str.split", "{{ ('\u3042\u3042 ' * 1300000).split()|length }}", "str.split()"),
     ("strftime_now", "{{ strftime_now('%c' * 2000000)|length }}", "strftime_now()"),
     # blocks and macros doubling their text
     ("macro doubling", "{% macro twice(t) %}{{ t }}{{ t }}{% endmacro %}"
@@ -85,8 +86,8 @@ REPRODUCERS = [
         "STEP", "{% set t %}{{ ns.t }}{{ ns.t }}{% endset %}{% set ns.t = t %}"),
      "a block's text"),
     # many values each under the limit, kept: the render's total
-    ("kept concatenations", KEEPING.replace("ITEM", "big ~ i"), "built in all"),
-    ("kept slices", KEEPING.replace("ITEM", "big[i:]"), "built in all"),
+    ("kept concatenations", KEEPING.replace("ITEM", "big ~ i"), "kept at once"),
+    ("kept slices", KEEPING.replace("ITEM", "big[i:]"), "kept at once"),
 ]
 
 
@@ -135,3 +136,21 @@ def test_sizes_under_the_limits_still_render():
     for source, expected in cases.items():
         rendered = load_chat_template(source).render([{"role": "user", "content": "x"}], s=text)
         assert rendered == expected, source
+
+
+def test_what_is_dropped_stops_counting():
+    """Building more than the render may keep is fine when each copy is dropped (a prompt built
+    as `ns.out = ns.out ~ message` is), and refused when the copies are kept."""
+    from candle_web.generation.chat_templates import (MAX_LIVE_CHARS, TemplateBudgetError,
+                                                      load_chat_template)
+
+    big = "x" * 1_000_000
+    rounds = MAX_LIVE_CHARS // len(big) + 8
+    dropped = load_chat_template(
+        "{% set ns = namespace(n=0) %}{% for i in range(" + str(rounds) + ") %}"
+        "{% set t = big ~ i %}{% set ns.n = ns.n + t|length %}{% endfor %}{{ ns.n }}")
+    assert dropped.render([{"role": "user", "content": "x"}], big=big) == str(
+        sum(len(big + str(i)) for i in range(rounds)))
+    kept = load_chat_template(KEEPING.replace("2000", str(rounds)).replace("ITEM", "big ~ i"))
+    with pytest.raises(TemplateBudgetError, match="kept at once"):
+        kept.render([{"role": "user", "content": "x"}], big=big)

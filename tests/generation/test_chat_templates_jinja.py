@@ -91,6 +91,29 @@ def test_template_renders_as_transformers(name, model_file):
             assert template.render(messages, add_generation_prompt) == expected, case
 
 
+# A conversation as long as a prompt gets (~1 M characters, 100 turns; newlines, quotes,
+# backslashes, non-ASCII): the render's size budget (template_budget.py) must not refuse it.
+LONG_TURN = "A line with «é», \"double\" and 'single' quotes, a \\ backslash 😀.\n" * 170
+LONG_CONVERSATION = [{"role": "user" if index % 2 == 0 else "assistant",
+                      "content": f"{index}: {LONG_TURN}"} for index in range(101)]
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_long_conversation_renders_as_transformers(name, model_file):
+    pytest.importorskip("transformers")
+    source = model_file(MODEL, f"templates/{name}").read_text(encoding="utf-8")
+    template = load_chat_template(source, BOS, EOS)
+    if "multi turn" in TRANSFORMERS_CANNOT.get(name, (set(), None))[0]:
+        with pytest.raises(Exception) as reference_error:
+            transformers_render(source, LONG_CONVERSATION, True)
+        with pytest.raises(CandleError, match=re.escape(str(reference_error.value))):
+            template.render(LONG_CONVERSATION)
+        return
+    expected = transformers_render(source, LONG_CONVERSATION, True)
+    assert len(expected) > 1_000_000
+    assert template.render(LONG_CONVERSATION) == expected
+
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city «now».",
     "parameters": {"type": "object", "required": ["city"],

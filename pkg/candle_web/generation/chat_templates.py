@@ -30,13 +30,14 @@ import re
 from dataclasses import dataclass
 
 from ..core.errors import CandleError, UnsupportedError
-from .template_budget import MAX_BUILT_CHARS, MAX_RENDERED_CHARS, TemplateBudgetError
+from .template_budget import (MAX_BUILT_CHARS, MAX_LIVE_CHARS, MAX_RENDERED_CHARS,
+                              TemplateBudgetError)
 from .template_sandbox import (MAX_TEMPLATE_STEPS, compile_template, jinja_environment,
                                render_bounded, template_data)
 
 __all__ = ["CHATML", "FORMATS", "JINJA_HINT", "LLAMA2", "LLAMA3", "MAX_BUILT_CHARS",
-           "MAX_RENDERED_CHARS", "MAX_TEMPLATE_STEPS", "ChatTemplate", "JinjaChatTemplate",
-           "TemplateBudgetError", "chat_template_for", "jinja_environment",
+           "MAX_LIVE_CHARS", "MAX_RENDERED_CHARS", "MAX_TEMPLATE_STEPS", "ChatTemplate",
+           "JinjaChatTemplate", "TemplateBudgetError", "chat_template_for", "jinja_environment",
            "load_chat_template", "render_chat"]
 
 CHATML = "chatml"

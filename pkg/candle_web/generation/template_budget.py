@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
+import sys
 
 from ..core.errors import CandleError
 
@@ -28,9 +29,17 @@ from ..core.errors import CandleError
 #   as a UCS-4 string, 32 MiB as a list's references; also the length of the rendered prompt.
 #   A long conversation is ~128 K characters (32 K tokens).
 MAX_RENDERED_CHARS = 4_000_000
-# - at most 32 M characters or items in all (everything it builds, summed as if nothing were
-#   freed): <= 128 MiB even if all of it were kept as UCS-4 text.
-MAX_BUILT_CHARS = 32_000_000
+# - at most 32 M characters or items alive at once (everything it built that something still
+#   holds): <= 128 MiB even if all of it were UCS-4 text. What is dropped stops counting:
+#   templates build their prompt as `ns.out = ns.out ~ message`, each copy longer than the last;
+MAX_LIVE_CHARS = 32_000_000
+# - at most 512 M characters or items built in all (copies included, freed or not): the time a
+#   render may spend copying, ~0.5-2 GB of memory traffic.
+MAX_BUILT_CHARS = 512_000_000
+# Results shorter than this are counted as built but not tracked while alive: a template keeps
+# one per few dozen steps at most, so the step budget bounds them (2M steps / ~15 per kept
+# value * 256 = ~34 M characters).
+_TRACKED_SIZE = 256
 # - at most 1 M items split out of one string (`list`, `split`, `splitlines`): each item is a
 #   new string object (~50-80 bytes), so <= 80 MiB.
 MAX_SPLIT_ITEMS = 1_000_000
@@ -52,11 +61,15 @@ class TemplateBudgetError(CandleError):
 
 
 class RenderBudget:
-    """What one render has built so far, against MAX_BUILT_CHARS."""
+    """What one render has built (MAX_BUILT_CHARS) and what of it is still alive
+    (MAX_LIVE_CHARS)."""
 
-    def __init__(self, total: int = MAX_BUILT_CHARS):
-        self.total = total
+    def __init__(self, live: int = MAX_LIVE_CHARS, built: int = MAX_BUILT_CHARS):
+        self.live_limit = live
+        self.built_limit = built
         self.built = 0
+        self.live = 0
+        self._kept = []  # (value, size) of each tracked result, until nothing else holds it
 
     def check(self, what: str, size: int, limit: int = MAX_RENDERED_CHARS,
               unit: str = "characters or items") -> None:
@@ -65,10 +78,25 @@ class RenderBudget:
             raise TemplateBudgetError(
                 f"chat template: {what} would be too long ({size} {unit}; one value may have "
                 f"{limit})")
-        if self.built + size > self.total:
+        if self.built + size > self.built_limit:
             raise TemplateBudgetError(
-                f"chat template: {what} would take the render past {self.total} characters or "
-                f"items built in all (too long; {self.built} built so far)")
+                f"chat template: {what} would take the render past {self.built_limit} "
+                f"characters or items built in all (too long; {self.built} built so far)")
+        if size >= _TRACKED_SIZE and self.live + size > self.live_limit:
+            self._forget_dropped()
+            if self.live + size > self.live_limit:
+                raise TemplateBudgetError(
+                    f"chat template: {what} would take the render past {self.live_limit} "
+                    f"characters or items kept at once (too long; {self.live} kept)")
+
+    def copy(self, what: str, size: int) -> None:
+        """Count `size` characters or items copied and dropped at once (sum()'s running
+        totals) in what the render built."""
+        if self.built + size > self.built_limit:
+            raise TemplateBudgetError(
+                f"chat template: {what} would copy more than {self.built_limit - self.built} "
+                f"characters or items (too long; {self.built_limit} may be built in all)")
+        self.built += size
 
     def add(self, what: str, result) -> None:
         """Count a result that was built (checked, if no bound was computed before)."""
@@ -76,6 +104,21 @@ class RenderBudget:
         if size:
             self.check(what, size)
             self.built += size
+            if size >= _TRACKED_SIZE:
+                self.live += size
+                self._kept.append((result, size))
+
+    def _forget_dropped(self) -> None:
+        """Stop counting the results nothing but this budget holds any more (by reference
+        count: CPython's, and Pyodide's, which is CPython). Newest first, so that a dropped
+        list lets go of its items before they are looked at."""
+        entries, self._kept, self.live = self._kept, [], 0
+        while entries:
+            value, size = entries.pop()
+            if sys.getrefcount(value) > 2:  # more than `value` here and getrefcount's own
+                self._kept.append((value, size))
+                self.live += size
+        self._kept.reverse()
 
 
 _ACTIVE = contextvars.ContextVar("chat_template_budget", default=None)
@@ -250,7 +293,7 @@ def join_size(separator: str, items: list, quoted: bool = False) -> int:
     total = len(separator) * max(len(items) - 1, 0)
     for item in items:
         total += text_size(item, quoted=quoted)
-        if total > MAX_BUILT_CHARS:
+        if total > MAX_RENDERED_CHARS:
             break
     return total
 

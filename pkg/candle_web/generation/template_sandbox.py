@@ -16,7 +16,8 @@ A template is untrusted input (it comes with the model), so a render is bounded:
   methods a template calls (`call`: center, ljust, replace, join...), `str.format` (a sized
   formatter), the filters (center, format, indent, join, replace, wordwrap, string, tojson,
   escape, sum, batch...), slices (its code generator), block bodies and each `{{ }}` output (`concat`, `finalize`).
-  Every result is counted against the render's total. The rendered text has the same limit.
+  Every result is counted, in what the render built and (while anything holds it) in what it
+  keeps. The rendered text has the per-value limit.
 - MemoryError (a limit set lower than the budget) and the other failures become a typed
   CandleError naming the template.
 """
@@ -157,13 +158,15 @@ def _sum(budget, what, environment, iterable, attribute=None, start=0):
         from jinja2.filters import make_attrgetter
 
         items = map(make_attrgetter(environment, attribute), iterable)
-    # sum() of lists copies the running total at each step: count all of it as built.
+    # sum() of lists copies the running total at each step: all of it is built.
     length, copied = len(start), 0
     for item in items:
         length += len(item) if isinstance(item, (str, list, tuple)) else 0
         copied += length
-        budget.check(what, length)
-        budget.check(what, copied, budget.total)
+        if length > MAX_RENDERED_CHARS or copied > budget.built_limit:
+            break
+    budget.check(what, length)
+    budget.copy(what, copied)
 
 
 def _batch(budget, what, _, value, linecount, fill_with=None):
