@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+import sys
 
 import pytest
 
@@ -95,6 +96,47 @@ def test_a_tuple_key_used_again_and_again_is_refused_at_its_first_use(tmp_path):
     data = PROTO + key + b"}" + (get(0) + b"Ns") * 200_000 + b"."
     result = load_bounded(tmp_path, zip_file(data))
     assert_refused(result, "a dict key tuple of more than 256 nodes")
+
+
+def colliding_int_pairs(count: int) -> list:
+    """`count` pairs (a, b) of ints within 2**60 whose tuples hash alike under CPython's tuple
+    hash (xxHash's mixing with public constants; an int's hash is the int): for each a, the b
+    that brings the mix to the first pair's state is solved for (one a in eight gives a b in
+    range)."""
+    mask, prime1, prime2, prime5 = (1 << 64) - 1, 11400714785074694791, \
+        14029467366897019727, 2870177450012600261
+
+    def mix(acc: int, value: int) -> int:
+        acc = (acc + (hash(value) & mask) * prime2) & mask
+        return ((acc << 31 | acc >> 33) & mask) * prime1 & mask
+
+    wanted = mix(mix(prime5, 1), 0) * pow(prime1, -1, 1 << 64) & mask
+    wanted = (wanted >> 31 | wanted << 33) & mask  # the state before the last rotation
+    inverse2, pairs, first = pow(prime2, -1, 1 << 64), [], 0
+    while len(pairs) < count:
+        first += 1
+        lane = (wanted - mix(prime5, first)) * inverse2 & mask
+        if lane < 1 << 60:
+            pairs.append((first, lane))
+        elif lane >= (1 << 64) - (1 << 60) and lane != mask:
+            pairs.append((first, lane - (1 << 64)))  # a negative int hashes as itself too
+    return pairs
+
+
+def test_tuple_keys_whose_hashes_collide_are_refused(tmp_path):
+    """60 000 keys (a, b) of one hash: each insertion compared with every key before it (the
+    reviewed revision allowed tuples of small ints as keys). A tuple key that holds an int
+    must start with a str or bytes, whose hash is random."""
+    if sys.implementation.name != "cpython" or sys.hash_info.width != 64:
+        pytest.skip("the collisions are solved for CPython's 64-bit tuple hash")
+    pairs = colliding_int_pairs(60_000)
+    assert len({hash(pair) for pair in pairs[:1000]}) == 1  # they do collide
+    data = PROTO + b"}" + b"".join(integer(a) + integer(b) + TUPLE2 + b"Ns"
+                                   for a, b in pairs) + b"."
+    result = load_bounded(tmp_path, zip_file(data))
+    assert_refused(result, "a dict key tuple that holds an int and does not start with a str")
+    named = PROTO + b"}(" + text("layer") + integer(0) + TUPLE2 + b"Nu."
+    assert TorchCheckpoint(zip_file(named)).object == {("layer", 0): None}
 
 
 def test_a_list_that_grows_after_it_was_shared_is_refused(tmp_path):

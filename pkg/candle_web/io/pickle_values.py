@@ -96,8 +96,10 @@ def key_problem(key):
     """Why `key` may not be a dict key here, or None. Allowed: keys whose hashes a file cannot
     make collide: str and bytes (randomised hashes), ints up to 2**60 (hashed as themselves),
     None, and tuples of those of at most MAX_KEY_NODES nodes (a tuple's hash walks every node,
-    shared ones included, each time the key is used). Huge ints and floats are refused:
-    multiples of 2**61 - 1 all hash alike, which turns n insertions into n**2 work."""
+    shared ones included, each time the key is used) where a tuple that holds an int starts
+    with a str or bytes. Huge ints and floats are refused: multiples of 2**61 - 1 all hash
+    alike, which turns n insertions into n**2 work; so are tuples of ints, whose hashes can be
+    solved for."""
     return _key_walk(key, {}, 0)[1]
 
 
@@ -113,6 +115,14 @@ def _key_walk(key, sizes: dict, depth: int):
     too_big = f"a dict key tuple of more than {MAX_KEY_NODES} nodes"
     if depth >= MAX_KEY_NODES or len(key) >= MAX_KEY_NODES:
         return MAX_KEY_NODES + 1, too_big
+    if key and not isinstance(key[0], (str, bytes)) and any(isinstance(item, int)
+                                                            for item in key):
+        # Python's tuple hash mixes its items' hashes with public constants, and an int's
+        # hash is the int: a file can solve for tuples of ints whose hashes are all equal (one
+        # in eight tries), n of which make n**2 work. A str or bytes first (a random hash)
+        # leaves nothing to solve for.
+        return 1, ("a dict key tuple that holds an int and does not start with a str or "
+                   "bytes (its hash could be made to collide)")
     total = 1
     for item in key:
         size, problem = _key_walk(item, sizes, depth + 1)
