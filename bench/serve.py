@@ -220,7 +220,7 @@ def startup_child(marks_path: str, cli_argv: list) -> int:
     import candle_web.cli as cli  # noqa: PLC0415
     import candle_web.serve as serve  # noqa: PLC0415
     from candle_web import api  # noqa: F401, PLC0415
-    from candle_web.api import engine  # noqa: PLC0415
+    from candle_web.api import model_pool  # noqa: PLC0415
 
     serve.import_server_stack()
     import starlette.applications  # noqa: F401, PLC0415
@@ -229,14 +229,14 @@ def startup_child(marks_path: str, cli_argv: list) -> int:
     except ImportError:
         pass
     mark("imports")
-    warm_up = getattr(engine.ModelPool, "_warm_up_text", None)
+    warm_up = getattr(model_pool.ModelPool, "_warm_up_text", None)
     if warm_up is not None:
         def timed_warm_up(*args, **kwargs):
             mark("load")
             result = warm_up(*args, **kwargs)
             mark("warm-up")
             return result
-        engine.ModelPool._warm_up_text = staticmethod(timed_warm_up)
+        model_pool.ModelPool._warm_up_text = staticmethod(timed_warm_up)
     announce = serve.server.announce
 
     def timed_announce(*args, **kwargs):

@@ -56,11 +56,11 @@ def reference_transcript(pool, whisper, path, task: str = "transcribe"):
         return transcribe(whisper.model, whisper.tokenizer, load_audio(str(path)), options)
 
 
-def raw_request(url: str, method: str, path: str, body: bytes = b"", headers: dict = None):
+def raw_request(url: str, method: str, path: str, body: bytes = b"", headers: dict = None,
+                timeout: float = HTTP_TIMEOUT_S):
     """(status, headers, body) of one request over a fresh connection."""
     parsed = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(parsed.hostname, parsed.port,
-                                            timeout=HTTP_TIMEOUT_S)
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
     try:
         connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()
@@ -87,6 +87,72 @@ def multipart_body(fields: dict, file_name: str, data: bytes) -> tuple[bytes, st
                  .encode() + data + b"\r\n")
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+class Stream:
+    """One streaming chat over http.client: the events as they come, and a way to hang up."""
+
+    def __init__(self, url: str, question: str, max_tokens: int):
+        parsed = urllib.parse.urlsplit(url)
+        self.connection = http.client.HTTPConnection(parsed.hostname, parsed.port,
+                                                     timeout=HTTP_TIMEOUT_S)
+        body = json.dumps({"model": LLM, "messages": chat_messages(question),
+                           "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                           "stream_options": {"include_usage": True}})
+        self.connection.request("POST", "/v1/chat/completions", body=body,
+                                headers={"Content-Type": "application/json"})
+        self.response = self.connection.getresponse()
+
+    def events(self):
+        """The `data:` payloads, decoded JSON or the literal [DONE]."""
+        buffer = b""
+        while line := self.response.readline():
+            buffer += line
+            if buffer.endswith(b"\n\n"):
+                for event in buffer.decode().split("\n\n"):
+                    if event.startswith("data: "):
+                        data = event[len("data: "):]
+                        yield data if data == "[DONE]" else json.loads(data)
+                buffer = b""
+
+    def hang_up(self) -> None:
+        self.connection.sock.shutdown(2)
+        self.connection.close()
+
+
+def run_stream(url: str, question: str, max_tokens: int, hang_up_after_first: bool = False) -> dict:
+    """A greedy streaming chat read to its end (or hung up after the first words): its status,
+    text, [DONE] count, finish reasons and usage."""
+    stream = Stream(url, question, max_tokens)
+    outcome = {"status": stream.response.status, "text": "", "done": 0, "finish": [],
+               "usage": None, "hung_up": False}
+    if stream.response.status != 200:
+        outcome["error"] = stream.response.read()
+        return outcome
+    for event in stream.events():
+        if event == "[DONE]":
+            outcome["done"] += 1
+            continue
+        if event.get("usage"):
+            outcome["usage"] = event["usage"]
+        for choice in event["choices"]:
+            outcome["text"] += choice["delta"].get("content") or ""
+            if choice["finish_reason"]:
+                outcome["finish"].append(choice["finish_reason"])
+        if hang_up_after_first and outcome["text"]:
+            stream.hang_up()
+            outcome["hung_up"] = True
+            return outcome
+    stream.connection.close()
+    return outcome
+
+
+def chat_request(url: str, question: str, max_tokens: int, timeout: float = HTTP_TIMEOUT_S):
+    """(status, decoded JSON) of one greedy, non-streaming chat."""
+    status, _, body = raw_request(url, "POST", "/v1/chat/completions", json.dumps({
+        "model": LLM, "messages": chat_messages(question), "max_tokens": max_tokens,
+        "temperature": 0}).encode(), {"Content-Type": "application/json"}, timeout=timeout)
+    return status, json.loads(body)
 
 
 def wait_until(timeout_s: float, condition, what: str, poll_s: float = 0.005) -> None:

@@ -1,4 +1,4 @@
-"""Continuous batching in the API's text scheduler (api/engine.py TextScheduler): requests
+"""Continuous batching in the API's text scheduler (api/scheduler.py TextScheduler): requests
 joining at different rounds, with prompts of different lengths and budgets, run in one batched
 decode step per round (backend/batched_steps.py start_batched_causal_decoding) and each gets the
 greedy ids `generate` gives it alone -- the batched step's rows are bit-identical to the

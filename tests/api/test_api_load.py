@@ -5,7 +5,6 @@ exactly once. No timings are asserted: the scheduler's own counters say what hap
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -21,9 +19,9 @@ import pytest
 pytest.importorskip("openai", reason="the dev extra installs the openai client")
 pytest.importorskip("starlette", reason="the serve extra installs starlette")
 
-from tests.api.api_testlib import (CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM,  # noqa: E402
-                                   WHISPER, chat_messages, multipart_body, raw_request,
-                                   reference_chat, reference_transcript, wait_until)
+from tests.api.api_testlib import (CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM, WHISPER,  # noqa: E402
+                                   chat_messages, multipart_body, raw_request, reference_chat,
+                                   reference_transcript, run_stream, wait_until)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.",
@@ -61,63 +59,6 @@ def server_url(pool, tmp_path_factory):
     yield url
     server.shutdown()
     server.server_close()
-
-
-class Stream:
-    """One streaming chat over http.client: the events as they come, and a way to hang up."""
-
-    def __init__(self, url: str, question: str, max_tokens: int = LOAD_TOKENS):
-        parsed = urllib.parse.urlsplit(url)
-        self.connection = http.client.HTTPConnection(parsed.hostname, parsed.port,
-                                                     timeout=HTTP_TIMEOUT_S)
-        body = json.dumps({"model": LLM, "messages": chat_messages(question),
-                           "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                           "stream_options": {"include_usage": True}})
-        self.connection.request("POST", "/v1/chat/completions", body=body,
-                                headers={"Content-Type": "application/json"})
-        self.response = self.connection.getresponse()
-
-    def events(self):
-        """The `data:` payloads, decoded JSON or the literal [DONE]."""
-        buffer = b""
-        while line := self.response.readline():
-            buffer += line
-            if buffer.endswith(b"\n\n"):
-                for event in buffer.decode().split("\n\n"):
-                    if event.startswith("data: "):
-                        data = event[len("data: "):]
-                        yield data if data == "[DONE]" else json.loads(data)
-                buffer = b""
-
-    def hang_up(self) -> None:
-        self.connection.sock.shutdown(2)
-        self.connection.close()
-
-
-def run_stream(url: str, question: str, hang_up_after_first: bool = False,
-               max_tokens: int = LOAD_TOKENS) -> dict:
-    stream = Stream(url, question, max_tokens)
-    outcome = {"status": stream.response.status, "text": "", "done": 0, "finish": [],
-               "usage": None, "hung_up": False}
-    if stream.response.status != 200:
-        outcome["error"] = stream.response.read()
-        return outcome
-    for event in stream.events():
-        if event == "[DONE]":
-            outcome["done"] += 1
-            continue
-        if event.get("usage"):
-            outcome["usage"] = event["usage"]
-        for choice in event["choices"]:
-            outcome["text"] += choice["delta"].get("content") or ""
-            if choice["finish_reason"]:
-                outcome["finish"].append(choice["finish_reason"])
-        if hang_up_after_first and outcome["text"]:
-            stream.hang_up()
-            outcome["hung_up"] = True
-            return outcome
-    stream.connection.close()
-    return outcome
 
 
 def test_requests_sharing_rounds_keep_their_greedy_ids(pool, server_url, llama):
@@ -168,12 +109,11 @@ def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_its_slot(tmp_path,
         with pool.compute:
             # Long enough that it cannot end before its client's hang-up is noticed.
             first = threading.Thread(target=lambda: results.update(
-                first=run_stream(url, LONG_QUESTION, hang_up_after_first=True,
-                                 max_tokens=LONG_TOKENS)))
+                first=run_stream(url, LONG_QUESTION, LONG_TOKENS, hang_up_after_first=True)))
             first.start()
             wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["active"] == 1, "the first request in its slot")
             second = threading.Thread(target=lambda: results.update(
-                second=run_stream(url, QUESTIONS[1])))
+                second=run_stream(url, QUESTIONS[1], LOAD_TOKENS)))
             second.start()
             wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["waiting"] == 1, "the second request queued")
             status, headers, body = raw_request(url, "POST", "/v1/chat/completions", json.dumps({
@@ -216,7 +156,7 @@ def test_sixteen_streams_and_four_uploads_at_once(pool, server_url, llama, whisp
     lock = threading.Lock()
 
     def chat(index: int) -> None:
-        result = run_stream(server_url, QUESTIONS[index % len(QUESTIONS)],
+        result = run_stream(server_url, QUESTIONS[index % len(QUESTIONS)], LOAD_TOKENS,
                             hang_up_after_first=index % 4 == 3)
         with lock:
             assert ("chat", index) not in outcomes

@@ -14,16 +14,19 @@
 Answers come from the package's own pipelines (pipelines.load_*, generation, the Whisper
 decoder, pipelines.subtitles), so they equal the CLI's for the same inputs: greedy ids,
 transcripts, vectors. Every refusal is OpenAI's error JSON with a 4xx status naming the field
-(errors.py, validation.py); requests to a text model share its slots (engine.py: continuous
-batching by turns, a bounded queue answering 429 with Retry-After); `api_key` requires
-`Authorization: Bearer ...` (compared in constant time). Starlette and uvicorn are imported
+(errors.py, validation.py); requests to a text model share its slots (scheduler.py: continuous
+batching by turns, a bounded queue answering 429 with Retry-After), Whisper and BERT requests
+take turns in their model's serial_worker.py, model_pool.py loads and holds the models, and
+fair_lock.py is the lock their computation takes; `api_key` requires `Authorization: Bearer
+...` (compared in constant time). Starlette and uvicorn are imported
 when the API is built, never by the page.
 """
 
-from .engine import ModelPool
 from .errors import ApiError
+from .fair_lock import FairLock
+from .model_pool import ModelPool
 from .routes import API_KEY_ENV_VAR, DEFAULT_MAX_TOKENS, ApiLimits, OpenAiApi, build_app
-from .scheduler import DEFAULT_PARALLEL, DEFAULT_QUEUE, FairLock, TextScheduler
+from .scheduler import DEFAULT_PARALLEL, DEFAULT_QUEUE, TextScheduler
 
 __all__ = ["ModelPool", "TextScheduler", "FairLock", "ApiError", "ApiLimits", "OpenAiApi",
            "build_app", "API_KEY_ENV_VAR", "DEFAULT_MAX_TOKENS", "DEFAULT_PARALLEL",

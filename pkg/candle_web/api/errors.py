@@ -37,3 +37,29 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str = None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+# Seconds a client that got 429 is told to wait before trying again.
+RETRY_AFTER_S = 1
+
+
+def rate_limited(what: str) -> ApiError:
+    return ApiError(429, f"{what}: every slot is busy and the queue is full; retry in "
+                         f"{RETRY_AFTER_S} s", type=RATE_LIMIT, code="rate_limit_exceeded",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def server_stopping(what: str) -> ApiError:
+    return ApiError(503, f"{what}: the server is stopping", type=SERVER_ERROR,
+                    code="unavailable")
+
+
+def internal_error(error: BaseException) -> ApiError:
+    """The server's own failure while it ran a request (out of memory, a bug) as a 500; an
+    ApiError passes as it is."""
+    if isinstance(error, ApiError):
+        return error
+    what = "out of memory" if isinstance(error, MemoryError) else type(error).__name__
+    detail = str(error)[:200]
+    return ApiError(500, f"internal error: {what}{': ' + detail if detail else ''}",
+                    type=SERVER_ERROR, code="internal_error")

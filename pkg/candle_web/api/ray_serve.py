@@ -52,7 +52,7 @@ def tag_replica(app, tag: str):
 
 def build_replica_app(models, parallel: int, queue_size: int, api_key=None):
     """What each replica serves: its own model pool (the models loaded now) behind the API."""
-    from .engine import ModelPool  # noqa: PLC0415
+    from .model_pool import ModelPool  # noqa: PLC0415
     from .routes import build_app  # noqa: PLC0415
 
     pool = ModelPool(parallel=parallel, queue_size=queue_size)

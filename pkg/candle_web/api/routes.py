@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import CandleError, FormatError, InvalidOption, ModelNotFound, UnsupportedError
+from ..core.errors import (Cancelled, CandleError, FormatError, InvalidOption, ModelNotFound,
+                           UnsupportedError)
 from . import validation as check
-from .engine import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
+from .errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, bad_request, internal_error
+from .model_pool import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
 from .scheduler import TextRequest
-from .errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, bad_request
 
 API_KEY_ENV_VAR = "CANDLE_WEB_API_KEY"
 # The CLI's `generate --max-tokens` default, used when a request names no limit.
@@ -128,6 +129,36 @@ async def _next_event(queue, request):
         except asyncio.TimeoutError:
             if await request.is_disconnected():
                 return None
+
+
+def client_closed() -> ApiError:
+    return ApiError(499, "the client closed the request", code="client_closed")
+
+
+async def run_on_worker(worker, request, function, *args):
+    """`function(should_continue, *args)` on the model's SerialWorker (429 when its queue is
+    full); the job is cancelled when the client goes away (checked as _next_event does) or
+    this handler is cancelled, so no work runs on for nobody."""
+    job = worker.submit(function, *args)
+    future = asyncio.wrap_future(job.future)
+    try:
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return future.result()
+            if await request.is_disconnected():
+                raise client_closed()
+    finally:
+        if not future.done():
+            job.cancel()
+            future.add_done_callback(_ignore_outcome)
+
+
+def _ignore_outcome(future) -> None:
+    """Retrieves the end of a job nobody waits for any more (its Cancelled), so asyncio does
+    not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length",
@@ -282,7 +313,7 @@ class OpenAiApi:
                 event = await _next_event(queue, request)
                 if event is None:
                     job.cancelled = True
-                    raise ApiError(499, "the client closed the request", code="client_closed")
+                    raise client_closed()
                 kind, payload = event
                 if kind == "token":
                     pieces.append(payload["text"])
@@ -347,9 +378,7 @@ class OpenAiApi:
                     if kind == "token" and payload["text"]:
                         yield chunk([piece(payload["text"])])
                     elif kind == "error":
-                        error = payload if isinstance(payload, ApiError) else ApiError(
-                            500, f"{type(payload).__name__}: {str(payload)[:200]}",
-                            type=SERVER_ERROR, code="internal_error")
+                        error = internal_error(payload)
                         yield f"data: {error.body().decode('utf-8')}\n\n".encode("utf-8")
                         break
                     elif kind == "done":
@@ -448,11 +477,13 @@ class OpenAiApi:
                                 choices=("float", "base64"))
         check.unsupported_unless(body, "dimensions", ())
 
-        def run():
+        def run(should_continue):
             with self.pool.compute:
+                if not should_continue():  # its client left while it waited
+                    raise Cancelled("embeddings: the client went away")
                 return served.embedder.embed(texts)
 
-        result = await served.worker.run(run)
+        result = await run_on_worker(served.worker, request, run)
         data = []
         for index, vector in enumerate(result.vectors):
             vector = np.asarray(vector, dtype="<f4")
@@ -520,13 +551,16 @@ class OpenAiApi:
                                        maximum=1)
         language = check.string(fields, "language", max_length=16)
         prompt = check.string(fields, "prompt", max_length=self.limits.max_input_chars)
-        result = await served.worker.run(self._transcribe, served, data, task, language, prompt,
-                                         temperature)
+        result = await run_on_worker(served.worker, request, self._transcribe, served, data,
+                                     task, language, prompt, temperature)
         return self._audio_response(result, response_format, task)
 
-    def _transcribe(self, served, data: bytes, task, language, prompt, temperature):
+    def _transcribe(self, should_continue, served, data: bytes, task, language, prompt,
+                    temperature):
         """In the model's worker thread: decode the upload, then transcribe with the CLI's
-        options (temperature fallback unless a temperature above 0 is given)."""
+        options (temperature fallback unless a temperature above 0 is given). It stops
+        (Cancelled) at the first window, segment or decoded token after its client went away
+        (`should_continue`)."""
         from ..io.audio import AudioTooLong, load_audio  # noqa: PLC0415
         from ..pipelines.transcribe import transcribe  # noqa: PLC0415
 
@@ -546,12 +580,14 @@ class OpenAiApi:
         compute = self.pool.compute
 
         def on_event(kind, payload):
-            compute.yield_turn()  # text slots step between windows and segments
+            if not should_continue():
+                raise Cancelled(f"transcription: the client went away (at a {kind})")
+            compute.yield_turn()  # text slots step between windows, segments and tokens
 
         with compute:
             try:
                 return transcribe(served.loaded.model, served.loaded.tokenizer, samples, options,
-                                  on_event=on_event)
+                                  on_event=on_event, should_continue=should_continue)
             except (InvalidOption, UnsupportedError) as error:
                 param = "language" if language and "language" in str(error).lower() else None
                 raise candle_error(error, param) from None

@@ -1,19 +1,28 @@
-"""The text models' slots (a `TextScheduler` per LLaMA-family model) and the lock all model
-computation takes (api/engine.py holds the pool of models and the one-at-a-time workers).
+"""The text models' slots: a `TextScheduler` per LLaMA-family model (model_pool.py holds the
+pool of models, serial_worker.py the one-at-a-time workers, fair_lock.py the lock all model
+computation takes).
 
 `parallel` slots, each a sequence with its own KV cache, and a bounded queue of waiting
-requests beyond them (full: 429 with Retry-After). One scheduler thread advances every active
-sequence by one token per round (llama-server's slots: a request that arrives joins at the next
-round, one that ends or whose client went away frees its slot at once). A round is one batched
+requests beyond them (full: 429 with Retry-After; a request whose client left while it waited
+does not count). One scheduler thread advances every active sequence by one token per round
+(llama-server's slots: a request that arrives joins at the next round, one that ends or whose
+client went away frees its slot at once). A round is one batched
 decode step over every sequence that has a token to feed (`backend.batched_steps.
 start_batched_causal_decoding`: each at its own position with its own cache, each weight read
 once for all of them on the numba backend); the prompts of the requests admitted in a round run
 first, together as the rows of shared steps where the steps split prompts exactly (else each
 alone through `CausalLM.start`), each starting from the longest prefix the finished requests
-left in the prefix pool (prefixes.py). The batched steps give each row the logits, bit for bit,
-that the single-sequence step gives it alone, and `sample_steps` samples as for `candle-web
-generate`, so a request's greedy ids are those of `candle-web generate`, whatever runs beside
-it.
+left in the prefix pool (prefixes.py, one for the whole server). The batched steps give each row
+the logits, bit for bit, that the single-sequence step gives it alone, and `sample_steps`
+samples as for `candle-web generate`, so a request's greedy ids are those of `candle-web
+generate`, whatever runs beside it.
+
+The thread survives its failures: an error while one request starts or advances fails that
+request alone (out of memory for its sampler, say); one anywhere else in a round (a bug) fails
+every request of the round not yet answered; each gets a 500 in OpenAI's error shape, and the
+next round goes on.
+Offering a finished request's caches to the prefix pool is best effort: the answer is out
+already, so a failure there (out of memory while copying) only leaves them unkept.
 """
 
 from __future__ import annotations
@@ -27,53 +36,12 @@ import numpy as np
 
 from ..generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, CausalLM,
                           StopStringMatcher, TokenOutputStream, sample_steps)
-from .errors import RATE_LIMIT, ApiError
+from .errors import internal_error, rate_limited, server_stopping
+from .fair_lock import FairLock
 from .prefixes import PrefixPool
 
 DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 16
-# Seconds a client that got 429 is told to wait before trying again.
-RETRY_AFTER_S = 1
-
-
-class FairLock:
-    """A mutex handed over in arrival order (threading.Lock is not fair: a thread that
-    releases and re-acquires in a loop could starve the others). `yield_turn()` lets every
-    thread already waiting go first."""
-
-    def __init__(self):
-        self._condition = threading.Condition()
-        self._next_ticket = 0
-        self._serving = 0
-
-    def acquire(self) -> None:
-        with self._condition:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            while ticket != self._serving:
-                self._condition.wait()
-
-    def release(self) -> None:
-        with self._condition:
-            self._serving += 1
-            self._condition.notify_all()
-
-    def yield_turn(self) -> None:
-        self.release()
-        self.acquire()
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def rate_limited(what: str) -> ApiError:
-    return ApiError(429, f"{what}: every slot is busy and the queue is full; retry in "
-                         f"{RETRY_AFTER_S} s", type=RATE_LIMIT, code="rate_limit_exceeded",
-                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 # -- text generation ------------------------------------------------------------------------
@@ -100,11 +68,12 @@ class TextRequest:
     _stops: object = None
     _eos: frozenset = frozenset()
     _cached: int = 0  # prompt tokens whose keys and values came from the prefix pool
+    _answered: bool = False  # "done" or "error" emitted: nothing more goes to its client
 
 
 class TextScheduler:
     def __init__(self, name: str, loaded, compute: FairLock, parallel: int = DEFAULT_PARALLEL,
-                 queue_size: int = DEFAULT_QUEUE, warm_up=None):
+                 queue_size: int = DEFAULT_QUEUE, warm_up=None, prefixes: PrefixPool = None):
         self.name, self.model, self.tokenizer = name, loaded.model, loaded.tokenizer
         self.compute, self.parallel, self.queue_size = compute, parallel, queue_size
         self.context_length = self.model.config.max_position_embeddings
@@ -114,8 +83,9 @@ class TextScheduler:
         # and `warm_up(self)` run, by the scheduler thread before it serves (see _set_up).
         self.steps = self.batched = None
         # Finished requests' caches, reused by prompts that start with the same tokens, where
-        # the steps split a prompt exactly (set in _set_up; see prefixes.py).
-        self.prefixes = PrefixPool()
+        # the steps split a prompt exactly (set in _set_up; see prefixes.py): the server's one
+        # pool, shared with its other text models, when the ModelPool passes it.
+        self.prefixes = prefixes if prefixes is not None else PrefixPool()
         self._reuse_prefixes = False
         self._warm_up = warm_up
         self._set_up_error = None
@@ -134,6 +104,9 @@ class TextScheduler:
         self.finished = 0
         self.cancelled = 0
         self.tokens = 0
+        self.reused_tokens = 0  # prompt tokens the prefix pool supplied
+        self.failed_rounds = 0  # rounds that failed outside any one request's guard
+        self.unkept_prefixes = 0  # finished requests whose caches could not be kept (_retire)
         self._thread = threading.Thread(target=self._run, name=f"candle-web-slots-{name}",
                                         daemon=True)
         self._thread.start()
@@ -145,10 +118,14 @@ class TextScheduler:
     def submit(self, request: TextRequest) -> None:
         with self._condition:
             if self._stopped:
-                raise ApiError(503, f"{self.name}: the server is stopping", type="server_error",
-                               code="unavailable")
-            busy = len(self.active) + len(self.waiting)
-            if busy >= self.parallel + self.queue_size:
+                raise server_stopping(self.name)
+            # Requests whose clients left while they waited hold no place in the queue.
+            gone = [waiting for waiting in self.waiting if waiting.cancelled]
+            if gone:
+                self.waiting = collections.deque(waiting for waiting in self.waiting
+                                                 if not waiting.cancelled)
+                self.cancelled += len(gone)
+            if len(self.active) + len(self.waiting) >= self.parallel + self.queue_size:
                 raise rate_limited(self.name)
             self.waiting.append(request)
             self._condition.notify()
@@ -158,7 +135,9 @@ class TextScheduler:
             return {"active": len(self.active), "waiting": len(self.waiting),
                     "parallel": self.parallel, "queue": self.queue_size,
                     "finished": self.finished, "cancelled": self.cancelled,
-                    "tokens": self.tokens, "reused_prompt_tokens": self.prefixes.reused_tokens}
+                    "tokens": self.tokens, "reused_prompt_tokens": self.reused_tokens,
+                    "failed_rounds": self.failed_rounds,
+                    "unkept_prefixes": self.unkept_prefixes}
 
     def stop(self) -> None:
         with self._condition:
@@ -193,45 +172,78 @@ class TextScheduler:
         if self._set_up_error is not None:
             return
         while True:
-            with self._condition:
-                while not self._stopped and not self.active and not self.waiting:
-                    self._condition.wait()
-                if self._stopped:
-                    for request in list(self.active) + list(self.waiting):
-                        request.emit("error", ApiError(503, "the server is stopping",
-                                                       type="server_error", code="unavailable"))
-                    return
-                while self.waiting and len(self.active) < self.parallel:
-                    request = self.waiting.popleft()
-                    if request.cancelled:
-                        self.cancelled += 1
-                    else:
-                        self.active.append(request)
-                self.max_active_seen = max(self.max_active_seen, len(self.active))
-                round_members = list(self.active)
-            self._step_batch(round_members)
-            self._start_together(round_members)
-            for request in round_members:
-                finished = True
-                try:
-                    if request.cancelled:
-                        self.cancelled += 1
-                        self._retire(request)  # drops its KV cache now
-                    elif request._steps is None:
-                        with self.compute:  # its prompt, alone; it joins the next batch
-                            finished = self._advance(request)
-                        self.finished += finished
-                    else:
-                        finished = self._advance(request)
-                        self.finished += finished
-                except Exception as error:  # noqa: BLE001  (reported to that request only)
-                    request.emit("error", error)
-                    request._lm = None  # its caches may be half-written: not kept
-                if finished:
-                    self._retire(request)
-                    with self._condition:
-                        self.active.remove(request)
+            members = self._admit()
+            if members is None:
+                return
+            try:
+                self._round(members)
+            except Exception as error:  # noqa: BLE001  (the thread must outlive any round)
+                self._fail_round(members, error)
             self.rounds += 1
+
+    def _admit(self):
+        """The members of the next round (waiting requests moved into free slots), once
+        there is work; None when stopping (every request then gets a 503)."""
+        with self._condition:
+            while not self._stopped and not self.active and not self.waiting:
+                self._condition.wait()
+            if self._stopped:
+                for request in list(self.active) + list(self.waiting):
+                    request.emit("error", server_stopping(self.name))
+                return None
+            while self.waiting and len(self.active) < self.parallel:
+                request = self.waiting.popleft()
+                if request.cancelled:
+                    self.cancelled += 1
+                else:
+                    self.active.append(request)
+            self.max_active_seen = max(self.max_active_seen, len(self.active))
+            return list(self.active)
+
+    def _round(self, members: list) -> None:
+        self._step_batch(members)
+        self._start_together(members)
+        for request in members:
+            finished = True
+            try:
+                if request._answered:  # failed earlier in this round
+                    pass
+                elif request.cancelled:
+                    with self._condition:
+                        self.cancelled += 1
+                elif request._steps is None:
+                    with self.compute:  # its prompt, alone; it joins the next batch
+                        finished = self._advance(request)
+                    self.finished += finished
+                else:
+                    finished = self._advance(request)
+                    self.finished += finished
+            except Exception as error:  # noqa: BLE001  (reported to that request only)
+                self._fail(request, error)
+            if finished:
+                self._retire(request)
+                with self._condition:
+                    self.active.remove(request)
+
+    def _fail(self, request: TextRequest, error: Exception) -> None:
+        """Answer one request with the error (a 500 unless it is an API refusal); its caches
+        may be half-written, so they are not kept."""
+        if not request._answered:
+            request._answered = True
+            request.emit("error", internal_error(error))
+        request._steps = request._lm = None
+
+    def _fail_round(self, members: list, error: Exception) -> None:
+        """A round failed outside any one request's guard: every member still in a slot is
+        answered with the error and leaves it, so no client waits on a round that will not
+        come."""
+        self.failed_rounds += 1
+        for request in members:
+            with self._condition:
+                if request not in self.active:
+                    continue
+                self.active.remove(request)
+            self._fail(request, error)
 
     def _step_batch(self, members: list) -> None:
         """One batched decode step for every running member whose sampler will ask for the
@@ -255,11 +267,16 @@ class TextScheduler:
 
     def _retire(self, request: TextRequest) -> None:
         """Drop a finished or cancelled request's sequence, offering its caches to the prefix
-        pool first: they hold its prompt, then the generated tokens fed back."""
-        if self._reuse_prefixes and request._lm is not None:
-            self.prefixes.keep(list(request.prompt_ids) + request.generated,
-                               request._lm.caches)
-        request._steps = request._lm = None
+        pool first: they hold its prompt, then the generated tokens fed back. The pool is a
+        cache and the request is answered already: a failure to keep them (out of memory for
+        the copy) leaves them unkept and fails nothing."""
+        lm, request._steps, request._lm = request._lm, None, None
+        if self._reuse_prefixes and lm is not None:
+            try:
+                self.prefixes.keep(self.name, list(request.prompt_ids) + request.generated,
+                                   lm.caches)
+            except Exception:  # noqa: BLE001  (best effort, see above)
+                self.unkept_prefixes += 1
 
     def _prepare(self, request: TextRequest) -> int:
         """Its slot (a SlotLM on caches of its own, a kept prefix copied in) and text state;
@@ -272,7 +289,7 @@ class TextScheduler:
                           else STOP_CONTEXT)
         request._stream = TokenOutputStream(self.tokenizer)
         request._stops = StopStringMatcher(options.stop_strings)
-        request._cached = (self.prefixes.restore(prompt_ids, lm.caches)
+        request._cached = (self.prefixes.restore(self.name, prompt_ids, lm.caches)
                            if self._reuse_prefixes and request.budget else 0)
         return request._cached
 
@@ -281,6 +298,7 @@ class TextScheduler:
         request._steps = sample_steps(request._lm, logits, request.options, request._eos,
                                       request.budget,
                                       [request._lm.penalty_context(request.prompt_ids)])
+        self.reused_tokens += request._cached
 
     def _start(self, request: TextRequest) -> None:
         started = time.perf_counter()
@@ -315,7 +333,10 @@ class TextScheduler:
         seconds = time.perf_counter() - started
         self.started_together += len(requests)
         for row, request in enumerate(requests):
-            self._begin(request, logits[row:row + 1], seconds)
+            try:
+                self._begin(request, logits[row:row + 1], seconds)
+            except Exception as error:  # noqa: BLE001  (that request fails, the others go on)
+                self._fail(request, error)
 
     def _advance(self, request: TextRequest) -> bool:
         """One token for this request (its prompt first, on its first turn); True when it
@@ -348,6 +369,7 @@ class TextScheduler:
         if request._stops.stopped:
             request.reason = STOP_STRING
         request._steps = None  # drops the sequence's KV cache
+        request._answered = True
         request.emit("done", {"reason": request.reason, "token_ids": list(request.generated),
                               "prompt_tokens": len(request.prompt_ids),
                               "cached_tokens": request._cached})

@@ -1,26 +1,31 @@
 """The models behind the API: loaded once by registry name (or a local path given at start),
-and the work queues in front of them.
+each with the work queue in front of it.
 
 Text models (the LLaMA family) run in a `TextScheduler` (scheduler.py: slots, continuous
-batching, prompts admitted together, the prefix pool). Whisper and BERT run one request at a
-time per model (a single worker thread each, with a bounded number waiting). All model
-computation in the process takes one fair lock (`FairLock`): the numba kernels and the BLAS
-thread settings are process-wide, so two models never compute at once; a transcription gives
-its turn back after each window and segment, so chats keep streaming while audio is
-transcribed.
+batching, prompts admitted together), all of them keeping finished requests' caches in the one
+prefix pool of the server (prefixes.py: 256 MiB at most in all). Whisper and BERT run one
+request at a time per model (serial_worker.py: a thread each, with a bounded number waiting).
+All model computation in the process takes one fair lock (fair_lock.py): the numba kernels and
+the BLAS thread settings are process-wide, so two models never compute at once; a transcription
+gives its turn back after each window, segment and decoded token, so chats keep streaming while
+audio is transcribed. Reading a model from disk is not computation: a load takes only the
+pool's load lock (one load at a time), so the models already served keep answering meanwhile;
+a text model's warm-up, which does compute, runs under the compute lock in its scheduler's
+thread.
 """
 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import CandleError, ModelNotFound
 from .errors import NOT_FOUND, ApiError
-from .scheduler import (DEFAULT_PARALLEL, DEFAULT_QUEUE, FairLock, SlotLM, TextScheduler,
-                        rate_limited)
+from .fair_lock import FairLock
+from .prefixes import PrefixPool
+from .scheduler import DEFAULT_PARALLEL, DEFAULT_QUEUE, SlotLM, TextScheduler
+from .serial_worker import SerialWorker
 
 # Kinds of registry model the API serves, and the endpoints each answers.
 TEXT_KIND, WHISPER_KIND, BERT_KIND = "llama", "whisper", "bert"
@@ -28,35 +33,6 @@ SERVED_KINDS = (TEXT_KIND, WHISPER_KIND, BERT_KIND)
 # The warm-up's prompt: 6 tokens, so that a prompt pass takes the products' four-row tiles
 # (numba qrows.py) and a batched step over the two slots their one-row form.
 WARM_UP_PROMPT_TOKENS = 6
-
-
-# -- one-at-a-time workers (Whisper, BERT) --------------------------------------------------
-
-class SerialWorker:
-    """One thread running this model's requests in order, with at most `queue_size` waiting."""
-
-    def __init__(self, name: str, queue_size: int = DEFAULT_QUEUE):
-        self.name, self.queue_size = name, queue_size
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"candle-web-{name}")
-        self._pending = 0
-        self._lock = threading.Lock()
-
-    async def run(self, function, *args):
-        import asyncio  # noqa: PLC0415
-
-        with self._lock:
-            if self._pending >= self.queue_size + 1:
-                raise rate_limited(self.name)
-            self._pending += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, function,
-                                                                    *args)
-        finally:
-            with self._lock:
-                self._pending -= 1
-
-    def stop(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 # -- the pool of served models --------------------------------------------------------------
@@ -109,6 +85,8 @@ class ModelPool:
 
         self.parallel, self.queue_size = parallel, queue_size
         self.compute = FairLock()
+        # Finished requests' caches, for every text model (the server's one budget).
+        self.prefixes = PrefixPool()
         self._load_lock = threading.Lock()
         self.models: dict = {}
         registry = registry if registry is not None else hub.default_registry()
@@ -147,34 +125,34 @@ class ModelPool:
         return served
 
     def load(self, name: str) -> ServedModel:
-        """Load a model once (blocking: call it in a thread from the event loop)."""
+        """Load a model once (blocking: call it in a thread from the event loop). Outside the
+        compute lock: the other models go on answering while this one is read."""
         from .. import pipelines  # noqa: PLC0415
 
         served = self.models[name]
         with self._load_lock:
             if served.loaded is not None:
                 return served
-            with self.compute:
-                if served.kind == TEXT_KIND:
-                    from ..generation.chat_templates import chat_template_for  # noqa: PLC0415
-
-                    loaded = pipelines.load_llama(served.source)
-                    try:
-                        served.chat_template = chat_template_for(loaded.model, loaded.tokenizer)
-                    except CandleError as error:
-                        served.chat_template = error  # chat refused, completions still served
-                elif served.kind == WHISPER_KIND:
-                    loaded = pipelines.load_whisper(served.source)
-                    served.worker = SerialWorker(name, self.queue_size)
-                else:
-                    from ..pipelines.embed import SentenceEmbedder  # noqa: PLC0415
-
-                    loaded = pipelines.load_bert(served.source)
-                    served.embedder = SentenceEmbedder(loaded.model, loaded.tokenizer)
-                    served.worker = SerialWorker(name, self.queue_size)
             if served.kind == TEXT_KIND:
+                from ..generation.chat_templates import chat_template_for  # noqa: PLC0415
+
+                loaded = pipelines.load_llama(served.source)
+                try:
+                    served.chat_template = chat_template_for(loaded.model, loaded.tokenizer)
+                except CandleError as error:
+                    served.chat_template = error  # chat refused, completions still served
                 served.scheduler = TextScheduler(name, loaded, self.compute, self.parallel,
-                                                 self.queue_size, warm_up=self._warm_up_text)
+                                                 self.queue_size, warm_up=self._warm_up_text,
+                                                 prefixes=self.prefixes)
+            elif served.kind == WHISPER_KIND:
+                loaded = pipelines.load_whisper(served.source)
+                served.worker = SerialWorker(name, self.queue_size)
+            else:
+                from ..pipelines.embed import SentenceEmbedder  # noqa: PLC0415
+
+                loaded = pipelines.load_bert(served.source)
+                served.embedder = SentenceEmbedder(loaded.model, loaded.tokenizer)
+                served.worker = SerialWorker(name, self.queue_size)
             served.loaded = loaded
         return served
 
