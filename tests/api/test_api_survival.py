@@ -2,9 +2,9 @@
 timings asserted), through the official routes on SmolLM2 and Whisper tiny.en:
 
 - out of memory while requests start (injected into TextScheduler._begin, in the prompt pass
-  two requests share and in one alone): each gets a 500 in OpenAI's error shape and the
-  scheduler thread serves the next request; before, the thread died and the clients waited
-  forever;
+  two requests share and in one alone) or anywhere else in a round (TextScheduler.
+  _start_together as a whole): each request gets a 500 in OpenAI's error shape and the
+  scheduler thread serves the next one; before, the thread died and the clients waited forever;
 - out of memory while a finished request's caches go to the prefix pool (injected into
   PrefixPool.keep): the answer was out already and stands, the request beside it in the same
   rounds still gets its whole answer;
@@ -116,6 +116,16 @@ def assert_answer(answer, reference) -> None:
     assert body["token_ids"] == reference.token_ids
 
 
+def assert_out_of_memory(answer) -> None:
+    """A 500 in OpenAI's error shape that says what happened."""
+    status, body = answer
+    assert status == 500, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "server_error" and error["code"] == "internal_error"
+    assert "out of memory" in error["message"]
+
+
 def test_every_text_model_keeps_its_prefixes_in_the_servers_one_pool(pool):
     from candle_web.api.prefixes import DEFAULT_MAX_BYTES
 
@@ -138,15 +148,28 @@ def test_out_of_memory_starting_requests_answers_500_and_the_thread_goes_on(
     # The first starts alone; the next two are admitted together and share their prompt pass.
     answers = asked_together(pool, server_url, [(question, TOKENS) for question in QUESTIONS[:3]])
     assert scheduler.started_together - shared_before == 2, "the shared prompt pass did not run"
-    for status, body in answers:
-        assert status == 500, body
-        error = body["error"]
-        assert error["type"] == "server_error" and error["code"] == "internal_error"
-        assert "out of memory" in error["message"] and set(error) == {
-            "message", "type", "param", "code"}
+    for answer in answers:
+        assert_out_of_memory(answer)
     monkeypatch.undo()
     assert_answer(chat_request(server_url, QUESTIONS[0], TOKENS, BOUNDED_WAIT_S), reference)
     assert scheduler.load()["active"] == 0
+
+
+def test_a_round_failing_outside_any_request_answers_500_and_the_next_one_runs(
+        pool, server_url, references, monkeypatch):
+    from candle_web.api.scheduler import TextScheduler
+
+    scheduler = pool.models[LLM].scheduler
+
+    def out_of_memory(self, requests):
+        raise MemoryError("injected: no memory for the round")
+
+    monkeypatch.setattr(TextScheduler, "_start_together", out_of_memory)
+    assert_out_of_memory(chat_request(server_url, QUESTIONS[1], TOKENS, BOUNDED_WAIT_S))
+    monkeypatch.undo()
+    assert_answer(chat_request(server_url, QUESTIONS[1], TOKENS, BOUNDED_WAIT_S),
+                  references(QUESTIONS[1]))
+    assert scheduler.load()["failed_rounds"] >= 1
 
 
 def test_out_of_memory_keeping_a_prefix_fails_nothing(pool, server_url, references,
