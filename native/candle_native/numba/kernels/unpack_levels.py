@@ -3,8 +3,9 @@ Q6_K), written straight into the unpacked array (quant_unpack.py) instead of thr
 temporaries: Qwen2.5-0.5B's Q4_K_M file unpacked in 1.5 s of CPU with numpy, most of a server's
 start. Serial and without the GIL: quant_unpack's callers run weights on threads of their own
 (a parallel kernel launched from several threads would start an OpenMP team per thread; see
-api/engine.py on why one team matters). The bit layouts are quant_unpack's numpy unpackers',
-which tests/native/test_quant_unpack.py holds these to, level for level."""
+TextScheduler._set_up in api/scheduler.py on why one team matters). The bit layouts are
+quant_unpack's numpy unpackers', which tests/native/test_quant_unpack.py holds these to, level
+for level."""
 
 import numpy as np
 from numba import njit
