@@ -30,7 +30,7 @@ SOURCE = "pkg/candle_web/backend/wasm/abi.py"
 # An argument's C type by its ABI kind and, for arrays, dtype.
 _IN_TYPES = {"f32": "const float *", "f16": "const uint16_t *", "u8": "const uint8_t *",
              "any": "const void *"}
-_OUT_TYPES = {"f32": "float *"}
+_OUT_TYPES = {"f32": "float *", "u8": "uint8_t *"}
 
 
 def _c_type(arg) -> str:
@@ -93,6 +93,8 @@ def c_header(abi) -> str:
     lines += [_define(f"UNARY_{name.upper()}", code) for name, code in abi.UNARY_OPS.items()]
     lines += ["", "/* matrix types of the fused steps (any other value: a GGML type id) */"]
     lines += [_define(f"MATRIX_{name.upper()}", code) for name, code in abi.MATRIX_TYPES.items()]
+    lines += [_define(name.upper() if name.startswith("int8_") else f"MATRIX_{name.upper()}",
+                      hex(code)) for name, code in abi.MATRIX_FLAGS.items()]
     lines += ["", "/* the exports of kernels.wasm and kernels-simd128.wasm */"]
     for export in abi.EXPORTS:
         lines += _wrap(prototype(export))

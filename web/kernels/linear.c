@@ -47,6 +47,7 @@ KERNEL void linear_q(int type, int M, int N, int K, const float *X, int x_rs, co
  * offsets of this size. Not exported. The block sizes come from two immediates, one byte per
  * type: a switch here would be compiled to a lookup table, i.e. a data segment. */
 int matrix_row_bytes(int type, int K) {
+    type &= MATRIX_TYPE_MASK; /* the int8 flags (abi.py's MATRIX_FLAGS) do not change the bytes */
     if (type == MATRIX_F32) return 4 * K;
     if (type == T_F16) return 2 * K;
     if (type < T_Q4_0 || type > T_Q6_K) return 0;

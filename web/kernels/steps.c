@@ -23,6 +23,7 @@
  * whisper_steps.c (Whisper's decoder blocks, and its encoder as one team job).
  */
 #include "steps.h"
+#include "quant.h"
 
 /* ---- LLaMA ----------------------------------------------------------------------------------
  * x [d]: the hidden state, updated in place. keys, values [n_kv, capacity, head_dim]: this
@@ -53,6 +54,24 @@ static void piece_cols(int lo, int hi, int start, int type, int rows, const void
     if (bias) add_into(b - a, Y + start + a, bias + start + a);
 }
 
+/* The int8 flags a projection's pieces add to their types so that each piece gives the bits
+ * of numba's joined weight (parts/llama_decoder.py: _joined): offsets grouped by 16 where a
+ * piece scales by 16 and some piece has offsets; a piece without offsets adds fold(0s) where
+ * another has them. 0 unless a present piece is int8. */
+static int int8_join(int t0, int r0, int t1, int r1, int t2, int r2) {
+    int int8 = 0, by16 = 0, offsets = 0;
+    for (int i = 0; i < 3; i++) {
+        int t = i == 0 ? t0 : (i == 1 ? t1 : t2), rows = i == 0 ? r0 : (i == 1 ? r1 : r2);
+        if (rows <= 0 || !(t & MATRIX_INT8)) continue;
+        int g = t & MATRIX_TYPE_MASK;
+        int8 = 1;
+        by16 |= g == T_Q2_K || g == T_Q3_K || g == T_Q6_K;
+        offsets |= g == T_Q4_1 || g == T_Q5_1 || g == T_Q2_K || g == T_Q4_K || g == T_Q5_K;
+    }
+    if (!int8) return 0;
+    return (offsets ? INT8_OFFSETS_JOINED : 0) | (offsets && by16 ? INT8_OFFSETS_16 : 0);
+}
+
 static void llama_block(int tid, int nt, TeamCtrl *team, int d, int n_heads, int n_kv,
                         int head_dim, int ffn, int interleaved, int pos, int capacity,
                         float scale, float *x, float *work, float *h, const float *attn_norm,
@@ -75,6 +94,13 @@ static void llama_block(int tid, int nt, TeamCtrl *team, int d, int n_heads, int
     int aligned = head_dim % TEAM_ROW_ALIGN == 0;
     int g0 = aligned ? HEAD_LO(n_kv, tid, nt) : 0;
     int g1 = aligned ? HEAD_HI(n_kv, tid, nt) : (tid == 0 ? n_kv : 0);
+    int qkv_join = int8_join(q_type, q_rows, k_type, k_rows, v_type, v_rows);
+    q_type |= q_type & MATRIX_INT8 ? qkv_join : 0;
+    k_type |= k_type & MATRIX_INT8 ? qkv_join : 0;
+    v_type |= v_type & MATRIX_INT8 ? qkv_join : 0;
+    int gu_join = int8_join(g_type, g_rows, u_type, u_rows, 0, 0);
+    g_type |= g_type & MATRIX_INT8 ? gu_join : 0;
+    u_type |= u_type & MATRIX_INT8 ? gu_join : 0;
     if (g1 > g0) {
         int qh = n_rep * head_dim, gn = g1 - g0;
         /* its columns of q, of k and of v; qkv_b (qwen2's bias on q|k|v, 0: none) on each */

@@ -20,6 +20,8 @@ static void matmul_cols(int R, int type, int lo, int hi, int K, const void *W, c
                  scratch);
     else if (type == MATRIX_F16)
         linear_f16(R, n, K, X, K, (const uint16_t *)w, Y + lo, y_rs, scratch);
+    else if (type & MATRIX_INT8) /* the compute type int8 (linear_int8.c) */
+        linear_q8(type, R, n, K, X, K, w, Y + lo, y_rs, scratch);
     else
         linear_q(type, R, n, K, X, K, w, Y + lo, y_rs, scratch);
 }

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ABI_VERSION = 2  # 2: llama_block_step and the LLaMA layer record take qkv_b (qwen2)
+ABI_VERSION = 3  # 2: llama_block_step and the LLaMA layer record take qkv_b (qwen2); 3: the
+# int8 products (linear_q8, quantize_q8_rows, MATRIX_INT8 in a fused step's matrix type)
 
 IN = "in"
 OUT = "out"
@@ -48,6 +49,13 @@ UNARY_OPS = {"gelu": 0, "gelu_erf": 1, "silu": 2, "exp": 3, "tanh": 4, "sigmoid"
 
 # A matrix argument of the fused steps is (type, ...): these two, else a GGML type id.
 MATRIX_TYPES = {"f32": 0, "f16": 1}
+# Bits above a GGML type id in a fused step's matrix type (and linear_q8's `type`): the compute
+# type int8 (web/kernels/linear_int8.c: int8 activations times the blocks' integer levels, bit
+# for bit candle_web.quantized.int8_rows), and how numba's joined weight of a projection passed
+# piece by piece groups its offsets (llama_decoder._joined: groups of the smallest size, zero
+# offsets for the pieces without): the steps set those two from the pieces' types.
+MATRIX_FLAGS = {"type_mask": 0xFF, "int8": 0x100, "int8_offsets_16": 0x200,
+                "int8_offsets_joined": 0x400}
 
 # The names the worker registers the instantiated modules under for Python
 # (`pyodide.registerJsModule`): the kernels, and the threads build's team.
@@ -123,6 +131,14 @@ EXPORTS = (
            (_i("type"), _i("m"), _i("n"), _i("k"), _in("x"), _i("x_rs"), _in("w", "u8"),
             _out("y"), _i("y_rs"), _SCRATCH),
            doc="as linear_f16 with W = N rows of K/blocksize GGML blocks of `type`"),
+    Export("linear_q8",
+           (_i("type"), _i("m"), _i("n"), _i("k"), _in("x"), _i("x_rs"), _in("w", "u8"),
+            _out("y"), _i("y_rs"), _SCRATCH),
+           doc="linear_q in int8 arithmetic (candle_web.quantized.int8_rows bit for bit); type "
+               "may carry MATRIX_FLAGS' int8 bits"),
+    Export("quantize_q8_rows",
+           (_i("rows"), _i("k"), _in("x"), _out("q", "u8"), _out("d"), _SCRATCH),
+           doc="the int8 blocks of rows x [rows, k]: q [rows, k] (int8 bytes), d [rows, k/32]"),
     Export("softmax_rows", (_i("rows"), _i("n"), _in("x"), _out("y")),
            doc="Y may equal X"),
     Export("log_softmax_rows", (_i("rows"), _i("n"), _in("x"), _out("y"))),
