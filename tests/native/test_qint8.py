@@ -4,7 +4,7 @@
 Bitwise, no tolerance: the activations' int8 bytes, scales and sums; every weight type the
 kernels take (real quantizers where the project has one, arbitrary bytes otherwise, so odd
 scales and extreme levels are covered); widths with a last half block (k = 64 m + 32); a row
-alone, in every batch size 1..9 (tiles of four overlap) and shuffled; serial and threaded; and
+alone, in every batch size 1..13 (tiles of 8, 4 and single rows) and shuffled; serial and threaded; and
 the plain integer form that CPUs without VNNI compile, in a child process.
 
 Against float64: x W^T with the dequantized W within int8_rows.activation_error_bound: the
@@ -116,6 +116,7 @@ def test_activation_bytes_equal_the_reference(numba_backend):
         expected = getattr(want, name)
         assert array.dtype == expected.dtype and array.shape == expected.shape, name
         assert np.array_equal(array.view(np.uint8), expected.view(np.uint8)), name
+    assert same_bits(got[5], np.repeat(want.scales, 8, axis=1))  # the kernels' lane scales
     assert list(want.q[2, :4]) == [127, 0, 2, -2]  # round half to even
     assert np.isnan(want.scales[4, 4]) and not want.q[4, 128:160].any()
     assert want.scales[0, 1] == 0 and not want.q[0, 32:64].any()
@@ -127,7 +128,7 @@ def test_activation_bytes_equal_the_reference(numba_backend):
 def test_products_equal_the_reference_bit_for_bit(numba_backend, quantized, parallel):
     name, qtensor = quantized
     rng = np.random.default_rng(33)
-    xs = activations(rng, 6, qtensor.shape[1])
+    xs = activations(rng, 15, qtensor.shape[1])  # tiles of 8 and 4, then 3 single rows
     got = product(xs, int8_tuple(qtensor), parallel)
     want = reference(xs, qtensor)
     differ = np.argwhere(got.view(np.uint32) != want.view(np.uint32))
@@ -138,14 +139,15 @@ def test_each_row_alone_and_in_any_batch_gives_the_same_bits(numba_backend, quan
     name, qtensor = quantized
     weight = int8_tuple(qtensor)
     rng = np.random.default_rng(34)
-    xs = activations(rng, 9, qtensor.shape[1])
-    alone = np.concatenate([product(xs[b:b + 1], weight, True) for b in range(9)])
-    for batch in range(2, 10):
+    xs = activations(rng, 13, qtensor.shape[1])
+    alone = np.concatenate([product(xs[b:b + 1], weight, True) for b in range(13)])
+    for batch in range(2, 14):
         together = product(xs[:batch], weight, True)
         differ = np.flatnonzero((together.view(np.uint32) != alone[:batch].view(np.uint32))
                                 .any(axis=1))
         assert differ.size == 0, f"{name}: {batch} rows, rows {differ.tolist()} differ alone"
-    assert same_bits(product(xs[[8, 3, 0, 5, 1]], weight, False), alone[[8, 3, 0, 5, 1]])
+    order = [8, 3, 0, 5, 1, 12, 7, 2, 9]
+    assert same_bits(product(xs[order], weight, False), alone[order])
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q6_K"])

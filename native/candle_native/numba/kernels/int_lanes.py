@@ -6,7 +6,9 @@ write the step in LLVM's own vector types instead:
 
     lanes_step_64: 16 i32 lanes = start[16] + per lane the sum of 4 products (level + 128) * q
                    over 64 elements; then, in f32, f[l] = f[l] + f32(lane) * (s * d) with the
-                   quarter's weight scale and the half's activation scale (int8_rows' epilogue)
+                   quarter's weight scale and the lane's activation scale (int8_rows' epilogue;
+                   the activation scales come repeated per lane, one vector load, because
+                   building that vector from two scalars cost three instructions per row)
     lanes_step_32: the same over 32 elements into lanes 0..7 (a row's last half block)
 
 The integer part is one `vpdpbusd` (AVX-512 VNNI, 64 u8 x s8 products) per 64 elements where
@@ -121,24 +123,26 @@ def _lanes_step(lanes):
     width = 4 * lanes
     quarters = lanes // 4
 
-    def generic(typingctx, acc, starts, start_at, levels, level_at, q, q_at, *scales):
-        signature = types.void(acc, starts, start_at, levels, level_at, q, q_at, *scales)
+    def generic(typingctx, acc, starts, lanes_at, act_scales, levels, level_at, q, *scales):
+        signature = types.void(acc, starts, lanes_at, act_scales, levels, level_at, q, *scales)
 
         def codegen(context, builder, sig, args):
-            acc, starts, start_at, levels, level_at, q, q_at = args[:7]
+            acc, starts, lanes_at, act_scales, levels, level_at, q = args[:7]
             weight_scales = args[7:7 + quarters]
-            act_scales = args[7 + quarters:]
+            int_lanes = ir.VectorType(_I32, lanes)
+            float_lanes = ir.VectorType(_F32, lanes)
             bytes_type = ir.VectorType(_I8, width)
             start = _vector_at(builder, _element_pointer(context, builder, sig.args[1], starts,
-                                                         start_at), ir.VectorType(_I32, lanes), 4)
-            level_bytes = _vector_at(builder, _element_pointer(context, builder, sig.args[3],
+                                                         lanes_at), int_lanes, 4)
+            level_bytes = _vector_at(builder, _element_pointer(context, builder, sig.args[4],
                                                                levels, level_at), bytes_type, 1)
             unsigned = builder.xor(level_bytes, ir.Constant(bytes_type, [0x80] * width))
-            signed = _vector_at(builder, _element_pointer(context, builder, sig.args[5], q, q_at),
-                                bytes_type, 1)
+            signed = _vector_at(builder, _element_pointer(context, builder, sig.args[6], q,
+                                                          level_at), bytes_type, 1)
             dots = _dot_lanes(builder, start, unsigned, signed, lanes)
-            float_lanes = ir.VectorType(_F32, lanes)
-            factor = builder.fmul(_splat(builder, weight_scales, 4), _splat(builder, act_scales, 8))
+            act = _vector_at(builder, _element_pointer(context, builder, sig.args[3], act_scales,
+                                                       lanes_at), float_lanes, 4)
+            factor = builder.fmul(_splat(builder, weight_scales, 4), act)
             products = builder.fmul(builder.sitofp(dots, float_lanes), factor)
             acc_pointer = builder.bitcast(
                 _element_pointer(context, builder, sig.args[0], acc, context.get_constant(types.intp, 0)),
@@ -153,18 +157,19 @@ def _lanes_step(lanes):
 
 
 @intrinsic
-def lanes_step_64(typingctx, acc, starts, start_at, levels, level_at, q, q_at,
-                  s0, s1, s2, s3, d0, d1):
+def lanes_step_64(typingctx, acc, starts, lanes_at, act_scales, levels, level_at, q,
+                  s0, s1, s2, s3):
     """acc[0:16] += the 16 lanes of elements level_at..+63 (see module doc): acc a stack f32
-    array, starts int32 (the activation row's lane starts, read at start_at = level_at / 4),
-    levels the weight row's int8 levels viewed as uint8, q the int8 activation row, s0..s3
-    the weight scales of the four 16-element quarters, d0 d1 the two blocks' scales."""
-    return _lanes_step(16)(typingctx, acc, starts, start_at, levels, level_at, q, q_at,
-                           s0, s1, s2, s3, d0, d1)
+    array; starts (int32) and act_scales (f32, each block's d repeated over its 8 lanes) the
+    activation row's per-lane arrays, read at lanes_at = level_at / 4; levels the weight row's
+    int8 levels viewed as uint8 and q the int8 activation row, read at level_at; s0..s3 the
+    weight scales of the four 16-element quarters."""
+    return _lanes_step(16)(typingctx, acc, starts, lanes_at, act_scales, levels, level_at, q,
+                           s0, s1, s2, s3)
 
 
 @intrinsic
-def lanes_step_32(typingctx, acc, starts, start_at, levels, level_at, q, q_at, s0, s1, d0):
+def lanes_step_32(typingctx, acc, starts, lanes_at, act_scales, levels, level_at, q, s0, s1):
     """acc[0:8] += the 8 lanes of elements level_at..+31 (a row's last half block)."""
-    return _lanes_step(8)(typingctx, acc, starts, start_at, levels, level_at, q, q_at,
-                          s0, s1, d0)
+    return _lanes_step(8)(typingctx, acc, starts, lanes_at, act_scales, levels, level_at, q,
+                          s0, s1)
