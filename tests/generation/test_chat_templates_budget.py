@@ -154,3 +154,55 @@ def test_what_is_dropped_stops_counting():
     kept = load_chat_template(KEEPING.replace("2000", str(rounds)).replace("ITEM", "big ~ i"))
     with pytest.raises(TemplateBudgetError, match="kept at once"):
         kept.render([{"role": "user", "content": "x"}], big=big)
+
+
+def test_the_size_bounds_are_upper_bounds():
+    """Each bound the sandbox refuses by is at least the size Python then builds (else a
+    refusal could come after the allocation), on values with the escapes that make text grow:
+    quotes, backslashes, control characters, non-ASCII, astral, nesting, shared items."""
+    import json
+
+    import jinja2.utils
+    from markupsafe import Markup, escape
+
+    from candle_web.generation.template_budget import (STR_METHOD_SIZES, escaped_size,
+                                                       format_field_size, printf_size,
+                                                       replace_size, text_size)
+
+    text = "a'b\"c\\d\n\x00é😀\u200b"
+    values = [text, "", 7, -2 ** 200, 1.5e308, True, None, [text] * 3, (text, [text, {}]),
+              {text: [1, None, {"k": text}], 3: (2.5,)}, {text, "x"}, Markup("<b>" + text),
+              {"a": 1}.items(), jinja2.utils.Namespace(a=[text] * 2)]
+    for value in values:
+        assert text_size(value) >= len(str(value)), value
+        assert text_size(value, quoted=True) >= len(repr(value)), value
+        try:
+            for options in ({}, {"ensure_ascii": True}, {"indent": 3},
+                            {"indent": 2, "separators": (" ,", " : ")}):
+                width = options.get("indent")
+                assert text_size(value, json=True, indent=width,
+                                 separators=options.get("separators"),
+                                 ensure_ascii=options.get("ensure_ascii", False)) >= len(
+                    json.dumps(value, **options)), (value, options)
+        except TypeError:
+            pass  # json cannot write it (a set, a Namespace)
+        assert escaped_size(str(value)) >= len(escape(str(value)))
+        assert format_field_size(value, "") >= len(format(value, "")), value
+    for spec, value in (("^30", text), (">+12,.3f", 1.5e308), ("#x", 2 ** 100), ("0>9", 5),
+                        (",d", -2 ** 90), (".2%", 0.5)):
+        assert format_field_size(value, spec) >= len(format(value, spec)), spec
+    for template, arguments in (("%s|%r|%a", (text, text, text)), ("%-9.3f%05d", (1e300, 7)),
+                                ("%*d|%.*s", (12, 1, 2, text)), ("%(a)s%(a)r", {"a": [text]}),
+                                ("%#o%x%c", (2 ** 70, 255, 65)), ("%s", [text, text])):
+        assert printf_size(template, arguments) >= len(template % arguments), template
+    for old, new in (("a", "xyz"), ("", "-"), ("\\", ""), ("zz", "y")):
+        assert replace_size(text * 3, old, new) == len((text * 3).replace(old, new))
+    lines = "a b\tc\r\nd\x1ce\u2028  f\t\t" * 3
+    for method, arguments in (("center", (40, "*")), ("ljust", (3,)), ("zfill", (50,)),
+                              ("expandtabs", (13,)), ("replace", ("b", "bbb", 2)),
+                              ("join", (["x", lines],)), ("translate", ({97: "xyz", 98: None},)),
+                              ("split", ()), ("split", ("\t",)), ("rsplit", (" ", 1)),
+                              ("splitlines", (True,))):
+        size_of, _ = STR_METHOD_SIZES[method]
+        built = getattr(lines, method)(*arguments)
+        assert size_of(lines, *arguments) >= len(built), method

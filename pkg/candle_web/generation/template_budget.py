@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import re
 import sys
 
@@ -76,8 +77,8 @@ class RenderBudget:
         """Refuse an operation whose result (`size`, an upper bound) would pass a limit."""
         if size > limit:
             raise TemplateBudgetError(
-                f"chat template: {what} would be too long ({size} {unit}; one value may have "
-                f"{limit})")
+                f"chat template: {what} would be too long ({size} {unit} or more; one value "
+                f"may have {limit})")
         if self.built + size > self.built_limit:
             raise TemplateBudgetError(
                 f"chat template: {what} would take the render past {self.built_limit} "
@@ -174,17 +175,20 @@ def text_size(value, limit: int = MAX_RENDERED_CHARS, quoted: bool = False,
               ensure_ascii: bool = False) -> int:
     """An upper bound of len(str(value)) (`quoted`: of repr(value); `json`: of json.dumps with
     an `indent` this wide, `separators` and `ensure_ascii`), computed by walking the value
-    without building its text. Stops once past `limit`: a list holding one long string many
-    times (or nested lists of lists) is refused after `limit` characters' worth of walking."""
+    without building its text (nor a list of its items: a stack of iterators, one per level).
+    Stops once past `limit`: a list holding one long string many times (or nested lists of
+    lists) is refused after `limit` characters' worth of walking."""
     if isinstance(value, str) and not (quoted or json):
         return len(value)
     item_sep, key_sep = separators or ((", " if indent is None else ","), ": ")
     total = 0
-    pending = [(value, 0, quoted or json)]
-    while pending and total <= limit:
-        item, depth, inner = pending.pop()
-        if isinstance(item, str):
-            total += quoted_size(item, json, ensure_ascii) if inner else len(item)
+    levels = [iter((value,))]  # below the top, every string is quoted (repr or JSON)
+    while levels and total <= limit:
+        item = next(levels[-1], _END)
+        if item is _END:
+            levels.pop()
+        elif isinstance(item, str):
+            total += quoted_size(item, json, ensure_ascii)
             if not json and type(item) is not str:
                 total += 8  # Markup('...')
         elif isinstance(item, bool) or item is None:
@@ -194,31 +198,32 @@ def text_size(value, limit: int = MAX_RENDERED_CHARS, quoted: bool = False,
         elif isinstance(item, float):
             total += 24
         else:
-            children = _children(item)
-            if children is None:
+            walked = _children(item)
+            if walked is None:
                 total += _OPAQUE_TEXT
                 continue
-            pairs = isinstance(item, dict) or hasattr(item, "_Namespace__attrs")
-            count = len(children) // 2 if pairs else len(children)
-            line = 0 if indent is None else 1 + indent * (depth + 1)
+            count, children, pairs = walked
+            depth = len(levels)
+            line = 0 if indent is None else 1 + indent * depth
             total += 2 + 14 + count * (len(item_sep) + line) + line  # brackets, a type's name
             if pairs:
                 total += count * len(key_sep)
-            pending.extend((child, depth + 1, True) for child in children)
+            levels.append(children)
     return total
 
 
+_END = object()
+
+
 def _children(value):
-    """The values a container's text is made of (a dict's keys and values in turn), or None
-    for what we do not walk (its text is bounded by _OPAQUE_TEXT)."""
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return value
-    if isinstance(value, dict):
-        return [part for pair in value.items() for part in pair]
-    if isinstance(value, (type({}.keys()), type({}.values()))):
-        return list(value)
-    if isinstance(value, type({}.items())):
-        return [part for pair in value for part in pair]
+    """(how many, an iterator over the values its text is made of (a dict's keys and values in
+    turn), whether they are pairs), or None for what we do not walk (its text is bounded by
+    _OPAQUE_TEXT)."""
+    if isinstance(value, (list, tuple, set, frozenset, type({}.keys()), type({}.values()))):
+        return len(value), iter(value), False
+    if isinstance(value, (dict, type({}.items()))):
+        pairs = value.items() if isinstance(value, dict) else value
+        return len(value), itertools.chain.from_iterable(pairs), True
     try:  # a jinja2 Namespace: its text is that of the dict it keeps
         attributes = object.__getattribute__(value, "_Namespace__attrs")
     except AttributeError:
@@ -257,11 +262,12 @@ def printf_size(template: str, arguments) -> int:
 
 
 def format_field_size(value, spec: str) -> int:
-    """An upper bound of len(format(value, spec)): the value's text (a float's in 'f' up to
-    330 characters, a grouped int's half as long again) plus the digits in the spec (the
-    width and the precision, a digit used as fill counted as well)."""
+    """An upper bound of len(format(value, spec)): the value's text (a float's in 'f' or '%'
+    up to 311 digits, with grouping 104 separators more; a grouped int's half as long again)
+    plus the digits in the spec (the width and the precision, a digit used as fill counted as
+    well)."""
     if isinstance(value, float):
-        base = 330
+        base = 480
     elif isinstance(value, int) and not isinstance(value, bool):
         base = 2 * _int_text(value)
     else:
