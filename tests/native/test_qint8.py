@@ -195,33 +195,43 @@ def test_the_vnni_instruction_is_what_runs(numba_backend):
     assert "vpmuldq" not in asm and "vpmulld" not in asm
 
 
+# The product is called from a fast-math kernel, as decoder_step.project calls it: numba
+# hands a callee that sets no fastmath its caller's flags, which once turned the scales'
+# division into a multiply by a reciprocal (an ulp off): the exact kernels say fastmath=False.
 PORTABLE_CHILD = """
 import json, sys
 import numpy as np
+from numba import njit
 from candle_native.numba.kernels import int_lanes, qint8
+from candle_native.numba.kernels._jit import FAST_REDUCTIONS
 xs = np.asarray(json.loads(sys.argv[1]), np.float32)
 levels = np.asarray(json.loads(sys.argv[2]), np.int8)
 scales = np.asarray(json.loads(sys.argv[3]), np.float32)
 outs = np.zeros((xs.shape[0], levels.shape[0]), np.float32)
-qint8.rows_serial(xs, (levels.view(np.uint8), scales, np.zeros((1, 1), np.float32), False, 16),
-                  outs)
+
+@njit(fastmath=FAST_REDUCTIONS)
+def fast_caller(xs, weight, outs):
+    qint8.rows(xs, weight, outs, False)
+
+fast_caller(xs, (levels.view(np.uint8), scales, np.zeros((1, 1), np.float32), False, 16), outs)
 print(int_lanes.INSTRUCTIONS, json.dumps(outs.view(np.uint32).tolist()))
 """
 
 
-@pytest.mark.parametrize("form", ["portable", "avxvnni"])
+@pytest.mark.parametrize("form", ["portable", "avxvnni", ""])
 def test_the_other_integer_steps_give_the_same_bits(numba_backend, tmp_path, form):
     """CANDLE_NATIVE_INT_LANES compiles the plain widening form (what a CPU without VNNI runs)
-    or AVX-VNNI's 256-bit vpdpbusd (CPUs with AVX2 VNNI only) in a child process with its own
-    kernel cache: same bits as the reference."""
+    or AVX-VNNI's 256-bit vpdpbusd (CPUs with AVX2 VNNI only), or nothing forced, in a child
+    process with its own kernel cache, first called from a fast-math kernel: same bits as the
+    reference."""
     from candle_native.numba.kernels import int_lanes
 
-    if form != "portable" and "+avxvnni" not in int_lanes._target_features():
+    if form == "avxvnni" and "+avxvnni" not in int_lanes._target_features():
         pytest.skip(f"this CPU has no {form}")
     rng = np.random.default_rng(37)
-    xs = activations(rng, 5, 96)
-    levels = rng.integers(-128, 128, (9, 96)).astype(np.int8)
-    scales = rng.uniform(0.001, 0.01, (9, 6)).astype(np.float32)
+    xs = activations(rng, 9, 224)  # 63 blocks: a reciprocal's ulp would show in some scale
+    levels = rng.integers(-128, 128, (9, 224)).astype(np.int8)
+    scales = rng.uniform(0.001, 0.01, (9, 14)).astype(np.float32)
     env = dict(os.environ, CANDLE_NATIVE_INT_LANES=form,
                NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     run = subprocess.run([sys.executable, "-c", PORTABLE_CHILD, json.dumps(xs.tolist()),
@@ -229,6 +239,6 @@ def test_the_other_integer_steps_give_the_same_bits(numba_backend, tmp_path, for
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     instructions, bits = run.stdout.split(" ", 1)
-    assert instructions == form
+    assert instructions == (form or int_lanes.INSTRUCTIONS)
     want = int8_rows_product(quantize_activation_rows(xs), levels, scales, None, 16)
     assert np.array_equal(np.asarray(json.loads(bits), np.uint32), want.view(np.uint32))

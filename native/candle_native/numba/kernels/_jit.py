@@ -18,10 +18,14 @@ def parallel_kernel(fn):
     return njit(cache=True, fastmath=FAST_REDUCTIONS, parallel=True, nogil=True)(fn)
 
 
+# `fastmath=False` is spelled out: numba gives a kernel that does not set fastmath its caller's
+# flags (Flags.inherit_if_not_set), so an exact kernel called from a FAST_REDUCTIONS kernel
+# compiled with 'arcp' (x / 127 became x * (1/127), an ulp off) -- and the numba cache, whose
+# key has no flags, then served that code to direct calls too.
 def exact_parallel_kernel(fn):
     """A parallel kernel with strict IEEE semantics (no FMA contraction): for results that must
     be bit-identical to numpy's separately rounded multiply and add."""
-    return njit(cache=True, parallel=True, nogil=True)(fn)
+    return njit(cache=True, parallel=True, nogil=True, fastmath=False)(fn)
 
 
 # Only FMA contraction: LLVM may not re-associate a sum, so a kernel written with explicit
@@ -45,9 +49,9 @@ def strict_inline(fn):
 def exact_kernel(fn):
     """A serial kernel with strict IEEE semantics (no fast-math flags at all): for results that
     a numpy reference reproduces bit for bit (the int8 products' epilogue, qint8.py)."""
-    return njit(cache=True, nogil=True)(fn)
+    return njit(cache=True, nogil=True, fastmath=False)(fn)
 
 
 def exact_inline(fn):
     """An exact helper inlined into its callers at numba's IR level (see strict_inline)."""
-    return njit(cache=True, nogil=True, inline="always")(fn)
+    return njit(cache=True, nogil=True, inline="always", fastmath=False)(fn)
