@@ -322,9 +322,23 @@ class WasmBackend(NumpyBackend):
         out = np.empty((m, n), np.float32)
         if kind == _F16_TYPE:
             self._k["linear_f16"](m, n, k, flat, x_rs, qweight.data.view(np.uint16), out, n)
+        elif int8_products():
+            # the compute type int8: every row quantized alone, so a prompt's rows get the bits
+            # the fused decode step gives each token (linear_int8.c)
+            self._k["linear_q8"](kind | abi.MATRIX_FLAGS["int8"], m, n, k, flat, x_rs,
+                                 qweight.data, out, n)
         else:
             self._k["linear_q"](kind, m, n, k, flat, x_rs, qweight.data, out, n)
         return out.reshape(x.shape[:-1] + (n,))
+
+
+def int8_products() -> bool:
+    """Whether GGML blocks are multiplied in int8 arithmetic (settings().compute_type, which
+    the page sets from ?compute=): linear_q8 instead of linear_q, here and in the fused steps
+    (parts.py)."""
+    from ..settings import settings
+
+    return settings().compute_type == "int8"
 
 
 # -- the factory ------------------------------------------------------------------------------

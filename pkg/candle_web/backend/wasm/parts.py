@@ -36,6 +36,7 @@ from . import abi
 _F32 = np.dtype(np.float32)
 _UNARY_GELU_ERF = abi.UNARY_OPS["gelu_erf"]
 _MATRIX_F32, _MATRIX_F16 = abi.MATRIX_TYPES["f32"], abi.MATRIX_TYPES["f16"]
+_MATRIX_INT8 = abi.MATRIX_FLAGS["int8"]
 
 
 class UnfitWeights(UnsupportedError):
@@ -331,6 +332,7 @@ class _QLinear:
     def __init__(self, qmatmul, types: frozenset, max_pieces: int):
         self.pieces = []
         if qmatmul.is_quantized:
+            int8 = settings().compute_type == "int8"
             for qtensor in qmatmul.qweights:
                 kind = int(qtensor.dtype)
                 n, k = qtensor.shape
@@ -340,6 +342,8 @@ class _QLinear:
                 elif kind not in types:
                     raise UnfitWeights(f"GGML type {kind} is not one the kernels multiply "
                                        f"({sorted(types)})")
+                elif int8:  # the compute type int8: linear_int8.c's products
+                    kind |= _MATRIX_INT8
                 self.pieces.append((kind, n, data))
         else:
             weight = _f32(qmatmul.weight)
