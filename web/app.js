@@ -83,8 +83,9 @@ export class WorkerClient {
   // absent: wasm when the kernels load), passed on as it is: the worker checks it.
   // snapshot: false starts Python without the vendored memory snapshot (?snapshot=0, for A/B).
   // threads: 1 or 2 (?threads=; absent: the worker's default, two where there are two cores).
-  init(backend = null, snapshot = true, threads = null) {
-    return this.request("init", { control: this.control, backend, snapshot, threads }, { onProgress: (message) => this.onInitProgress?.(message) });
+  // compute: "int8" or "float32" (?compute=; absent: float32), checked by the worker.
+  init(backend = null, snapshot = true, threads = null, compute = null) {
+    return this.request("init", { control: this.control, backend, compute, snapshot, threads }, { onProgress: (message) => this.onInitProgress?.(message) });
   }
 
   // Stops job `id`: interrupts it if it is in Python now, or drops it if still queued.
@@ -166,7 +167,8 @@ export function describeBackend(backend) {
   if (!backend?.name) return "unknown";
   if (backend.name === "wasm") {
     const threads = backend.threads === 2 ? ", 2 threads" : "";
-    return `wasm (${backend.label ?? backend.variant}${threads})`;
+    const int8 = backend.computeType === "int8" ? ", int8" : "";
+    return `wasm (${backend.label ?? backend.variant}${threads}${int8})`;
   }
   return backend.reason ? `${backend.name} (${backend.reason})` : backend.name;
 }
@@ -285,9 +287,11 @@ const pageOptions = new URLSearchParams(location.search);
 // ?threads=N: a number for the worker to check (it answers an error naming anything but 1, 2
 // or auto).
 const threadsOption = pageOptions.get("threads");
+// ?compute=int8|float32: the quantized products' compute type (the worker checks it).
 const ready = client.init(pageOptions.get("backend"), pageOptions.get("snapshot") !== "0",
   threadsOption === null || threadsOption === "auto" ? null
-    : Number.isInteger(Number(threadsOption)) ? Number(threadsOption) : threadsOption);
+    : Number.isInteger(Number(threadsOption)) ? Number(threadsOption) : threadsOption,
+  pageOptions.get("compute"));
 ready.then(showReady, showFailure);
 
 const transcribeView = setUpTranscribe(client, ready);

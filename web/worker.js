@@ -11,10 +11,12 @@
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
  *   init {control?: SharedArrayBuffer, backend?: "auto"|"wasm"|"wasm-simd128"|"numpy",
- *         snapshot?: boolean, threads?: "auto"|1|2}
+ *         compute?: "float32"|"int8", snapshot?: boolean, threads?: "auto"|1|2}
  *       (backend: the page's ?backend=; auto, the default: wasm when the kernels load, else
  *       numpy, saying why; wasm: the kernels or an error; wasm-simd128: the plain SIMD build
  *       even where relaxed SIMD exists; numpy: the reference, for A/B.
+ *       compute: the page's ?compute=: float32 (the default, the reference) or int8 (the wasm
+ *       backend's GGML products in int8 arithmetic, web/kernels/linear_int8.c);
  *       snapshot: false (?snapshot=0) starts Python without the vendored memory snapshot;
  *       threads: 2 (?threads=2) runs the wasm backend's encoder and decode steps on two
  *       threads, with a helper worker (web/team_helper.js) on a shared memory; auto, the
@@ -27,7 +29,7 @@
  *       kernels or threads phase is a reason to go on without them, any other fails the start)
  *       -> {phases: {phase: ms}, totalMs (wall clock), versions, wheel (its manifest),
  *           snapshot: {used, reason}, backend: {name, requested, variant, label,
- *           kernels: {file, sha256}, reason, threads, threadsReason},
+ *           kernels: {file, sha256}, reason, computeType, threads, threadsReason},
  *           crossOriginIsolated, cancellable}
  *   models {kind?, all?}        -> {models: [{name, description, size, license, offered}],
  *                                  hint?} (the registry's browser models of that kind offered
@@ -213,7 +215,7 @@ async function handleInit(message) {
   if (message.control instanceof SharedArrayBuffer && controlSlots === null && runtime.pyodide === null) {
     controlSlots = new Int32Array(message.control);
   }
-  const choices = { backend: message.backend ?? undefined, snapshot: message.snapshot ?? undefined, threads: message.threads ?? undefined };
+  const choices = { backend: message.backend ?? undefined, compute: message.compute ?? undefined, snapshot: message.snapshot ?? undefined, threads: message.threads ?? undefined };
   return { payload: await ensureRuntime(message.id, choices, controlSlots) };
 }
 

@@ -50,3 +50,14 @@ def test_versions_are_this_interpreters():
     import candle_web
 
     assert versions["candle_web"] == candle_web.__version__
+
+
+def test_the_pages_compute_type_is_selected_and_checked():
+    """?compute=int8 / float32 (web/worker/boot.js passes it on): the settings' compute type,
+    which the wasm parts and qmatmul read; anything else is refused naming ?compute."""
+    assert boot.select_compute_type("int8") == "int8"
+    assert settings().compute_type == "int8"
+    assert boot.select_compute_type("float32") == "float32"
+    with pytest.raises(UnsupportedError, match=r"\?compute='int4'"):
+        boot.select_compute_type("int4")
+    assert settings().compute_type == "float32"

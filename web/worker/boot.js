@@ -209,9 +209,10 @@ function fallBack(choice, why) {
 
 // The backend phase: Python renews what a snapshot shares, then chooses the backend (wasm on
 // the registered kernels, else numpy with scipy's BLAS). Returns {name, kernels, reason}.
-async function chooseBackend(id, phases, started, choice, { kernels, reason }, watch) {
+async function chooseBackend(id, phases, started, choice, compute, { kernels, reason }, watch) {
   const { pyodide } = runtime;
   let name = null;
+  let computeType = null;
   await startPhase(id, phases, "backend", async () => {
     runtime.worker = pyodide.pyimport("candle_web.worker");
     runtime.boot = pyodide.pyimport("candle_web.worker.boot");
@@ -228,8 +229,9 @@ async function chooseBackend(id, phases, started, choice, { kernels, reason }, w
       }
     }
     if (kernels === null) name = runtime.boot.select_backend("numpy");
+    computeType = runtime.boot.select_compute_type(compute);
   }, { watch, watched: isPyodideRequest });
-  return { name, kernels, reason };
+  return { name, kernels, reason, computeType };
 }
 
 // The second thread: {team, threadsReason} (team null and why when one thread runs).
@@ -269,7 +271,7 @@ async function startRuntime(id, choices) {
   }
 }
 
-async function startWatched(id, { choice, useSnapshot, threads, controlSlots }, watch) {
+async function startWatched(id, { choice, compute, useSnapshot, threads, controlSlots }, watch) {
   const startedAt = performance.now();
   const phases = {};
   const downloads = startDownloads(id, phases, choice, threads);
@@ -286,7 +288,7 @@ async function startWatched(id, { choice, useSnapshot, threads, controlSlots }, 
     console.warn(`candle-web: models' own chat templates are not rendered, the recognised chat formats (ChatML, Llama) are: ${templates.reason}`);
   }
   await packages;
-  const backend = await chooseBackend(id, phases, started, choice, loaded, watch);
+  const backend = await chooseBackend(id, phases, started, choice, compute, loaded, watch);
   const { team, threadsReason } = await startThreads(downloads, backend, choice, threads);
   return {
     phases,
@@ -302,6 +304,7 @@ async function startWatched(id, { choice, useSnapshot, threads, controlSlots }, 
       label: backend.kernels?.label ?? null,
       kernels: backend.kernels === null ? null : { file: backend.kernels.file, sha256: backend.kernels.sha256 },
       reason: backend.reason,
+      computeType: backend.computeType,
       threads: team === null ? 1 : 2,
       threadsReason,
       threadsKernels: team === null ? null : { file: team.file, sha256: team.sha256 },
@@ -315,6 +318,19 @@ function checkBackendChoice(value) {
   const choice = value ?? "auto";
   if (!BACKEND_CHOICES.includes(choice)) {
     throw new TypedError("FormatError", `init: \`backend\` (the page's ?backend=) must be one of ${BACKEND_CHOICES.join(", ")}, got ${JSON.stringify(value)}`);
+  }
+  return choice;
+}
+
+// The page's ?compute=: the compute type of the quantized products (float32, the default and
+// the reference; int8: int8 activations times the weights' integer levels, web/kernels/
+// linear_int8.c).
+const COMPUTE_CHOICES = ["float32", "int8"];
+
+function checkComputeChoice(value) {
+  const choice = value ?? "float32";
+  if (!COMPUTE_CHOICES.includes(choice)) {
+    throw new TypedError("FormatError", `init: \`compute\` (the page's ?compute=) must be one of ${COMPUTE_CHOICES.join(", ")}, got ${JSON.stringify(value)}`);
   }
   return choice;
 }
@@ -337,10 +353,11 @@ function checkSnapshotChoice(value) {
 
 // The runtime, started by the first caller (whose choices win: it starts once per worker);
 // resolves the init summary. `controlSlots`: the page's shared slots, or null.
-export function ensureRuntime(id, { backend, snapshot, threads } = {}, controlSlots = null) {
+export function ensureRuntime(id, { backend, compute, snapshot, threads } = {}, controlSlots = null) {
   if (runtimePromise === null) {
     runtimePromise = startRuntime(id, {
-      choice: checkBackendChoice(backend), useSnapshot: checkSnapshotChoice(snapshot),
+      choice: checkBackendChoice(backend), compute: checkComputeChoice(compute),
+      useSnapshot: checkSnapshotChoice(snapshot),
       threads: checkThreadsChoice(threads), controlSlots,
     });
     // A failed start may be retried by a later init.

@@ -4,6 +4,7 @@ worker calls while it starts, in this order:
   after_snapshot()       only when Python was restored from the vendored memory snapshot
   select_backend(name)   "wasm" (on the kernels the worker registered as `candle_kernels`) or
                          "numpy" (with scipy's BLAS); returns the backend Device.cpu() then uses
+  select_compute_type(name)  the page's ?compute=: "float32" (the default) or "int8"
   attach_team()          only with two threads: the wasm parts run on the registered
                          `candle_team` from then on
   versions_json()        the versions the ready answer reports
@@ -56,6 +57,16 @@ def select_backend(name: str) -> str:
     else:
         raise UnsupportedError(f"select_backend: {name!r} is not a page backend (wasm, numpy)")
     return backend_for(Device.cpu()).name
+
+
+def select_compute_type(name: str) -> str:
+    """The page's ?compute= as the compute type (settings().compute_type: "int8" multiplies
+    the wasm backend's GGML weights in int8 arithmetic, "float32" widens them); returns the
+    one in force."""
+    from candle_web.backend.settings import check_compute_type, override_settings
+
+    check_compute_type(name, "?compute")
+    return override_settings(compute_type=name).compute_type
 
 
 def attach_team() -> None:
