@@ -15,11 +15,13 @@ NATIVE_TIMEOUT_S = 600
 
 class NativeTextJobs:
     """tests/ui/native_text_models.py on a list of jobs, in a subprocess with the numpy
-    backend and one BLAS thread, started at once so it runs while the browser works."""
+    backend (or the settings `variables` name, e.g. numba and CANDLE_WEB_COMPUTE_TYPE=int8)
+    and one BLAS thread, started at once so it runs while the browser works."""
 
-    def __init__(self, jobs: list[dict]):
+    def __init__(self, jobs: list[dict], variables: dict | None = None):
         environment = dict(os.environ, CANDLE_WEB_BACKEND="numpy", OPENBLAS_NUM_THREADS="1",
                            OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        environment.update(variables or {})
         handle, path = tempfile.mkstemp(prefix="candle-web-twin-", suffix=".json")
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             json.dump(jobs, out)
