@@ -3,7 +3,8 @@
 
     .venv/bin/python bench/llama.py [--quants Q4_1,Q8_0,Q4_0,F32,qwen] [--prompt-tokens 128]
                                     [--decode-tokens 64] [--threads 2] [--repeat 1]
-                                    [--backends numpy,numba] [--no-torch] [--no-llama-cpp]
+                                    [--backends numpy,numba] [--compute-types float32,int8]
+                                    [--no-torch] [--no-llama-cpp]
 
 Models: the real Q4_1 GGUF; Q8_0 and Q4_0 GGUFs re-quantized (QTensor.from_float) from its
 dequantized weights and written to a temp folder; F32: the dequantized weights as an HF
@@ -17,6 +18,10 @@ scripts/build_llama_cpp.sh, which `make bench` runs; $LLAMA_BENCH names another 
 in each model's rounds: prompt at depth 0, decode of --decode-tokens at depth --prompt-tokens
 (after a prompt of that length, as the other engines decode). llama-bench gives no token ids.
 
+The numba backend runs once per compute type (--compute-types): cw-numba multiplies the
+quantized weights widened to f32, cw-numba-int8 int8 activations by the int8 levels with integer
+dot products (CANDLE_WEB_COMPUTE_TYPE=int8); their `ids` column says where int8's greedy ids
+leave the float path's.
 For each model and engine: prompt processing tok/s (one forward over a `--prompt-tokens`
 prompt) and decode tok/s (`--decode-tokens` greedy steps with the KV cache, argmax done by
 each engine's caller in numpy), medians over `--repeat` rounds; engines run interleaved round
@@ -117,16 +122,23 @@ def prepare_models(quants, work: Path) -> dict:
 
 # -- engines: reset(), prefill(ids) -> last logits, step(id) -> logits ------------------------
 class CandleEngine:
-    def __init__(self, backend: str, model_path: Path):
+    def __init__(self, backend: str, model_path: Path, compute_type: str = "float32"):
         from candle_web import Device
         from candle_web.backend import parts
+        from candle_web.backend.settings import override_settings, reload_settings
         from candle_web.models.llama import Llama
 
-        self.name = f"cw-{backend}"
+        self.name = f"cw-{backend}" + ("" if compute_type == "float32" else f"-{compute_type}")
         started = time.perf_counter()
-        self.model = Llama.from_pretrained(model_path, device=Device.cpu(backend=backend))
-        # as the decode loop runs it: a backend's fused step for single tokens where it has one
-        self.steps = parts.start_causal_decoding(self.model)
+        # The compute type is read where the fused part builds its weights: at the first step.
+        override_settings(compute_type=compute_type)
+        try:
+            self.model = Llama.from_pretrained(model_path, device=Device.cpu(backend=backend))
+            # as the decode loop runs it: a backend's fused step for single tokens where it has one
+            self.steps = parts.start_causal_decoding(self.model)
+            self.steps([[0]], 0)
+        finally:
+            reload_settings()
         self.load_s = time.perf_counter() - started
 
     def reset(self, capacity: int):
@@ -267,27 +279,34 @@ def prompt_token_ids(count: int, gguf: Path) -> list:
 
 
 def print_table(rows):
-    """One line per (model, engine); ratios are decode tok/s over PyTorch's and llama.cpp's
-    measured in the same model's rounds."""
-    header = (f"{'model':6} {'engine':10} {'load s':>7} {'prompt tok/s':>13} "
-              f"{'decode tok/s':>13} {'x torch':>8} {'x llama.cpp':>12} {'ids':>10}")
+    """One line per (model, engine); ratios are tok/s over PyTorch's (decode) and llama.cpp's
+    (prompt and decode) measured in the same model's rounds."""
+    header = (f"{'model':6} {'engine':14} {'load s':>7} {'prompt tok/s':>13} "
+              f"{'decode tok/s':>13} {'x torch':>8} {'prompt x cpp':>13} "
+              f"{'decode x cpp':>13} {'ids':>10}")
     print(header)
     print("-" * len(header))
-    peers = {(r["quant"], r["engine"]): r["decode"] for r in rows
-             if r["engine"] in ("torch", "llama.cpp")}
+    peers = {(r["quant"], r["engine"]): r for r in rows if r["engine"] in ("torch", "llama.cpp")}
+
+    def ratio(row, peer, field):
+        return f"{row[field] / peer[field]:.2f}" if peer else "-"
+
     for r in rows:
-        torch_decode = peers.get((r["quant"], "torch"))
-        cpp_decode = peers.get((r["quant"], "llama.cpp"))
-        vs_torch = f"{r['decode'] / torch_decode:.2f}" if torch_decode else "-"
-        vs_cpp = f"{r['decode'] / cpp_decode:.2f}" if cpp_decode else "-"
-        print(f"{r['quant']:6} {r['engine']:10} {r['load']:7.2f} {r['prompt']:13.1f} "
-              f"{r['decode']:13.1f} {vs_torch:>8} {vs_cpp:>12} {r['ids']:>10}")
+        torch_row = peers.get((r["quant"], "torch"))
+        cpp_row = peers.get((r["quant"], "llama.cpp"))
+        print(f"{r['quant']:6} {r['engine']:14} {r['load']:7.2f} {r['prompt']:13.1f} "
+              f"{r['decode']:13.1f} {ratio(r, torch_row, 'decode'):>8} "
+              f"{ratio(r, cpp_row, 'prompt'):>13} {ratio(r, cpp_row, 'decode'):>13} "
+              f"{r['ids']:>10}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quants", default=",".join(QUANTS))
     parser.add_argument("--backends", default="numpy,numba")
+    parser.add_argument("--compute-types", default="float32,int8",
+                        help="the numba backend's compute types, each its own engine (cw-numba "
+                             "is float32, cw-numba-int8 the integer products)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -302,6 +321,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown quant(s) {unknown}; choose from {QUANTS}")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    compute_types = [c.strip() for c in args.compute_types.split(",") if c.strip()]
     import candle_native  # noqa: F401  (registers the numba backend)
 
     use_cpp = not args.no_llama_cpp and llama_cpp_available()
@@ -327,7 +347,9 @@ def main(argv=None) -> int:
         for quant in quants:
             files = models[quant]
             prompt_ids = prompt_token_ids(args.prompt_tokens, files["gguf"])
-            engines = [CandleEngine(b, files.get("hf", files["gguf"])) for b in backends]
+            engines = [CandleEngine(b, files.get("hf", files["gguf"]), compute)
+                       for b in backends
+                       for compute in (compute_types if b == "numba" else ["float32"])]
             if use_cpp:
                 engines.append(LlamaCppEngine(files["gguf"], args.threads))
             if torch_engine is not None and quant != QWEN:

@@ -120,9 +120,12 @@ def _offset_total(lanes, offsets, factors):
     for j in range(16):
         lanes[j] = 0.0
     groups = offsets.size
-    for g0 in range(0, groups, 16):
-        for j in range(min(16, groups - g0)):
+    whole = groups // 16 * 16
+    for g0 in range(0, whole, 16):  # a constant trip count: one vector multiply and add
+        for j in range(16):
             lanes[j] += offsets[g0 + j] * factors[g0 + j]
+    for j in range(groups - whole):
+        lanes[j] += offsets[whole + j] * factors[whole + j]
     return _fold(lanes)
 
 
