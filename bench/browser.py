@@ -692,6 +692,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the raw figures")
     parser.add_argument("--words", action="store_true",
                         help="also time each clip with word timestamps off and on in the page")
+    parser.add_argument("--llm-compute", default="float32",
+                        help="--tasks llm: the page's compute types, of float32,int8 (?compute=)")
     parser.add_argument("--llm-files", default=",".join(LLM_FILES),
                         help=f"--tasks llm: GGUF files, of {', '.join(LLM_FILES)}")
     args = parser.parse_args(argv)
@@ -704,10 +706,13 @@ def main(argv=None) -> int:
     llm_labels = [label.strip() for label in args.llm_files.split(",") if label.strip()]
     if sorted(set(llm_labels) - set(LLM_FILES)):
         parser.error(f"--llm-files: choose from {', '.join(LLM_FILES)}")
+    llm_computes = tuple(c.strip() for c in args.llm_compute.split(",") if c.strip())
+    if not llm_computes or set(llm_computes) - {"float32", "int8"}:
+        parser.error("--llm-compute: choose from float32, int8")
     if tasks == ["llm"]:
         vendor()
         run_llm(llm_labels, args.generate_tokens, GENERATE_PROMPT,
-                generate_options(args.generate_tokens), BrowserSession)
+                generate_options(args.generate_tokens), BrowserSession, llm_computes)
         return 0
     try:
         peers = [] if args.skip_peer else parse_peers(args.peers)
@@ -796,7 +801,7 @@ def main(argv=None) -> int:
                                     native_generate, exports)
     if "llm" in tasks:
         run_llm(llm_labels, args.generate_tokens, GENERATE_PROMPT,
-                generate_options(args.generate_tokens), BrowserSession)
+                generate_options(args.generate_tokens), BrowserSession, llm_computes)
     return 0
 
 

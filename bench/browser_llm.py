@@ -8,8 +8,8 @@ project's own quantizer and GGUF writer from the Q4_1 file's dequantized values,
 the model cache's bench-requantized/), and Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the registry's).
 Each file is served to both engines from one folder as model.gguf (/models/local/llm-<label>/).
 
-Per file and thread count: candle-web's page (?backend=wasm&threads=N, confirmed by the page's
-ready answer) loads the file (cold: download + sha256-less check + build) and generates
+Per file and thread count: candle-web's page (?backend=wasm&threads=N&compute=C for each
+compute type of --llm-compute, float32 by default; confirmed by the page's ready answer) loads the file (cold: download + sha256-less check + build) and generates
 --generate-tokens tokens twice with the ChatML prompt; wllama loads the same file in a fresh
 profile and completes the prompt text candle-web rendered (the same ids: wllama tokenizes it
 with the same GGUF vocabulary), greedy, EOS ignored, twice. Printed: prompt and decode tok/s
@@ -133,15 +133,22 @@ CANDLE_RUN_JS = """async ([url, prompt, options, runs]) => {
 }"""
 
 
-def run_candle(session, label: str, threads: int, prompt: str, options: dict) -> dict:
+# The engine column of candle-web's page per compute type (?compute=, --llm-compute).
+CANDLE_ENGINES = {"float32": "candle-web", "int8": "cw int8"}
+
+
+def run_candle(session, label: str, threads: int, prompt: str, options: dict,
+               compute: str = "float32") -> dict:
     def work(page, opened):
         page.wait_for_function("() => window.candleWeb !== undefined")
         summary = page.evaluate("() => window.candleWeb.ready")
         backend = summary.get("backend") or {}
-        out = {"engine": "candle-web", "label": label, "threads": threads,
+        out = {"engine": CANDLE_ENGINES[compute], "label": label, "threads": threads,
                "readyS": time.perf_counter() - opened, "backend": backend}
-        if backend.get("name") != "wasm" or backend.get("threads") != threads:
-            out["error"] = f"the page runs {backend} (asked wasm on {threads} threads)"
+        if (backend.get("name") != "wasm" or backend.get("threads") != threads
+                or (backend.get("computeType") or "float32") != compute):
+            out["error"] = (f"the page runs {backend} (asked wasm on {threads} threads, "
+                            f"compute {compute})")
             return out
         page.set_default_timeout(900_000)
         reply = page.evaluate(CANDLE_RUN_JS, [f"models/local/llm-{label}/", prompt, options, RUNS])
@@ -154,7 +161,7 @@ def run_candle(session, label: str, threads: int, prompt: str, options: dict) ->
                        for r in reply["runs"]]
         return out
 
-    return session.run_page(f"?backend=wasm&threads={threads}", work)
+    return session.run_page(f"?backend=wasm&threads={threads}&compute={compute}", work)
 
 
 def run_wllama(session, label: str, threads: int, prompt: str, tokens: int) -> dict:
@@ -213,8 +220,13 @@ def print_table(results: list[dict], tokens: int) -> None:
               f"{best(r, 'decodePerSecond'):12.2f} | {f'{heap:.0f}' if heap else '-':>8}{note}")
     by_key = {(r["label"], r["engine"], r["threads"]): r for r in results if "error" not in r}
     for (label, engine, threads), r in by_key.items():
+        base = by_key.get((label, "candle-web", threads))
+        if engine == CANDLE_ENGINES["int8"] and base is not None:
+            print(f"{label} {threads}t: int8 / float32 page decode "
+                  f"{best(r, 'decodePerSecond') / max(best(base, 'decodePerSecond'), 1e-9):.2f}x, "
+                  f"prompt {best(r, 'promptPerSecond') / max(best(base, 'promptPerSecond'), 1e-9):.2f}x")
         peer = by_key.get((label, "wllama", threads))
-        if engine != "candle-web" or peer is None:
+        if engine not in CANDLE_ENGINES.values() or peer is None:
             continue
         decode = best(r, "decodePerSecond") / max(best(peer, "decodePerSecond"), 1e-9)
         prompt = best(r, "promptPerSecond") / max(best(peer, "promptPerSecond"), 1e-9)
@@ -222,8 +234,10 @@ def print_table(results: list[dict], tokens: int) -> None:
               f"{prompt:.2f}x (above 1: candle-web faster)")
 
 
-def run_llm(labels, tokens: int, prompt: str, options: dict, browser_session_cls) -> list:
-    """The whole comparison; returns the raw results (also printed)."""
+def run_llm(labels, tokens: int, prompt: str, options: dict, browser_session_cls,
+            computes=("float32",)) -> list:
+    """The whole comparison; returns the raw results (also printed). `computes`: the page's
+    compute types to run (?compute=), each next to the same wllama run."""
     ensure_wllama()
     files = llm_files(labels)
     results = []
@@ -232,11 +246,13 @@ def run_llm(labels, tokens: int, prompt: str, options: dict, browser_session_cls
         try:
             for label in files:
                 for threads in THREADS:
-                    candle = run_candle(session, label, threads, prompt, options)
-                    results.append(candle)
-                    print_row(candle)
-                    rendered = next((run["renderedPrompt"] for run in candle.get("runs", [])),
-                                    None)
+                    rendered = None
+                    for compute in computes:
+                        candle = run_candle(session, label, threads, prompt, options, compute)
+                        results.append(candle)
+                        print_row(candle)
+                        rendered = rendered or next(
+                            (run["renderedPrompt"] for run in candle.get("runs", [])), None)
                     if rendered is None:
                         continue
                     results.append(run_wllama(session, label, threads, rendered, tokens))
