@@ -50,10 +50,12 @@ def int8_levels(model) -> bool:
     return all(isinstance(w, tuple) and w[0].dtype == np.uint8 for w in weights)
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q6_K", "qwen2-mixed"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q6_K", "qwen2-mixed", "f32"])
 def test_tiny_models_in_int8_keep_rows_bitwise(int8, tmp_path, kind):
+    """Also a float checkpoint, whose matrices the compute type int8 quantizes per output row
+    at load (quantized/int8_weights.py)."""
     path, _, _ = tiny_model(kind, tmp_path, int8)
-    model = Llama.load(path, device=int8)
+    model = Llama.load(path, device=int8, mode="dequantize" if kind == "f32" else "auto")
     assert int8_levels(model)
     assert_batched_equals_alone(model, TINY_PROMPTS)
     assert_prompt_paths_agree(model, [1, 5, 9, 4, 2, 7, 80, 31, 8, 3, 40], kind)

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from candle_web.backend.settings import settings
+from candle_web.quantized.int8_weights import quantize_weight_rows
 
 from ..decode_threads import decode_in_parallel
 from ..kernels import decoder_step as nk
@@ -44,12 +45,18 @@ NO_BIAS = np.zeros(0, np.float32)
 def _kernel_tuple(qmatmul):
     """The weight in the form the kernels take: the quantized tuple (its levels viewed as
     uint8 under the compute type int8, which selects the integer kernels, qint8.py), or the
-    f32 matrix itself (C-ordered, never copied when it already is); None when the layer is
-    neither."""
+    f32 matrix itself (C-ordered, never copied when it already is; under int8 quantized per
+    output row into such a tuple); None when the layer is neither."""
     weight = _float_or_quantized_tuple(qmatmul)
-    if isinstance(weight, tuple) and settings().compute_type == "int8":
+    if settings().compute_type != "int8" or weight is None:
+        return weight
+    if isinstance(weight, tuple):
         return (weight[0].view(np.uint8), *weight[1:])
-    return weight
+    if weight.shape[1] % 32:
+        return weight  # the int8 products take rows in blocks of 32: this one stays f32
+    # A float checkpoint: int8 per output row at load (CTranslate2's rule, int8_weights.py).
+    rows = quantize_weight_rows(weight)
+    return (rows.levels.view(np.uint8), rows.scales, np.zeros((1, 1), np.float32), False, 32)
 
 
 def _float_or_quantized_tuple(qmatmul):
