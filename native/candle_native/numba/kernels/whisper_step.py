@@ -16,12 +16,17 @@ vector accumulators (re-associated), softmax uses vector_math.softmax_weight (ex
 relative; negligible weights as 0) and divides the weighted value sum once at the end, GELU is
 vector_math.gelu_erf_f32; cross-attention groups its products differently (_cross_attend).
 Weight rows are read once per step for all R rows; weight matrices may be f32 or f16 bits
-(half.widen).
+(half.widen), or, under the compute type int8, qint8's int8 tuples for the six linear layers
+(integer products of int8 activations, each row's bits independent of the others'; the
+cross-attention's key/value weights stay f32 or f16: _cross_attend multiplies them by per-head
+vectors, not by rows of activations).
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
+from . import qint8
 from ._jit import FAST_REDUCTIONS
 from .half import widen
 from .vector_math import (gelu_erf_f32, row_max, softmax_weight, vector_kernel,
@@ -299,12 +304,31 @@ def _affine_rows_parallel(weight, bias, xs, out):
         affine_rows(weight[start:stop], bias[start:stop], xs, out[:, start:stop])
 
 
-@vector_kernel
 def _affine(weight, bias, xs, out, threads):
-    if threads > 1:
-        _affine_rows_parallel(weight, bias, xs, out)
-    else:
-        affine_rows(weight, bias, xs, out)
+    """out[r] = weight @ xs[r] + bias for every row r, on `threads` > 1 split over numba's
+    threads; weight f32, f16 bits, or int8 (qint8's tuple: the compute type int8, integer
+    products after quantizing xs's rows, each row's bits its own). Kernels only: the overload
+    below picks the implementation from the weight's numba type."""
+    raise NotImplementedError("whisper_step._affine runs inside numba kernels only")
+
+
+@overload(_affine, jit_options={"fastmath": FAST_REDUCTIONS, "nogil": True,
+                                "error_model": "numpy"})
+def _affine_for_type(weight, bias, xs, out, threads):
+    if isinstance(weight, types.Array):
+        def float_affine(weight, bias, xs, out, threads):
+            if threads > 1:
+                _affine_rows_parallel(weight, bias, xs, out)
+            else:
+                affine_rows(weight, bias, xs, out)
+        return float_affine
+
+    def int8_affine(weight, bias, xs, out, threads):
+        qint8.rows(xs, weight, out, threads > 1)
+        for r in range(xs.shape[0]):
+            for i in range(bias.size):
+                out[r, i] += bias[i]
+    return int8_affine
 
 
 @vector_kernel
@@ -326,7 +350,7 @@ def whisper_block_step(x, pos, n_head, eps,
     heads = np.empty((rows, d), np.float32)
     delta = np.empty((rows, d), np.float32)
     qkv = np.empty((rows, 3 * d), np.float32)
-    hidden = np.empty((rows, fc1_w.shape[0]), np.float32)
+    hidden = np.empty((rows, fc1_b.size), np.float32)
     n_audio = features.shape[1]
     scores = np.empty(pos + 1, np.float32)
     folded = np.empty((n_head, d), np.float32)
@@ -395,3 +419,4 @@ def whisper_logits_step_parallel(x, ln_w, ln_b, eps, embedding, logits):
         start = chunk * VOCAB_CHUNK
         stop = min(vocab, start + VOCAB_CHUNK)
         project_rows(embedding[start:stop], h, logits[:, start:stop])
+

@@ -21,6 +21,10 @@ done in blocks of ROW_BLOCK rows on a small thread pool (row_pool.py) with one-t
 
 Sums are the reference's in another order (BLAS blocking, the conv's three taps), so results
 agree with the tensor path to f32 rounding (tests/native/test_numba_whisper_encoder.py).
+Under the compute type int8 (CANDLE_WEB_COMPUTE_TYPE) the blocks' four linear layers multiply
+int8 weights (per output row, quantized when the part is built) by int8 activations
+(kernels/qint8.py); the convolutions and attention stay f32 (tests/native/
+test_numba_whisper_int8.py).
 `FusedWhisperEncoder.build` returns None when the weights do not fit (not f32, a missing bias,
 not the kernel-3 convs) or BLAS threads cannot be controlled; the model then keeps its tensor
 path.
@@ -34,8 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import row_pool
+from ..kernels import qint8
 from ..kernels.norms import layer_norm_serial
 from ..kernels.vector_math import exp_shifted_rows, gelu_erf_vector_serial
+from .int8_linear import GROUP, int8_compute, int8_weight
 
 # Rows per work item of the row-local phases (convs, QKV, MLP): one-threaded sgemm loses
 # efficiency on short products, and 1500 rows in blocks of 384 still give each of two threads
@@ -66,16 +72,27 @@ def _f32(tensor, shape=None) -> np.ndarray:
 
 
 class _Linear:
-    """y = x w^T + b, w kept [out, in] as loaded: BLAS reads w.T through its transpose flag."""
+    """y = x w^T + b, w kept [out, in] as loaded: BLAS reads w.T through its transpose flag.
+    Under the compute type int8 w is quantized per output row when the part is built and the
+    product runs in integer arithmetic (int8_linear.py, kernels/qint8.py), one thread per row
+    block as BLAS is here; each output row's bits then depend on that row alone."""
 
     def __init__(self, linear, n_in):
-        self.weight_t = _f32(linear.weight).T
-        if self.weight_t.shape[0] != n_in:
+        weight = _f32(linear.weight)
+        if weight.ndim != 2 or weight.shape[1] != n_in:
             raise _Unfit
-        self.bias = _f32(linear.bias, (self.weight_t.shape[1],))
+        self.n_out = weight.shape[0]
+        self.bias = _f32(linear.bias, (self.n_out,))
+        if int8_compute() and n_in % GROUP:
+            raise _Unfit  # the int8 products take whole 32-element blocks
+        self.weight_t = None if int8_compute() else weight.T
+        self.int8 = int8_weight(weight) if self.weight_t is None else None
 
     def into(self, x, out):
-        np.matmul(x, self.weight_t, out=out)
+        if self.int8 is not None:
+            qint8.rows_serial(np.ascontiguousarray(x), self.int8, out)
+        else:
+            np.matmul(x, self.weight_t, out=out)
         out += self.bias
         return out
 
@@ -103,9 +120,8 @@ class _Block:
         self.out = _Linear(block.attn_out, d)
         self.mlp_ln = _LayerNorm(block.mlp_ln, d)
         self.fc1 = _Linear(block.fc1, d)
-        self.fc2 = _Linear(block.fc2, self.fc1.weight_t.shape[1])
-        if self.qkv.weight_t.shape[1] != 3 * d or self.out.weight_t.shape[1] != d \
-                or self.fc2.weight_t.shape[1] != d:
+        self.fc2 = _Linear(block.fc2, self.fc1.n_out)
+        if self.qkv.n_out != 3 * d or self.out.n_out != d or self.fc2.n_out != d:
             raise _Unfit
 
 
@@ -256,7 +272,7 @@ class FusedWhisperEncoder:
             rows = x[start:stop]
             projected = np.empty((stop - start, d), np.float32)
             rows += block.out.into(merged[start:stop], projected)
-            hidden = np.empty((stop - start, block.fc1.weight_t.shape[1]), np.float32)
+            hidden = np.empty((stop - start, block.fc1.n_out), np.float32)
             block.fc1.into(block.mlp_ln(rows), hidden)
             rows += block.fc2.into(_gelu(hidden, np.empty_like(hidden)), projected)
 
