@@ -131,7 +131,9 @@ def cmd_chat(args) -> int:
     from .generation import GenerationOptions
     from .generation.conversation import Conversation
     from .pipelines import load_llama
+    from .pipelines.arguments import apply_compute_type
 
+    apply_compute_type(args)
     loaded = load_llama(args.model, progress=args.download_progress())
     options = GenerationOptions(max_new_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -145,7 +147,8 @@ def cmd_chat(args) -> int:
     return TerminalChat(conversation, options).run()
 
 
-def add_chat_command(sub, sampling_arguments, text_argument, download_progress):
+def add_chat_command(sub, sampling_arguments, text_argument, download_progress,
+                     compute_type_argument):
     """`candle-web chat`, registered by cli.build_parser with its shared argument helpers."""
     from .generation.option_limits import Limit
 
@@ -158,4 +161,5 @@ def add_chat_command(sub, sampling_arguments, text_argument, download_progress):
                    help="tokens of context at most (default: the model's); older turns are "
                         "dropped, with a notice, to fit")
     sampling_arguments(c, max_tokens=512)
+    compute_type_argument(c)
     c.set_defaults(func=cmd_chat, download_progress=download_progress)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .generation import option_limits as limits
 from .core.errors import CandleError
-from .pipelines.arguments import add_transcribe_options, text_argument
+from .pipelines.arguments import (add_compute_type_argument, add_transcribe_options,
+                                  apply_compute_type, text_argument)
 
 
 class ProgressBar:
@@ -83,6 +84,7 @@ def cmd_transcribe(args) -> int:
     except (CandleError, ValueError) as error:
         print(f"candle-web transcribe: {error}", file=sys.stderr)
         return 2
+    apply_compute_type(args)
     loaded = load_whisper(args.model, progress=_download_progress())
     model, tokenizer = loaded.model, loaded.tokenizer
     vad_model = load_vad(progress=_download_progress()) if options.vad is not None else None
@@ -150,6 +152,7 @@ def cmd_generate(args) -> int:
         print("candle-web: --system needs --chat (a system message is part of a chat)",
               file=sys.stderr)
         return 2
+    apply_compute_type(args)
     loaded = load_llama(args.model, progress=_download_progress())
     model, tokenizer = loaded.model, loaded.tokenizer
     prompt = args.prompt
@@ -318,6 +321,8 @@ def cmd_serve(args) -> int:
                         ("--drain-seconds", args.drain_seconds)):
         if value is not None:
             argv += [flag, str(value)]
+    if args.compute_type is not None:
+        argv += ["--compute-type", args.compute_type]
     if args.api_key:
         os.environ[serve.API_KEY_ENV_VAR] = args.api_key
     return serve.main(argv) or 0
@@ -350,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--format", default="txt", choices=("txt", "srt", "vtt", "json"))
     t.add_argument("--output-dir", default=None, help="write FILE.<format> here instead of stdout")
     add_transcribe_options(t)
+    add_compute_type_argument(t)
     t.set_defaults(func=cmd_transcribe)
 
     g = sub.add_parser("generate", help="text generation with a LLaMA-family model")
@@ -364,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="> 0; 1.0: off")
     g.add_argument("--repeat-last-n", type=limits.REPEAT_LAST_N.argparse_type(), default=64,
                    help="tokens the penalty looks back over, >= 0")
+    add_compute_type_argument(g)
     g.set_defaults(func=cmd_generate)
 
     x = sub.add_parser("text2text", help="text-to-text with T5 (translate, summarize, flan instructions)")
@@ -399,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_host_arguments(s)
     add_drain_arguments(s)
     add_api_arguments(s)
+    add_compute_type_argument(s)
     s.set_defaults(func=cmd_serve)
 
     # `batch transcribe|embed`: the same model/decoding options on Ray (imported when run).
@@ -406,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_command(sub, transcribe=t, embed=e, download_progress=_download_progress)
     # `chat`: the interactive terminal chat (chat.py).
     from .chat import add_chat_command
-    add_chat_command(sub, _sampling_arguments, text_argument, _download_progress)
+    add_chat_command(sub, _sampling_arguments, text_argument, _download_progress,
+                     add_compute_type_argument)
     return parser
 
 

@@ -4,13 +4,15 @@ decodes a request with the same defaults) all take them from here, so an option 
 cannot differ between them. Each is range-checked as it is parsed (generation/option_limits.py),
 a bad value being a usage error naming the option before any model loads.
 
-Standard library and the package's own option limits only: the CLI builds its parser from these.
+Standard library, the package's option limits and its settings table only: the CLI builds its
+parser from these.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from ..backend.settings import COMPUTE_TYPES, override_settings
 from ..core.errors import CandleError, check_text
 from ..generation import option_limits as limits
 
@@ -29,6 +31,22 @@ def add_transcribe_options(t) -> None:
     _long_form_arguments(t)
     _word_arguments(t)
     _vad_arguments(t)
+
+
+def add_compute_type_argument(parser) -> None:
+    """--compute-type (faster-whisper's option name) for `transcribe`, `generate`, `chat` and
+    `serve`: the arithmetic of the models the command loads (settings' compute_type)."""
+    parser.add_argument("--compute-type", choices=COMPUTE_TYPES, default=None,
+                        help="int8: the fused numba parts multiply int8 weights by int8 "
+                             "activations (integer dot products); float32: f32 arithmetic, the "
+                             "reference (default: $CANDLE_WEB_COMPUTE_TYPE, else float32)")
+
+
+def apply_compute_type(args) -> None:
+    """Sets --compute-type for this process, before any model loads (the parts read it when
+    they are built); without the flag the environment's choice stands."""
+    if getattr(args, "compute_type", None) is not None:
+        override_settings(compute_type=args.compute_type)
 
 
 def transcribe_defaults() -> argparse.Namespace:

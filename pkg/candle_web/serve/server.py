@@ -381,7 +381,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     add_host_arguments(parser)
     add_drain_arguments(parser)
     add_api_arguments(parser)
+    from ..pipelines.arguments import add_compute_type_argument, apply_compute_type  # noqa: PLC0415
+    add_compute_type_argument(parser)
     args = parser.parse_args(argv)
+    apply_compute_type(args)  # before build_api loads --model: the API's models follow it
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
     if args.cache_dir is not None:
