@@ -1,8 +1,18 @@
-"""Whisper transcription: candle-web (numpy and numba backends) next to openai-whisper (PyTorch
-CPU), all in one process, interleaved clip by clip so that machine load hits every engine alike.
+"""Whisper transcription: candle-web (numpy and numba backends, numba also under the compute
+type int8) next to openai-whisper (PyTorch CPU) and CTranslate2 (faster-whisper's engine, int8
+and float32 on the registry's own model.bin), all in one process, interleaved clip by clip so
+that machine load hits every engine alike.
 
     .venv/bin/python bench/whisper.py [--model whisper-tiny.en] [--threads 2] [--repeat 1]
-                                      [--backends numpy,numba] [--no-torch] [--features]
+                                      [--backends numpy,numba,numba-int8] [--ct2 int8,float32]
+                                      [--no-torch] [--features]
+
+`numba-int8` is the numba backend with the compute type int8 (CANDLE_WEB_COMPUTE_TYPE; the
+Whisper parts' linear layers in integer arithmetic). CTranslate2 (`pip install
+'candle-web[bench]'`) runs the same model.bin; its greedy decode of each clip's one 30 s window
+(the clips are shorter) starts from candle-web's log-mel, so a total counts the mel, the encoder
+and the decode, as candle-web's does. Its summary line gives each candle-web engine's total
+over CTranslate2's.
 
 For each LibriVox clip and engine: end-to-end greedy transcription time (temperature 0, as the
 tests), encoder ms per 30 s window and decoder ms per token (the first window's greedy decode
@@ -41,14 +51,26 @@ def _median(values):
 
 
 class CandleEngine:
-    def __init__(self, backend: str, model_name: str):
+    def __init__(self, spec: str, model_name: str):
+        """`spec`: a CPU backend name, or `numba-int8` (numba, compute type int8)."""
         from candle_web import Device
+        from candle_web.backend.settings import override_settings, reload_settings
         from candle_web.pipelines import load_whisper
 
-        self.name = f"cw-{backend}"
+        backend, _, compute = spec.partition("-")
+        self.name = f"cw-{spec}"
         started = time.perf_counter()
-        loaded = load_whisper(model_name, device=Device.cpu(backend=backend))
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        # The parts read the compute type when they are built, at the first encode and decode.
+        override_settings(compute_type=compute or "float32")
+        try:
+            loaded = load_whisper(model_name, device=Device.cpu(backend=backend))
+            self.model, self.tokenizer = loaded.model, loaded.tokenizer
+            import numpy as np
+
+            mel = np.zeros((self.model.config.n_mels, 3000), np.float32)
+            self.decode(self.encode(mel))
+        finally:
+            reload_settings()
         self.load_s = time.perf_counter() - started
 
     def transcribe(self, samples, words=False, vad=False):
@@ -74,6 +96,83 @@ class CandleEngine:
         multilingual = self.model.config.is_multilingual
         tk = WhisperTokenizer(self.tokenizer, multilingual, "en" if multilingual else None)
         return len(WindowDecoder(self.model, tk, DecodingOptions()).run(features).tokens)
+
+
+class CTranslate2Engine:
+    """CTranslate2's Whisper on the registry's model.bin (a folder of links beside it, with the
+    vocabulary.json CTranslate2 wants, written from tokenizer.json)."""
+
+    def __init__(self, compute_type: str, model_name: str, threads: int, model_dir: Path):
+        import ctranslate2
+
+        from candle_web import hub
+        from candle_web.pipelines import load_whisper
+
+        self.name = f"ct2-{compute_type}"
+        loaded = load_whisper(model_name)  # its tokenizer and config: the prompt, the text
+        folder = _ct2_folder(hub, model_name, model_dir, loaded.model.config.n_vocab)
+        started = time.perf_counter()
+        self.model = ctranslate2.models.Whisper(str(folder), device="cpu",
+                                                compute_type=compute_type,
+                                                intra_threads=threads, inter_threads=1)
+        self.load_s = time.perf_counter() - started
+        self.tokenizer = loaded.tokenizer
+        self.multilingual = loaded.model.config.is_multilingual
+        ids = self.tokenizer.token_to_id
+        self.prompt = [ids("<|startoftranscript|>")] + (
+            [ids("<|en|>"), ids("<|transcribe|>")] if self.multilingual else [])
+        self.text_ids_below = ids("<|endoftext|>")
+        self.n_mels = loaded.model.config.n_mels
+
+    def _generate(self, features):
+        import ctranslate2
+
+        if not isinstance(features, ctranslate2.StorageView):
+            features = ctranslate2.StorageView.from_array(features)
+        return self.model.generate(features, [self.prompt], beam_size=1, max_length=448,
+                                   suppress_blank=True, suppress_tokens=[-1])[0].sequences_ids[0]
+
+    def transcribe(self, samples, words=False, vad=False):
+        import numpy as np
+
+        from candle_web.io import audio
+
+        assert not (words or vad), "the CTranslate2 column times plain transcription only"
+        mel = audio.pad_or_trim(audio.log_mel_spectrogram(samples, self.n_mels), audio.N_FRAMES)
+        ids = self._generate(np.ascontiguousarray(mel[None], np.float32))
+        return self.tokenizer.decode([i for i in ids if i < self.text_ids_below])
+
+    def encode(self, mel):
+        import ctranslate2
+        import numpy as np
+
+        return self.model.encode(ctranslate2.StorageView.from_array(
+            np.ascontiguousarray(mel[None], np.float32)))
+
+    def decode(self, features):
+        return len(self._generate(features))
+
+
+def _ct2_folder(hub, model_name: str, folder: Path, n_vocab: int) -> Path:
+    """model.bin and config.json linked, and vocabulary.json: tokenizer.json's tokens, then the
+    timestamp tokens up to the model's vocabulary (tokenizer.json does not list them)."""
+    import json
+
+    source = hub.fetch(model_name, "model.bin").parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("model.bin", "config.json"):
+        link = folder / name
+        if not link.exists():
+            link.symlink_to(source / name)
+    tokenizer = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    tokens = {index: token for token, index in tokenizer["model"]["vocab"].items()}
+    tokens.update({added["id"]: added["content"] for added in tokenizer["added_tokens"]})
+    first_timestamp = len(tokens)
+    tokens.update({i: f"<|{(i - first_timestamp) * 0.02:.2f}|>"
+                   for i in range(first_timestamp, n_vocab)})
+    (folder / "vocabulary.json").write_text(json.dumps([tokens[i] for i in range(n_vocab)]),
+                                            encoding="utf-8")
+    return folder
 
 
 class TorchEngine:
@@ -183,8 +282,11 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="whisper-tiny.en")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--backends", default="numpy,numba",
-                        help="comma-separated candle-web CPU backends")
+    parser.add_argument("--backends", default="numpy,numba,numba-int8",
+                        help="comma-separated candle-web CPU backends (numba-int8: numba with "
+                             "the compute type int8)")
+    parser.add_argument("--ct2", default="int8,float32",
+                        help="comma-separated CTranslate2 compute types ('' to skip)")
     parser.add_argument("--no-torch", action="store_true", help="skip openai-whisper")
     parser.add_argument("--clips", type=int, default=None, help="only the first N clips")
     parser.add_argument("--features", action="store_true",
@@ -199,7 +301,12 @@ def main(argv=None) -> int:
     from candle_web import hub
     from candle_web.io import audio
 
+    import tempfile
+
     engines = [CandleEngine(b.strip(), args.model) for b in args.backends.split(",") if b.strip()]
+    ct2_dir = Path(tempfile.mkdtemp(prefix="bench-ct2-"))
+    engines += [CTranslate2Engine(c.strip(), args.model, args.threads, ct2_dir)
+                for c in args.ct2.split(",") if c.strip() and not args.features]
     torch_version = "skipped"
     if not args.no_torch:
         import torch
@@ -260,6 +367,10 @@ def main(argv=None) -> int:
                    f"RTF {totals[engine_name] / audio_seconds:.3f}, median encoder "
                    f"{_median([r[1] for r in rows]) * 1e3:.0f} ms, median decoder "
                    f"{_median([r[2] for r in rows]) * 1e3:.1f} ms/token")
+        for ct2_name in (n for n in results if n.startswith("ct2-") and engine_name.startswith("cw-")):
+            same = all(r[3].strip() == c[3].strip() for r, c in zip(rows, results[ct2_name]))
+            summary += (f"; x {ct2_name}: total {totals[engine_name] / totals[ct2_name]:.2f} "
+                        f"(same text: {'yes' if same else 'no'})")
         if has_torch and engine_name != "torch":
             t_rows = results["torch"]
             summary += (f"; x PyTorch: total {totals[engine_name] / totals['torch']:.2f}, encoder "
