@@ -7,8 +7,9 @@ threshold):
   and batched: answered, every vector the one its text gets alone), a million-character prompt
   with the largest max_tokens, n=64, a 52-minute upload (each an OpenAI-shaped 400); the
   process stays alive and a normal chat afterwards gets the same answer as before the cap;
-- under the same cap, a chat whose KV cache (the whole context) runs out of memory gets an
-  "out of memory" error and its memory is given back (xfail: the scheduler keeps it, reported);
+- under the same cap, a chat whose KV cache (the whole context) runs out of memory gets a 507
+  `out_of_memory` error, its memory is given back (the address space falls back toward the warm
+  mapping) and the next chat gets the same answer as before;
 - a Ray Serve replica killed with SIGKILL in the middle of a stream: that stream's client gets
   a broken stream (no [DONE], no finish reason) instead of waiting for ever, the stream on the
   other replica runs to its end, Serve starts a new replica in the dead one's place, and it
@@ -157,11 +158,6 @@ def test_capped_server_answers_oversized_work_with_errors_and_keeps_serving(serv
     print(f"server {pid}: address space {address_space(pid) / 2**20:.0f} MiB at the end")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scheduler bug, reported: a request whose KV cache runs out of memory leaves its half-made "
-    "caches in the model (SlotLM swaps its caches into model.caches; _fail drops only "
-    "request._lm), so ~250 MiB stay held while the server is idle, and under the cap the next "
-    "request's socket read may fail with MemoryError (seen: connection reset)"))
 def test_capped_server_gives_back_the_memory_of_a_request_that_ran_out(serve_capped):
     before = {}
     server, url = serve_capped([LLM], lambda url: before.setdefault("chat", chat_text(url)),
@@ -172,7 +168,8 @@ def test_capped_server_gives_back_the_memory_of_a_request_that_ran_out(serve_cap
     # layers, ~360 MiB) is more than the cap leaves. Out of memory, answered as such.
     status, _, body = post_json(url, "/v1/chat/completions", {**NORMAL_CHAT, "max_tokens": 8192})
     error = api_error(status, body)
-    assert status in (500, 507) and "out of memory" in error["message"], (status, error)
+    assert (status, error["code"]) == (507, "out_of_memory"), (status, error)
+    assert "out of memory" in error["message"], error
     try:
         wait_until(10, lambda: address_space(pid) < warm + KV_CASE_HEADROOM_BYTES // 2,
                    "the failed request's memory to be given back", 0.2)

@@ -3,8 +3,12 @@ timings asserted), through the official routes on SmolLM2 and Whisper tiny.en:
 
 - out of memory while requests start (injected into TextScheduler._begin, in the prompt pass
   two requests share and in one alone) or anywhere else in a round (TextScheduler.
-  _start_together as a whole): each request gets a 500 in OpenAI's error shape and the
-  scheduler thread serves the next one; before, the thread died and the clients waited forever;
+  _start_together as a whole): each request gets a 507 `out_of_memory` in OpenAI's error shape
+  (what the routes answer a MemoryError with) and the scheduler thread serves the next one;
+  before, the thread died and the clients waited forever;
+- a request's KV caches leave with it, finished or out of memory half-way through allocating
+  them (injected into nn.kv_cache.Cache.reserve): every buffer it allocated is freed once its
+  slot is empty, and none is in the model's caches; before, the model kept the last slot's;
 - out of memory while a finished request's caches go to the prefix pool (injected into
   PrefixPool.keep): the answer was out already and stands, the request beside it in the same
   rounds still gets its whole answer;
@@ -21,6 +25,7 @@ import http.client
 import json
 import threading
 import urllib.parse
+import weakref
 
 import pytest
 
@@ -117,12 +122,12 @@ def assert_answer(answer, reference) -> None:
 
 
 def assert_out_of_memory(answer) -> None:
-    """A 500 in OpenAI's error shape that says what happened."""
+    """A 507 in OpenAI's error shape that says what happened."""
     status, body = answer
-    assert status == 500, body
+    assert status == 507, body
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "server_error" and error["code"] == "internal_error"
+    assert error["type"] == "server_error" and error["code"] == "out_of_memory"
     assert "out of memory" in error["message"]
 
 
@@ -133,7 +138,7 @@ def test_every_text_model_keeps_its_prefixes_in_the_servers_one_pool(pool):
     assert pool.prefixes.max_bytes == DEFAULT_MAX_BYTES
 
 
-def test_out_of_memory_starting_requests_answers_500_and_the_thread_goes_on(
+def test_out_of_memory_starting_requests_answers_507_and_the_thread_goes_on(
         pool, server_url, references, monkeypatch):
     from candle_web.api.scheduler import TextScheduler
 
@@ -155,7 +160,7 @@ def test_out_of_memory_starting_requests_answers_500_and_the_thread_goes_on(
     assert scheduler.load()["active"] == 0
 
 
-def test_a_round_failing_outside_any_request_answers_500_and_the_next_one_runs(
+def test_a_round_failing_outside_any_request_answers_507_and_the_next_one_runs(
         pool, server_url, references, monkeypatch):
     from candle_web.api.scheduler import TextScheduler
 
@@ -190,6 +195,64 @@ def test_out_of_memory_keeping_a_prefix_fails_nothing(pool, server_url, referenc
     monkeypatch.undo()
     assert_answer(chat_request(server_url, QUESTIONS[3], TOKENS, BOUNDED_WAIT_S),
                   references(QUESTIONS[3]))
+
+
+def watch_kv_buffers(monkeypatch, fail_at: int = None) -> list:
+    """Weak references to every KV-cache buffer allocated from now on (nn.kv_cache.Cache.
+    reserve wrapped). With `fail_at`, that allocation raises MemoryError instead, as a cache
+    that does not fit: the buffers before it stay allocated, a half-made cache."""
+    from candle_web.nn import kv_cache
+
+    made = []
+    real_reserve = kv_cache.Cache.reserve
+
+    def reserve(cache, *args, **kwargs):
+        before = cache.buffer()
+        if before is None and fail_at is not None and len(made) + 1 >= fail_at:
+            raise MemoryError("injected: no memory for this KV cache")
+        real_reserve(cache, *args, **kwargs)
+        if cache.buffer() is not before:
+            made.append(weakref.ref(cache.buffer()))
+
+    monkeypatch.setattr(kv_cache.Cache, "reserve", reserve)
+    return made
+
+
+def assert_given_back(scheduler, made: list) -> None:
+    """Once the request's slot is empty, none of the KV buffers it allocated is in the model's
+    caches, and none is alive at all (freed as its last reference went: no gc pass needed)."""
+    wait_until(BOUNDED_WAIT_S, lambda: scheduler.load()["active"] == 0, "the slot to empty")
+    assert made, "the request allocated no KV-cache buffer"
+    in_model = {id(buffer) for cache in scheduler.model.caches
+                for buffer in (cache.k.buffer(), cache.v.buffer()) if buffer is not None}
+    alive = [buffer for buffer in (ref() for ref in made) if buffer is not None]
+    held = [buffer.nbytes for buffer in alive if id(buffer) in in_model]
+    assert len(held) == 0, (f"the model holds {len(held)} of the request's {len(made)} KV "
+                            f"buffers ({sum(held)} bytes)")
+    assert len(alive) == 0, f"{len(alive)} of the request's {len(made)} KV buffers are held"
+
+
+def test_a_finished_request_takes_its_kv_caches_with_it(pool, server_url, references,
+                                                       monkeypatch):
+    scheduler = pool.models[LLM].scheduler
+    reference = references(QUESTIONS[2])  # (on its own model) before the watch starts
+    made = watch_kv_buffers(monkeypatch)
+    assert_answer(chat_request(server_url, QUESTIONS[2], TOKENS, BOUNDED_WAIT_S), reference)
+    assert_given_back(scheduler, made)
+
+
+def test_a_request_out_of_memory_for_its_kv_caches_gives_back_the_part_it_got(
+        pool, server_url, references, monkeypatch):
+    scheduler = pool.models[LLM].scheduler
+    reference = references(QUESTIONS[3])
+    blocks = len(scheduler.model.caches)
+    # Keys and values of half the blocks allocated, then no memory for the next one.
+    made = watch_kv_buffers(monkeypatch, fail_at=blocks + 1)
+    assert_out_of_memory(chat_request(server_url, QUESTIONS[3], TOKENS, BOUNDED_WAIT_S))
+    assert len(made) == blocks
+    assert_given_back(scheduler, made)
+    monkeypatch.undo()
+    assert_answer(chat_request(server_url, QUESTIONS[3], TOKENS, BOUNDED_WAIT_S), reference)
 
 
 def test_a_request_whose_client_left_the_queue_holds_no_place(pool, server_url, references):

@@ -55,11 +55,16 @@ def server_stopping(what: str) -> ApiError:
 
 
 def internal_error(error: BaseException) -> ApiError:
-    """The server's own failure while it ran a request (out of memory, a bug) as a 500; an
-    ApiError passes as it is."""
+    """The server's own failure while it ran a request, whichever layer caught it (a route, or
+    the text scheduler's thread, whose error reaches the route as an event): out of memory as
+    a 507 `out_of_memory` (the request asked for more than the server has free; the same
+    request may pass later or with a smaller max_tokens), anything else (a bug) as a 500
+    `internal_error`. An ApiError passes as it is."""
     if isinstance(error, ApiError):
         return error
-    what = "out of memory" if isinstance(error, MemoryError) else type(error).__name__
-    detail = str(error)[:200]
-    return ApiError(500, f"internal error: {what}{': ' + detail if detail else ''}",
-                    type=SERVER_ERROR, code="internal_error")
+    detail = f": {str(error)[:200]}" if str(error) else ""
+    if isinstance(error, MemoryError):
+        return ApiError(507, f"out of memory for this request{detail}", type=SERVER_ERROR,
+                        code="out_of_memory")
+    return ApiError(500, f"internal error: {type(error).__name__}{detail}", type=SERVER_ERROR,
+                    code="internal_error")

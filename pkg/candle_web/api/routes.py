@@ -15,7 +15,7 @@ import numpy as np
 from ..core.errors import (Cancelled, CandleError, FormatError, InvalidOption, ModelNotFound,
                            UnsupportedError)
 from . import validation as check
-from .errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, ApiError, bad_request, internal_error
+from .errors import AUTHENTICATION, NOT_FOUND, ApiError, bad_request, internal_error
 from .model_pool import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
 from .scheduler import TextRequest
 
@@ -214,13 +214,9 @@ class OpenAiApi:
                 return error_response(candle_error(error))
             except CandleError as error:
                 return error_response(candle_error(error))
-            except MemoryError:
-                return error_response(ApiError(507, "out of memory for this request",
-                                               type=SERVER_ERROR, code="out_of_memory"))
             except Exception as error:  # noqa: BLE001  (the server keeps serving)
-                return error_response(ApiError(500, f"internal error: {type(error).__name__}: "
-                                                    f"{str(error)[:200]}", type=SERVER_ERROR,
-                                               code="internal_error"))
+                # Out of memory (507) or a bug (500), as the scheduler's thread answers them.
+                return error_response(internal_error(error))
         return endpoint
 
     async def loaded(self, name, kinds, param: str = "model"):

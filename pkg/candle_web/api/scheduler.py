@@ -19,8 +19,10 @@ generate`, whatever runs beside it.
 
 The thread survives its failures: an error while one request starts or advances fails that
 request alone (out of memory for its sampler, say); one anywhere else in a round (a bug) fails
-every request of the round not yet answered; each gets a 500 in OpenAI's error shape, and the
-next round goes on.
+every request of the round not yet answered; each gets OpenAI's error shape (507
+`out_of_memory` for a MemoryError, 500 `internal_error` for anything else: errors.
+internal_error, as the routes answer), and the next round goes on. A slot that leaves, however
+it leaves, takes its KV caches with it (SlotLM swaps them into the model only for its calls).
 Offering a finished request's caches to the prefix pool is best effort: the answer is out
 already, so a failure there (out of memory while copying) only leaves them unkept.
 """
@@ -28,6 +30,7 @@ already, so a failure there (out of memory while copying) only leaves them unkep
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -226,8 +229,9 @@ class TextScheduler:
                     self.active.remove(request)
 
     def _fail(self, request: TextRequest, error: Exception) -> None:
-        """Answer one request with the error (a 500 unless it is an API refusal); its caches
-        may be half-written, so they are not kept."""
+        """Answer one request with the error (507 out of memory, 500 otherwise, unless it is
+        an API refusal); its caches may be half-written, so they are not kept, and dropping
+        its SlotLM gives their memory back."""
         if not request._answered:
             request._answered = True
             request.emit("error", internal_error(error))
@@ -378,8 +382,13 @@ class TextScheduler:
 
 class SlotLM(CausalLM):
     """generation.CausalLM over one slot's own KV cache: the model's caches are swapped in
-    before each call (only the scheduler thread, holding the compute lock, calls it). A step
-    whose logits the scheduler's batched step already computed (`pending`, for `last_token`)
+    for each call and swapped out after it (only the scheduler thread, holding the compute
+    lock, calls it). Between calls the model holds its own idle caches, never a slot's: a
+    slot that leaves (finished, failed half-way through its prompt, cancelled, never
+    started) is referenced by nothing but its request, so its memory goes with it; before,
+    the model kept the last slot's caches until the next request replaced them (an 8192-
+    position cache that ran out of memory left 294 MiB held by an idle server). A step whose
+    logits the scheduler's batched step already computed (`pending`, for `last_token`)
     returns them."""
 
     def __init__(self, model, steps, capacity: int):  # noqa: super().__init__ would build steps
@@ -390,17 +399,27 @@ class SlotLM(CausalLM):
         self.steps = steps
         self.pending = None  # logits [1, vocab] of the batched step for last_token
         self.last_token = None
-        model.clear_kv_cache(capacity)
-        self.caches = model.caches
+        idle = model.caches
+        model.clear_kv_cache(capacity)  # the model's own way to make its caches
+        self.caches, model.caches = model.caches, idle
+
+    @contextlib.contextmanager
+    def _swapped_in(self):
+        model = self.model
+        idle, model.caches = model.caches, self.caches
+        try:
+            yield
+        finally:
+            model.caches = idle
 
     def start(self, prompts, reused: int = 0):
         """The prompt's logits; its first `reused` positions are already in the caches."""
-        self.model.caches = self.caches
-        if not reused:
-            return super().start(prompts)
-        self.position = len(prompts[0])
-        rest = np.asarray([list(prompts[0])[reused:]], dtype=np.int64)
-        return self.steps(rest, reused).to_numpy()
+        with self._swapped_in():
+            if not reused:
+                return super().start(prompts)
+            self.position = len(prompts[0])
+            rest = np.asarray([list(prompts[0])[reused:]], dtype=np.int64)
+            return self.steps(rest, reused).to_numpy()
 
     def step(self, ids):
         if self.pending is not None:
@@ -409,5 +428,5 @@ class SlotLM(CausalLM):
                 raise logits
             self.position += 1
             return logits
-        self.model.caches = self.caches
-        return super().step(ids)
+        with self._swapped_in():
+            return super().step(ids)
