@@ -18,7 +18,7 @@ TRANSCRIBE_OPTIONS = {"model", "language", "task", "beam_size", "initial_prompt"
                       "word_timestamps", "prepend_punctuations", "append_punctuations",
                       "highlight_words", "max_line_width", "max_line_count", "vad",
                       "vad_threshold", "vad_min_speech_duration_ms", "vad_min_silence_duration_ms",
-                      "vad_speech_pad_ms", "vad_max_speech_duration_s"}
+                      "vad_speech_pad_ms", "vad_max_speech_duration_s", "compute_type"}
 EMBED_OPTIONS = {"model"}
 
 
@@ -137,7 +137,12 @@ def _finish(summary) -> int:
 def cmd_batch_transcribe(args, download_progress=None) -> int:
     from .runner import transcribe_many
 
-    summary = transcribe_many(args.inputs, args.out, model=args.model,
+    from ..backend.settings import settings
+
+    # --compute-type, else this process's setting (CANDLE_WEB_COMPUTE_TYPE): each actor sets it
+    # before it loads the model.
+    compute_type = getattr(args, "compute_type", None) or settings().compute_type
+    summary = transcribe_many(args.inputs, args.out, model=args.model, compute_type=compute_type,
                               options=transcribe_options(args), formats=list(dict.fromkeys(args.formats)),
                               cluster=_cluster(args), retry_errors=args.retry_errors,
                               download_progress=download_progress() if download_progress else None)

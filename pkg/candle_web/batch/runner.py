@@ -60,8 +60,10 @@ def import_ray():
 # -- public entry points -------------------------------------------------------------------------
 def transcribe_many(inputs, out, *, model: str = "whisper-tiny.en", options=None, formats=(),
                     cluster: ClusterOptions | None = None, retry_errors: bool = False,
-                    stream=None, download_progress=None) -> BatchSummary:
-    """Transcribe audio files (paths, folders, globs, list files) into OUT (records.py)."""
+                    stream=None, download_progress=None,
+                    compute_type: str = "float32") -> BatchSummary:
+    """Transcribe audio files (paths, folders, globs, list files) into OUT (records.py), with
+    the model's arithmetic `compute_type` (the settings' compute types)."""
     from dataclasses import asdict
 
     from ..pipelines.transcribe import TranscribeOptions
@@ -83,7 +85,7 @@ def transcribe_many(inputs, out, *, model: str = "whisper-tiny.en", options=None
                read=stages.read_audio, model_class=stages.Transcriber,
                model_kwargs={"model": model, "options": options_dict,
                              "transcripts": str(out / records.TRANSCRIPTS) if formats else None,
-                             "formats": tuple(formats)},
+                             "formats": tuple(formats), "compute_type": compute_type},
                cluster=cluster or ClusterOptions(), retry_errors=retry_errors, stream=stream,
                download_progress=download_progress)
     summary = job.run()

@@ -156,9 +156,11 @@ class Transcriber:
     --threads-per-actor option) sets NUMBA_NUM_THREADS for this actor instead."""
 
     def __init__(self, model: str, options: dict, transcripts: str | None = None,
-                 formats=(), progress=None, threads: int | None = None):
+                 formats=(), progress=None, threads: int | None = None,
+                 compute_type: str = "float32"):
         set_kernel_threads(threads)
         self.model_spec, self.options_dict = model, options
+        self.compute_type = compute_type
         self.transcripts, self.formats = transcripts, tuple(formats)
         self.progress = progress
         self.loaded = None
@@ -176,6 +178,9 @@ class Transcriber:
             options["temperatures"] = tuple(options["temperatures"])
             if options.get("vad") is not None:  # --vad: asdict made its VadOptions a dict
                 options["vad"] = VadOptions(**options["vad"])
+            from ..backend.settings import override_settings
+
+            override_settings(compute_type=self.compute_type)  # read when the parts are built
             loaded = load_whisper(self.model_spec)
             options = TranscribeOptions(**options)
             self.vad_model = load_vad() if options.vad is not None else None
