@@ -138,6 +138,9 @@ def _mirror(team, mirrors: list, index: int, keys, values, pos: int) -> _CacheMi
     mirror = mirrors[index]
     if mirror is None or not mirror.matches(keys, values):
         if mirror is not None:
+            # Forgotten before it is released: a cancel (KeyboardInterrupt) landing in between
+            # leaks a block instead of releasing it twice at the next step.
+            mirrors[index] = None
             mirror.release()
         if not (keys.flags.c_contiguous and values.flags.c_contiguous
                 and keys.dtype == _F32 and values.dtype == _F32):
@@ -158,6 +161,7 @@ class _Buffers:
         held = self._blocks.get(name)
         if held is None or held[1] < nbytes:
             if held is not None:
+                del self._blocks[name]  # forgotten first (see _mirror)
                 self.team.release(held[0])
             held = self._blocks[name] = (self.team.alloc(nbytes), nbytes)
         return held[0]
@@ -323,8 +327,13 @@ class TeamWhisperDecoderStep:
     def _cross_kv(self, features: np.ndarray) -> list:
         cross = self.base._cross_kv(features)
         if self._cross is None or self._cross[0] is not cross:
-            if self._cross is not None:
-                for k, v in self._cross[1]:
+            # The old copies are forgotten before they are released: a cancel landing in the
+            # middle (the page interrupts Python anywhere) then leaks blocks rather than
+            # releasing them again at the next audio ("team arena: ... is not an allocated
+            # block", seen after a transcription was cancelled mid-way).
+            old, self._cross = self._cross, None
+            if old is not None:
+                for k, v in old[1]:
                     self.team.release(k)
                     self.team.release(v)
             self._cross = (cross, [(self.team.put(k), self.team.put(v)) for k, v in cross])
