@@ -61,13 +61,17 @@ def words(text: str) -> list[str]:
 
 
 def words_found_in_order(expected: list[str], got: list[str]) -> int:
-    """How many of the expected words appear in `got` in the same order."""
-    position, found = 0, 0
+    """How many of the expected words appear in `got` in the same order: the longest common
+    subsequence. (A greedy scan undercounted: where the reference repeats a word, "a more a
+    amiable", it matched the second "a" far ahead in a live transcript that said the sentence
+    again, and skipped the rest of the sentence before it.)"""
+    previous = [0] * (len(got) + 1)
     for word in expected:
-        if word in got[position:]:
-            position = got.index(word, position) + 1
-            found += 1
-    return found
+        current = [0]
+        for j, other in enumerate(got):
+            current.append(previous[j] + 1 if word == other else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
 
 
 def assert_matches_reference(file_name: str, text: str) -> None:
