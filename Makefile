@@ -51,17 +51,21 @@ system-deps: $(STAMP_SYS)
 
 # npm's packages of package.json's dependencies: puppeteer-core, which drives firefox-esr over
 # WebDriver BiDi in tests/ui_firefox (it never downloads a browser; PUPPETEER_SKIP_DOWNLOAD makes
-# sure), and Pyodide (vendored by `web`). `npm ci` only when puppeteer-core is missing or not the
-# version package-lock.json pins, so the bench's dev packages, once installed, stay. Node and
-# npm come from Debian (nodejs, npm) where neither is on the PATH.
+# sure), Pyodide (vendored by `web`), @mlc-ai/web-xgrammar (the page's grammar engine, vendored by
+# `web`), @vladmandic/face-api with @tensorflow/tfjs-backend-wasm (the Faces view's peer, and its
+# weights and photos), and axe-core (the accessibility tests). `npm ci` only when
+# package-lock.json changed since the last install (its sha256 is kept in node_modules), so the
+# bench's dev packages, once installed, stay while the lock stays. Node and npm come from Debian
+# (nodejs, npm) where neither is on the PATH.
 node-deps: $(STAMP_SYS)
 	@command -v node >/dev/null && command -v npm >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
-	@want=$$(node -p "require('./package-lock.json').packages['node_modules/puppeteer-core'].version"); \
-	have=$$(node -p "require('./node_modules/puppeteer-core/package.json').version" 2>/dev/null); \
+	@want=$$(sha256sum package-lock.json | cut -d' ' -f1); \
+	have=$$(cat node_modules/.candle-web-lock.sha256 2>/dev/null); \
 	if [ "$$want" != "$$have" ]; then \
-	  echo "installing npm packages (puppeteer-core $$want)"; \
-	  PUPPETEER_SKIP_DOWNLOAD=1 npm ci --omit=dev --ignore-scripts --no-audit --no-fund; \
+	  echo "installing npm packages (package-lock.json $${want:0:12})"; \
+	  PUPPETEER_SKIP_DOWNLOAD=1 npm ci --omit=dev --ignore-scripts --no-audit --no-fund && \
+	  echo "$$want" > node_modules/.candle-web-lock.sha256; \
 	fi
 
 # Model files and test data: fetched, sha256-checked, cached (never committed).
