@@ -25,9 +25,9 @@ when the API is built, never by the page.
 from .errors import ApiError
 from .fair_lock import FairLock
 from .model_pool import ModelPool
-from .routes import API_KEY_ENV_VAR, DEFAULT_MAX_TOKENS, ApiLimits, OpenAiApi, build_app
+from .routes import API_KEY_ENV_VAR, ApiLimits, OpenAiApi, build_app
 from .scheduler import DEFAULT_PARALLEL, DEFAULT_QUEUE, TextScheduler
 
 __all__ = ["ModelPool", "TextScheduler", "FairLock", "ApiError", "ApiLimits", "OpenAiApi",
-           "build_app", "API_KEY_ENV_VAR", "DEFAULT_MAX_TOKENS", "DEFAULT_PARALLEL",
+           "build_app", "API_KEY_ENV_VAR", "DEFAULT_PARALLEL",
            "DEFAULT_QUEUE"]

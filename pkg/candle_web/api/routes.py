@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hmac
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..core.errors import (Cancelled, CandleError, FormatError, InvalidOption, ModelNotFound,
                            UnsupportedError)
+from . import sampling_fields
 from . import validation as check
 from .errors import AUTHENTICATION, NOT_FOUND, ApiError, bad_request, internal_error
 from .model_pool import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
 from .scheduler import TextRequest
 
 API_KEY_ENV_VAR = "CANDLE_WEB_API_KEY"
-# The CLI's `generate --max-tokens` default, used when a request names no limit.
-DEFAULT_MAX_TOKENS = 256
 # How often a request waiting for its answer checks that its client is still there.
 DISCONNECT_POLL_S = 0.5
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -109,12 +109,13 @@ def _created() -> int:
 
 
 def _event_bridge(loop):
-    """A queue the scheduler thread fills through loop.call_soon_threadsafe."""
+    """A queue the scheduler thread fills through loop.call_soon_threadsafe; each event is
+    (kind, payload, index): `index` tells the choices of one request (n > 1) apart."""
     queue: asyncio.Queue = asyncio.Queue()
 
-    def emit(kind, payload) -> None:
+    def emit(kind, payload, index: int = 0) -> None:
         try:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, payload, index))
         except RuntimeError:  # the loop is closed: the server stopped
             pass
 
@@ -129,6 +130,42 @@ async def _next_event(queue, request):
         except asyncio.TimeoutError:
             if await request.is_disconnected():
                 return None
+
+
+def _cancel(jobs) -> None:
+    """Frees the slots of a request's choices (those finished already ignore it)."""
+    for job in jobs:
+        job.cancelled = True
+
+
+@dataclass
+class _Choice:
+    """One choice of a text request, as its events arrive."""
+
+    pieces: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    done: dict = None  # the "done" payload
+
+    def add(self, payload: dict) -> None:
+        self.pieces.append(payload["text"])
+        if "logprob" in payload:
+            self.logprobs.append(payload["logprob"])
+
+    def shaped(self, index: int, chat: bool, tokenizer, top_logprobs) -> dict:
+        text = "".join(self.pieces)
+        finish = FINISH_REASONS.get(self.done["reason"], "stop")
+        logprobs = None
+        if top_logprobs is not None:
+            logprobs = ({"content": [sampling_fields.chat_entry(tokenizer, lp)
+                                     for lp in self.logprobs], "refusal": None} if chat
+                        else sampling_fields.completion_logprobs(tokenizer, self.logprobs))
+        if chat:
+            return {"index": index, "message": {"role": "assistant", "content": text,
+                                                "refusal": None},
+                    "logprobs": logprobs, "finish_reason": finish,
+                    "token_ids": self.done["token_ids"]}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                "token_ids": self.done["token_ids"]}
 
 
 def client_closed() -> ApiError:
@@ -250,43 +287,33 @@ class OpenAiApi:
 
     # -- text: shared by chat and completions --
     def _generation(self, body: dict, scheduler, prompt_ids: list, chat: bool):
+        """(the sampling fields, one GenerationOptions per choice)."""
         from ..generation import GenerationOptions  # noqa: PLC0415
 
         context = scheduler.context_length
-        # max_completion_tokens is OpenAI's newer name; it wins when both are given.
-        max_tokens = check.integer(body, "max_completion_tokens", minimum=0, maximum=context,
-                                   maximum_reason=" (the model's context length)")
-        if max_tokens is None:
-            max_tokens = check.integer(body, "max_tokens", minimum=0, maximum=context,
-                                       maximum_reason=" (the model's context length)")
+        sampling = sampling_fields.parse(body, context, len(prompt_ids), chat,
+                                         scheduler.parallel)
         if len(prompt_ids) >= context:
             param = "messages" if chat else "prompt"
             raise bad_request(f"{param}: the prompt has {len(prompt_ids)} tokens; the model's "
                               f"context is {context}", param, "context_length_exceeded")
-        if max_tokens is None:
-            max_tokens = DEFAULT_MAX_TOKENS
         temperature = check.number(body, "temperature", default=1.0, minimum=0, maximum=2)
         top_p = check.number(body, "top_p", minimum=0, maximum=1, open_minimum=True)
-        seed = check.integer(body, "seed", minimum=0, maximum=2**63 - 1)
-        for field in ("presence_penalty", "frequency_penalty"):
-            check.number(body, field, minimum=-2, maximum=2)
-            check.unsupported_unless(body, field, (0, 0.0))
-        check.unsupported_unless(body, "n", (1,))
-        check.unsupported_unless(body, "logprobs", (False,))
+        for penalty in ("presence_penalty", "frequency_penalty"):
+            check.number(body, penalty, minimum=-2, maximum=2)
+            check.unsupported_unless(body, penalty, (0, 0.0))
         check.unsupported_unless(body, "best_of", (1,))
         check.unsupported_unless(body, "echo", (False,))
         check.unsupported_unless(body, "logit_bias", ({},))
         stops = check.stop_strings(body)
-        kwargs = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                  "stop_strings": stops, "add_special_tokens": not chat}
-        if seed is not None:
-            kwargs["seed"] = seed
-        options = GenerationOptions(**kwargs)
-        budget = min(max_tokens, context - len(prompt_ids))
-        return options, budget
+        options = [GenerationOptions(max_new_tokens=sampling.max_tokens, temperature=temperature,
+                                     top_p=top_p, stop_strings=stops, seed=seed,
+                                     add_special_tokens=not chat)
+                   for seed in sampling.choice_seeds()]
+        return sampling, options
 
     async def _run_text(self, request, body, served, prompt_ids, chat: bool):
-        options, budget = self._generation(body, served.scheduler, prompt_ids, chat)
+        sampling, options = self._generation(body, served.scheduler, prompt_ids, chat)
         stream = check.boolean(body, "stream")
         stream_options = body.get("stream_options")
         if stream_options is not None and not isinstance(stream_options, dict):
@@ -296,50 +323,61 @@ class OpenAiApi:
             stream_options, "include_usage"))
         loop = asyncio.get_running_loop()
         queue, emit = _event_bridge(loop)
-        job = TextRequest(prompt_ids, options, emit, budget=budget)
-        served.scheduler.submit(job)  # 429 when full: before any byte is sent
+        # One request per choice, each its own row of the batch with its own seed.
+        jobs = [TextRequest(prompt_ids, choice_options, functools.partial(emit, index=index),
+                            budget=sampling.budget, top_logprobs=sampling.top_logprobs)
+                for index, choice_options in enumerate(options)]
+        sampling_fields.check_free_slots(served.scheduler, sampling.n)
+        try:
+            for job in jobs:
+                served.scheduler.submit(job)  # 429 when full: before any byte is sent
+        except ApiError:
+            _cancel(jobs)
+            raise
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = _created()
+        headers = {sampling_fields.SEED_HEADER: str(sampling.seed)}
+        tokenizer = served.loaded.tokenizer
         if stream:
-            return self._stream_text(request, queue, job, served.name, ident, created, chat,
-                                     include_usage)
-        pieces = []
+            return self._stream_text(request, queue, jobs, served.name, ident, created, chat,
+                                     include_usage, tokenizer, headers)
+        choices = [_Choice() for _ in jobs]
         try:
-            while True:
+            while not all(choice.done for choice in choices):
                 event = await _next_event(queue, request)
                 if event is None:
-                    job.cancelled = True
+                    _cancel(jobs)
                     raise client_closed()
-                kind, payload = event
+                kind, payload, index = event
                 if kind == "token":
-                    pieces.append(payload["text"])
+                    choices[index].add(payload)
                 elif kind == "error":
+                    _cancel(jobs)
                     raise payload
                 elif kind == "done":
-                    break
+                    choices[index].done = payload
         except asyncio.CancelledError:
-            job.cancelled = True
+            _cancel(jobs)
             raise
-        text = "".join(pieces)
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(payload["token_ids"]),
-                 "total_tokens": len(prompt_ids) + len(payload["token_ids"]),
-                 "prompt_tokens_details": {"cached_tokens": payload.get("cached_tokens", 0)}}
-        finish = FINISH_REASONS.get(payload["reason"], "stop")
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text,
-                                              "refusal": None},
-                      "logprobs": None, "finish_reason": finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return _json_response({"id": ident, "object": obj, "created": created,
+        first = choices[0].done
+        completion = sum(len(choice.done["token_ids"]) for choice in choices)
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
+                 "total_tokens": len(prompt_ids) + completion,
+                 "prompt_tokens_details": {"cached_tokens": first.get("cached_tokens", 0)}}
+        return _json_response({"id": ident, "object": "chat.completion" if chat
+                               else "text_completion", "created": created,
                                "model": served.name, "system_fingerprint": None,
-                               "choices": [choice], "usage": usage,
-                               # candle-web's own: the generated ids (equal to the CLI's)
-                               "token_ids": payload["token_ids"]})
+                               "choices": [choice.shaped(index, chat, tokenizer,
+                                                         sampling.top_logprobs)
+                                           for index, choice in enumerate(choices)],
+                               "usage": usage,
+                               # candle-web's own: the generated ids (equal to the CLI's) and
+                               # the seed (sent back as `seed`, the same answer)
+                               "token_ids": first["token_ids"], "seed": sampling.seed},
+                              headers=headers)
 
-    def _stream_text(self, request, queue, job, model, ident, created, chat, include_usage):
+    def _stream_text(self, request, queue, jobs, model, ident, created, chat, include_usage,
+                     tokenizer, headers):
         from starlette.responses import StreamingResponse  # noqa: PLC0415
 
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -351,50 +389,62 @@ class OpenAiApi:
                 payload["usage"] = usage
             return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode("utf-8")
 
-        def piece(text: str = None, finish: str = None, role: bool = False) -> dict:
+        def piece(index: int, text: str = None, finish: str = None, role: bool = False,
+                  logprobs: dict = None) -> dict:
             if chat:
                 delta = {}
                 if role:
                     delta = {"role": "assistant", "content": ""}
                 elif text is not None:
                     delta = {"content": text}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                return {"index": index, "delta": delta, "logprobs": logprobs,
+                        "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": logprobs,
+                    "finish_reason": finish}
 
         async def events():
+            finished, offsets, completion = {}, [0] * len(jobs), 0
             try:
                 if chat:
-                    yield chunk([piece(role=True)])
-                while True:
+                    for index in range(len(jobs)):
+                        yield chunk([piece(index, role=True)])
+                while len(finished) < len(jobs):
                     event = await _next_event(queue, request)
                     if event is None:
-                        job.cancelled = True
                         return
-                    kind, payload = event
-                    if kind == "token" and payload["text"]:
-                        yield chunk([piece(payload["text"])])
+                    kind, payload, index = event
+                    if kind == "token" and (payload["text"] or "logprob" in payload):
+                        logprobs = None
+                        if "logprob" in payload:
+                            logprobs = ({"content": [sampling_fields.chat_entry(
+                                tokenizer, payload["logprob"])], "refusal": None} if chat
+                                else sampling_fields.completion_logprobs(
+                                    tokenizer, [payload["logprob"]], offsets[index]))
+                        offsets[index] += len(payload["text"])
+                        yield chunk([piece(index, payload["text"], logprobs=logprobs)])
                     elif kind == "error":
                         error = internal_error(payload)
                         yield f"data: {error.body().decode('utf-8')}\n\n".encode("utf-8")
                         break
                     elif kind == "done":
+                        finished[index] = payload
+                        completion += len(payload["token_ids"])
                         finish = FINISH_REASONS.get(payload["reason"], "stop")
-                        yield chunk([piece(finish=finish)])
-                        if include_usage:
-                            n = len(payload["token_ids"])
-                            yield chunk([], {"prompt_tokens": payload["prompt_tokens"],
-                                             "completion_tokens": n,
-                                             "total_tokens": payload["prompt_tokens"] + n,
-                                             "prompt_tokens_details": {
-                                                 "cached_tokens": payload.get("cached_tokens", 0)}})
-                        break
+                        yield chunk([piece(index, finish=finish)])
+                if include_usage and len(finished) == len(jobs):
+                    first = finished[0]
+                    yield chunk([], {"prompt_tokens": first["prompt_tokens"],
+                                     "completion_tokens": completion,
+                                     "total_tokens": first["prompt_tokens"] + completion,
+                                     "prompt_tokens_details": {
+                                         "cached_tokens": first.get("cached_tokens", 0)}})
                 yield b"data: [DONE]\n\n"
             finally:
-                # A client that went away (the response task is cancelled) frees its slot.
-                job.cancelled = True
+                # A client that went away (the response task is cancelled) frees its slots.
+                _cancel(jobs)
 
         return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+                                 headers={"Cache-Control": "no-cache", **headers})
 
     # -- POST /v1/chat/completions --
     async def chat_completions(self, request):

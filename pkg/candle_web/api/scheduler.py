@@ -42,6 +42,7 @@ from ..generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, 
 from .errors import internal_error, rate_limited, server_stopping
 from .fair_lock import FairLock
 from .prefixes import PrefixPool
+from .sampling_fields import token_logprobs
 
 DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 16
@@ -59,6 +60,10 @@ class TextRequest:
     options: object  # generation.GenerationOptions
     emit: object
     cancelled: bool = False
+    # None: no log-probabilities; else each "token" event carries "logprob" (api/
+    # sampling_fields.token_logprobs of the logits it was sampled from, with this many top
+    # alternatives).
+    top_logprobs: int = None
     # scheduler state
     budget: int = 0
     reason: str = None
@@ -299,6 +304,7 @@ class TextScheduler:
 
     def _begin(self, request: TextRequest, logits, seconds: float) -> None:
         request.emit("prompt", {"n_tokens": len(request.prompt_ids), "seconds": seconds})
+        request._lm.sampled = logits
         request._steps = sample_steps(request._lm, logits, request.options, request._eos,
                                       request.budget,
                                       [request._lm.penalty_context(request.prompt_ids)])
@@ -359,7 +365,11 @@ class TextScheduler:
         request.generated.append(token)
         self.tokens += 1
         text = request._stops.feed(request._stream.next_token(token))
-        request.emit("token", {"id": token, "text": text})
+        event = {"id": token, "text": text}
+        if request.top_logprobs is not None:
+            event["logprob"] = token_logprobs(request._lm.sampled[0], token,
+                                              request.top_logprobs)
+        request.emit("token", event)
         if request._stops.stopped:
             request.reason = STOP_STRING
             return self._finish(request)
@@ -399,6 +409,7 @@ class SlotLM(CausalLM):
         self.steps = steps
         self.pending = None  # logits [1, vocab] of the batched step for last_token
         self.last_token = None
+        self.sampled = None  # the logits [1, vocab] the latest token was sampled from
         idle = model.caches
         model.clear_kv_cache(capacity)  # the model's own way to make its caches
         self.caches, model.caches = model.caches, idle
@@ -427,6 +438,8 @@ class SlotLM(CausalLM):
             if isinstance(logits, Exception):
                 raise logits
             self.position += 1
+            self.sampled = logits
             return logits
         with self._swapped_in():
-            return super().step(ids)
+            self.sampled = super().step(ids)
+            return self.sampled
