@@ -334,7 +334,7 @@ BAD_CHATS = [
     ({"model": LLM, "messages": [{"role": "user", "content": "hi"}], "stop": 3}, "stop"),
     ({"model": LLM, "messages": [{"role": "user", "content": "hi"}], "stop": ["a"] * 5}, "stop"),
     ({"model": LLM, "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
-    ({"model": LLM, "messages": [{"role": "user", "content": "hi"}], "n": 3}, "n"),
+    ({"model": LLM, "messages": [{"role": "user", "content": "hi"}], "n": 5}, "n"),  # above the 4 slots
     ({"model": BERT, "messages": [{"role": "user", "content": "hi"}]}, "model"),
 ]
 
