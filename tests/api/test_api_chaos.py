@@ -122,13 +122,15 @@ def test_capped_server_answers_oversized_work_with_errors_and_keeps_serving(serv
     pid = server.process.pid
 
     # 256 inputs of 700 words (1.3 MB, under the 4 MiB body limit), each far past the model's
-    # 128 tokens: answered within the cap because inputs are cut to 128 tokens and run 32 at a
-    # time, every vector the one the text gets alone.
+    # 128 tokens: answered within the cap because inputs are cut to 128 tokens ("truncate":
+    # true asks for it) and run 32 at a time, every vector the one the text gets alone.
     text = " ".join(f"word{i}" for i in range(700))
-    status, _, body = post_json(url, "/v1/embeddings", {"model": BERT, "input": [text]})
+    status, _, body = post_json(url, "/v1/embeddings", {"model": BERT, "input": [text],
+                                                        "truncate": True})
     assert status == 200, body[:500]
     alone = json.loads(body)["data"][0]["embedding"]
-    status, _, body = post_json(url, "/v1/embeddings", {"model": BERT, "input": [text] * 256})
+    status, _, body = post_json(url, "/v1/embeddings", {"model": BERT, "input": [text] * 256,
+                                                        "truncate": True})
     assert status == 200, body[:500]
     batch = json.loads(body)
     assert len(batch["data"]) == 256 and batch["usage"]["prompt_tokens"] == 256 * 128

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.errors import (Cancelled, CandleError, FormatError, InvalidOption, ModelNotFound,
                            UnsupportedError)
-from . import sampling_fields
+from . import embedding_fields, sampling_fields
 from . import validation as check
 from .errors import AUTHENTICATION, NOT_FOUND, ApiError, bad_request, internal_error
 from .model_pool import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
@@ -504,30 +504,23 @@ class OpenAiApi:
     async def embeddings(self, request):
         body = await read_json(request, self.limits)
         served = await self.loaded(check.string(body, "model", required=True), (BERT_KIND,))
-        texts = body.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise bad_request("input: expected a string or a non-empty array of strings (token "
-                              "arrays are not supported)", "input", "invalid_type")
-        if len(texts) > self.limits.max_embedding_inputs:
-            raise bad_request(f"input: at most {self.limits.max_embedding_inputs} inputs, got "
-                              f"{len(texts)}", "input")
-        for index, text in enumerate(texts):
-            if not text:
-                raise bad_request(f"input[{index}]: an empty string", f"input[{index}]")
-            if len(text) > self.limits.max_input_chars:
-                raise bad_request(f"input[{index}]: longer than {self.limits.max_input_chars} "
-                                  "characters", f"input[{index}]", "string_above_max_length")
+        embedder = served.embedder
+        items = embedding_fields.inputs(body, self.limits.max_embedding_inputs,
+                                        self.limits.max_input_chars,
+                                        served.loaded.model.config.vocab_size)
         encoding = check.string(body, "encoding_format", default="float",
                                 choices=("float", "base64"))
-        check.unsupported_unless(body, "dimensions", ())
+        embedding_fields.check_dimensions(body, served.name,
+                                          served.loaded.model.config.hidden_size)
+        truncate = check.boolean(body, "truncate")
 
         def run(should_continue):
+            # Tokenized here, in the worker: a long input must not stall the event loop.
+            tokenized = embedding_fields.tokenized(embedder, items, truncate)
             with self.pool.compute:
                 if not should_continue():  # its client left while it waited
                     raise Cancelled("embeddings: the client went away")
-                return served.embedder.embed(texts)
+                return embedder.embed_tokenized(tokenized)
 
         result = await run_on_worker(served.worker, request, run)
         data = []

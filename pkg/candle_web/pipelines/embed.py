@@ -69,7 +69,11 @@ class SentenceEmbedder:
         """(ids, truncated): [CLS] ... [SEP], cut to max_tokens keeping the final [SEP]."""
         if not isinstance(text, str):
             raise TypeError(f"embed: expected str sentences, got {type(text).__name__}")
-        ids = list(self.tokenizer.encode(text).ids)
+        return self.cut(list(self.tokenizer.encode(text).ids))
+
+    def cut(self, ids: list) -> tuple:
+        """(ids, truncated): ids with their special tokens cut to max_tokens, keeping the
+        final [SEP]."""
         if len(ids) <= self.max_tokens:
             return ids, False
         if self.sep_id is not None and ids[-1] == self.sep_id:
@@ -90,7 +94,24 @@ class SentenceEmbedder:
             warnings.warn(f"embed: {len(cut)} input(s) longer than the model's limit of "
                           f"{self.max_tokens} tokens were truncated (inputs {cut[:10]})",
                           stacklevel=2)
-        vectors = np.zeros((len(sentences), hidden), np.float32)
+        return self.embed_tokenized(tokenized, normalize, batch_size)
+
+    def with_special_tokens(self, ids: list) -> list:
+        """Token ids of a text's content (an API's token-array input) with the special tokens
+        the tokenizer puts around a text ([CLS] ... [SEP]), unless they are there already."""
+        around = list(self.tokenizer.encode("").ids)  # what an empty text becomes
+        head, tail = around[:1], around[1:]
+        ids = list(ids)
+        if ids[:len(head)] == head and (not tail or ids[-len(tail):] == tail):
+            return ids
+        return head + ids + tail
+
+    def embed_tokenized(self, tokenized: list, normalize: bool = True,
+                        batch_size: int = DEFAULT_BATCH_SIZE) -> Embeddings:
+        """`embed` of inputs tokenized already: (ids with the special tokens, truncated) each,
+        at most max_tokens ids long."""
+        hidden = self.model.config.hidden_size
+        vectors = np.zeros((len(tokenized), hidden), np.float32)
         for rows in _length_batches([len(ids) for ids, _ in tokenized], batch_size):
             width = max(len(tokenized[row][0]) for row in rows)
             ids = np.full((len(rows), width), self.model.config.pad_token_id, np.int64)
