@@ -38,6 +38,9 @@ DEFAULT_MODELS = (
     "silero-vad",
     "silero-vad-jit",
     "llama-cpp-test-data",
+    # One npm tarball (12.7 MB, already in npm's cache after `npm ci`) holds both.
+    "face-api",
+    "face-api-demo-photos",
 )
 BAR_WIDTH = 30
 REDRAW_INTERVAL_S = 0.1

