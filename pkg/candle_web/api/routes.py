@@ -306,14 +306,20 @@ class OpenAiApi:
         check.unsupported_unless(body, "echo", (False,))
         check.unsupported_unless(body, "logit_bias", ({},))
         stops = check.stop_strings(body)
+        constraint = check.response_format(body)
         options = [GenerationOptions(max_new_tokens=sampling.max_tokens, temperature=temperature,
                                      top_p=top_p, stop_strings=stops, seed=seed,
-                                     add_special_tokens=not chat)
+                                     add_special_tokens=not chat, constraint=constraint)
                    for seed in sampling.choice_seeds()]
         return sampling, options
 
     async def _run_text(self, request, body, served, prompt_ids, chat: bool):
         sampling, options = self._generation(body, served.scheduler, prompt_ids, chat)
+        if options[0].constraint is not None:  # compiled here, not on the scheduler thread
+            config = served.loaded.model.config
+            await asyncio.get_running_loop().run_in_executor(
+                None, check.compile_constraint, served.loaded.tokenizer, options[0].constraint,
+                config.vocab_size, config.eos_token_ids)
         stream = check.boolean(body, "stream")
         stream_options = body.get("stream_options")
         if stream_options is not None and not isinstance(stream_options, dict):

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_TOKENS, STOP_STRING, CausalLM,
                           StopStringMatcher, TokenOutputStream, sample_steps)
+from ..generation.grammar import grammar_row
 from .errors import internal_error, rate_limited, server_stopping
 from .fair_lock import FairLock
 from .prefixes import PrefixPool
@@ -305,9 +306,15 @@ class TextScheduler:
     def _begin(self, request: TextRequest, logits, seconds: float) -> None:
         request.emit("prompt", {"n_tokens": len(request.prompt_ids), "seconds": seconds})
         request._lm.sampled = logits
+        # A request under a grammar (response_format, tools) samples from its own mask, row
+        # by row, beside rows without one; the route compiled the grammar already.
+        constraint = request.options.constraint
+        grammars = None
+        if constraint is not None and logits is not None:
+            grammars = [grammar_row(self.tokenizer, constraint, logits.shape[-1], request._eos)]
         request._steps = sample_steps(request._lm, logits, request.options, request._eos,
                                       request.budget,
-                                      [request._lm.penalty_context(request.prompt_ids)])
+                                      [request._lm.penalty_context(request.prompt_ids)], grammars)
         self.reused_tokens += request._cached
 
     def _start(self, request: TextRequest) -> None:

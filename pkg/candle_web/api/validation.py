@@ -170,3 +170,36 @@ def messages(body: dict, max_count: int = 1024) -> list:
         out.append({"role": "system" if role == "developer" else role,
                     "content": text_content(message.get("content"), f"{where}.content")})
     return out
+
+
+def response_format(body: dict, name: str = "response_format"):
+    """OpenAI's `response_format` as a generation.grammar.Constraint (None for "text" or
+    absent): a wrong type is a 400 naming the field, a schema keyword the grammar engines
+    cannot enforce a 400 `unsupported_schema_feature` naming each keyword and where it is."""
+    from ..generation.grammar import Constraint, GrammarError, UnsupportedSchema  # noqa: PLC0415
+
+    try:
+        return Constraint.from_response_format(body.get(name), name)
+    except UnsupportedSchema as error:
+        raise ApiError(400, f"{getattr(error, 'param', name)}: {error}",
+                       param=getattr(error, "param", name),
+                       code="unsupported_schema_feature") from None
+    except GrammarError as error:
+        raise bad_request(str(error), getattr(error, "param", name)) from None
+
+
+def compile_constraint(tokenizer, constraint, vocab_size: int, stop_token_ids,
+                       name: str = "response_format") -> None:
+    """Compile the request's grammar now (run it off the event loop): what the engine refuses
+    (a pattern it cannot read, say) is a 400 before the request queues, and the scheduler
+    thread then finds the grammar compiled. A server without the grammar extra answers 501
+    saying how to install it."""
+    from ..core.errors import BackendUnavailable  # noqa: PLC0415
+    from ..generation.grammar import GrammarError, grammar_row  # noqa: PLC0415
+
+    try:
+        grammar_row(tokenizer, constraint, vocab_size, stop_token_ids)
+    except GrammarError as error:
+        raise bad_request(f"{name}: {error}", name) from None
+    except BackendUnavailable as error:
+        raise ApiError(501, str(error), param=name, code="not_implemented") from None

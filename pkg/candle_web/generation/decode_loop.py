@@ -31,7 +31,8 @@ import numpy as np
 
 from ..backend import parts
 from . import option_limits as limits
-from ..core.errors import Cancelled, CandleError
+from ..core.errors import Cancelled, CandleError, InvalidOption
+from .grammar import Constraint, grammar_row
 from .logits_processor import DEFAULT_SEED, LogitsProcessor, Sampling
 from .penalties import DEFAULT_REPEAT_LAST_N, apply_repeat_penalty, penalty_window
 from .stopping import StopStringMatcher
@@ -57,6 +58,9 @@ class GenerationOptions:
     stop_strings: tuple = ()
     eos_token_ids: tuple = None  # None: the model's (config.eos_token_ids)
     add_special_tokens: bool = True  # when the prompt is text: the tokenizer's BOS etc.
+    # grammar.Constraint (JSON object / schema, structural tag): every token is sampled from
+    # the tokens the grammar allows next; None: free text.
+    constraint: Constraint = None
 
     def __post_init__(self):
         """Range checks at construction (the CLI, the browser worker and Python callers build
@@ -69,6 +73,9 @@ class GenerationOptions:
         limits.REPEAT_PENALTY.check(self.repeat_penalty, "repeat_penalty")
         limits.REPEAT_LAST_N.check(self.repeat_last_n, "repeat_last_n")
         self.sampling()  # validate the sampling fields now, not at the first token
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise InvalidOption(f"constraint: expected a generation.grammar.Constraint, got "
+                                f"{type(self.constraint).__name__}")
 
     def sampling(self) -> Sampling:
         return Sampling.from_options(self.temperature, self.top_k, self.top_p)
@@ -193,12 +200,15 @@ class Seq2SeqLM(Decoder):
 
 
 def sample_steps(lm: Decoder, logits: np.ndarray, options: GenerationOptions, eos: set,
-                 budget: int, contexts: list):
+                 budget: int, contexts: list, grammars: list = None):
     """The token loop: from the first logits [rows, vocab], one token per unfinished row per
     step, for at most `budget` steps; yields (new ids [rows], finished [rows]) after each step
     and stops when every row has produced an end token. `contexts[row]` (the ids the repeat
     penalty sees) grows with each token. One seeded processor per row: row 0 samples exactly
-    as a batch of one would. Stopping early is the caller's: it leaves the loop."""
+    as a batch of one would. Stopping early is the caller's: it leaves the loop.
+    `grammars[row]` (a grammar.GrammarRow, or None for free text): that row samples only
+    from the tokens its grammar allows (masked after the repeat penalty, before temperature
+    and top-k/top-p) and each token moves its grammar on."""
     rows = logits.shape[0] if logits is not None else 0
     processors = [LogitsProcessor(options.seed + row, sampling=options.sampling())
                   for row in range(rows)]
@@ -213,7 +223,12 @@ def sample_steps(lm: Decoder, logits: np.ndarray, options: GenerationOptions, eo
             if options.repeat_penalty != 1.0:
                 scores = apply_repeat_penalty(scores, options.repeat_penalty,
                                               penalty_window(contexts[row], options.repeat_last_n))
+            grammar = grammars[row] if grammars is not None else None
+            if grammar is not None:
+                scores = grammar.mask(scores)
             token = processors[row].sample(scores)
+            if grammar is not None:
+                grammar.accept(token)
             next_ids[row] = token
             contexts[row].append(token)
             finished[row] = token in eos
@@ -248,9 +263,12 @@ def generate(model, tokenizer, prompt, options: GenerationOptions = GenerationOp
     prompt_seconds = time.perf_counter() - started
     _emit(on_event, "prompt", {"n_tokens": len(prompt_ids), "seconds": prompt_seconds})
 
+    grammars = None
+    if options.constraint is not None and logits is not None:
+        grammars = [grammar_row(tokenizer, options.constraint, logits.shape[-1], eos)]
     decode_started = time.perf_counter()
     for next_ids, _ in sample_steps(lm, logits, options, eos, budget,
-                                    [lm.penalty_context(prompt_ids)]):
+                                    [lm.penalty_context(prompt_ids)], grammars):
         next_id = int(next_ids[0])
         if next_id in eos:
             reason, end_token = STOP_EOS, next_id

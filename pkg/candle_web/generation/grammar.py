@@ -140,7 +140,7 @@ class TagBody:
     end: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Constraint:
     """What the output must be, independent of the engine.
 
@@ -180,6 +180,14 @@ class Constraint:
             raise GrammarError("an ebnf constraint needs a grammar string")
         # The cache key: the constraint's whole meaning in canonical JSON.
         object.__setattr__(self, "key", json.dumps(self.describe(), sort_keys=True))
+
+    # Equal and hashable by meaning (the schema dicts themselves are not hashable), so options
+    # that hold a constraint stay comparable and hashable.
+    def __eq__(self, other):
+        return isinstance(other, Constraint) and other.key == self.key
+
+    def __hash__(self):
+        return hash(self.key)
 
     def describe(self) -> dict:
         """The constraint as plain JSON (what the page's engine receives through Pyodide)."""
@@ -444,6 +452,16 @@ def new_matcher(vocabulary: TokenVocabulary, constraint: Constraint,
                 engine: str = None) -> Matcher:
     engine = get_engine(engine)
     return engine.matcher(engine.compiled(vocabulary, constraint))
+
+
+def grammar_row(tokenizer, constraint: Constraint, vocab_size: int, stop_token_ids,
+                engine: str = None) -> "GrammarRow":
+    """A fresh GrammarRow for one sequence of a model with `vocab_size` logits whose answers
+    end at `stop_token_ids`; the compiled grammar is cached, so only the first call for a
+    (tokenizer, constraint) pays the compile (the API calls this off the scheduler thread
+    first, so a bad schema is a 400 before the request queues)."""
+    vocabulary = TokenVocabulary.from_tokenizer(tokenizer, vocab_size, stop_token_ids)
+    return GrammarRow(new_matcher(vocabulary, constraint, engine), vocab_size)
 
 
 class GrammarRow:
