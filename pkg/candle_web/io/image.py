@@ -1,0 +1,99 @@
+"""Images in: a photo file to RGB bytes, and the square, resized float tensor a vision model reads.
+
+Decoding is Pillow's (imported inside the function: an optional package, and a Pyodide package
+too), with the EXIF orientation applied as browsers apply it when they draw a photo. The size
+Pillow reads from the header is checked against MAX_PIXELS before a pixel is decoded.
+
+Resizing is ours, in numpy, so the page and native give a model the same tensor: a separable
+resampling with the triangle (bilinear) filter widened by the scale factor when shrinking, so
+every source pixel counts (Pillow's BILINEAR resize does the same; tests/io/test_image.py checks
+we agree with it on float images). Plain 4-tap bilinear, as TensorFlow.js's resizeBilinear does,
+would skip most pixels of a large photo shrunk to 416 and alias.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+
+from ..core.errors import BackendUnavailable, FormatError, InvalidOption, ModelNotFound
+
+# 64 megapixels: larger than any phone photo; 192 MB as RGB bytes, 768 MB as float32.
+MAX_PIXELS = 64_000_000
+
+
+def load_rgb(source) -> np.ndarray:
+    """[height, width, 3] uint8 RGB from a path or the file's bytes (JPEG, PNG, WebP, ...)."""
+    try:
+        from PIL import Image, ImageOps
+    except ImportError:
+        raise BackendUnavailable("reading photos needs Pillow: pip install 'candle-web[vision]'"
+                                 ) from None
+    name = "<bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
+    try:
+        stream = io.BytesIO(bytes(source)) if name == "<bytes>" else open(name, "rb")
+    except OSError as error:
+        raise ModelNotFound(f"photo {name}: {error.strerror}") from None
+    with stream:
+        try:
+            with Image.open(stream) as image:
+                width, height = image.size
+                if width * height > MAX_PIXELS:
+                    raise FormatError(f"photo {name}: {width}x{height} is more than the "
+                                      f"{MAX_PIXELS} pixels a photo may have")
+                image = ImageOps.exif_transpose(image)
+                return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
+        except FormatError:
+            raise
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+            raise FormatError(f"photo {name}: not an image Pillow can decode ({error})") from None
+
+
+def pad_to_square(image: np.ndarray) -> np.ndarray:
+    """Zeros (black) added below or to the right of an [h, w, c] image to make it square, as
+    face-api pads before resizing: the photo keeps its top-left corner at (0, 0), so a box
+    scales back to the photo by one factor."""
+    height, width = image.shape[:2]
+    side = max(height, width)
+    out = np.zeros((side, side) + image.shape[2:], dtype=np.float32)
+    out[:height, :width] = image
+    return out
+
+
+def _resample_weights(in_size: int, out_size: int) -> np.ndarray:
+    """[out_size, in_size] weights of the triangle filter: output pixel i is centred on
+    (i + 0.5) * scale in the source; when shrinking, the filter is `scale` pixels wide."""
+    scale = in_size / out_size
+    width = max(scale, 1.0)
+    centers = (np.arange(out_size, dtype=np.float64) + 0.5) * scale
+    # Source pixels whose centres (j + 0.5) fall inside the filter's support, as Pillow bounds
+    # them (rounding the support's ends to the nearest pixel).
+    first = np.maximum(np.floor(centers - width + 0.5), 0).astype(np.int64)
+    last = np.minimum(np.floor(centers + width + 0.5), in_size).astype(np.int64)
+    sources = np.arange(in_size, dtype=np.float64)
+    weights = np.maximum(0.0, 1.0 - np.abs((sources[None, :] + 0.5 - centers[:, None]) / width))
+    inside = (sources[None, :] >= first[:, None]) & (sources[None, :] < last[:, None])
+    weights *= inside
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """An [h, w, c] image resampled to [height, width, c] float32 (triangle filter, widened
+    when shrinking)."""
+    if height < 1 or width < 1:
+        raise InvalidOption(f"resize: the size must be at least 1x1, got {width}x{height}")
+    rows = _resample_weights(image.shape[0], height)
+    cols = _resample_weights(image.shape[1], width)
+    # Per channel, rows then columns: two matrix products (BLAS) in float32.
+    planes = np.moveaxis(np.asarray(image, dtype=np.float32), -1, 0)
+    out = rows.astype(np.float32) @ planes @ cols.T.astype(np.float32)
+    return np.ascontiguousarray(np.moveaxis(out, 0, -1))
+
+
+def square_input(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
+    """The [size, size, 3] float32 tensor a square-input vision model reads (padded below/right,
+    then resized), and the factor from its pixels back to the photo's."""
+    square = pad_to_square(image)
+    return resize(square, size, size), square.shape[0] / size
