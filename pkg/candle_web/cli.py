@@ -315,6 +315,8 @@ def cmd_serve(args) -> int:
     argv += ["--api"] if args.api else []
     for model in args.model:
         argv += ["--model", model]
+    for alias, target in args.alias:
+        argv += ["--alias", f"{alias}={target}"]
     for flag, value in (("--parallel", args.parallel), ("--queue", args.queue),
                         ("--ray-address", args.ray_address), ("--replicas", args.replicas),
                         ("--max-audio-seconds", args.max_audio_seconds),

@@ -89,6 +89,9 @@ class ModelPool:
         self.prefixes = PrefixPool()
         self._load_lock = threading.Lock()
         self.models: dict = {}
+        # Other names a served model answers to (`--alias whisper-1=whisper-base`), for
+        # clients that hard-code OpenAI's model names.
+        self.aliases: dict = {}
         registry = registry if registry is not None else hub.default_registry()
         for entry in hub.list_models(registry):
             if entry.kind in SERVED_KINDS:
@@ -112,7 +115,18 @@ class ModelPool:
         self.load(served.name)
         return served
 
+    def add_alias(self, alias: str, target: str) -> None:
+        """`alias` answers as the served model `target` (a registry name or a --model)."""
+        if target not in self.models:
+            raise ModelNotFound(f"--alias {alias}={target}: {target!r} is not a served model "
+                                f"({', '.join(sorted(self.models))})")
+        if alias in self.models:
+            raise ModelNotFound(f"--alias {alias}={target}: {alias!r} is a model's own name")
+        self.aliases[alias] = target
+
     def lookup(self, name, kinds, param: str = "model") -> ServedModel:
+        if isinstance(name, str):
+            name = self.aliases.get(name, name)
         served = self.models.get(name) if isinstance(name, str) else None
         if served is None:
             raise ApiError(404, f"{param}: the model {str(name)[:80]!r} does not exist here "

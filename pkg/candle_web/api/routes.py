@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.errors import (Cancelled, CandleError, FormatError, InvalidOption, ModelNotFound,
                            UnsupportedError)
-from . import embedding_fields, sampling_fields
+from . import audio_fields, embedding_fields, sampling_fields
 from . import validation as check
 from .errors import AUTHENTICATION, NOT_FOUND, ApiError, bad_request, internal_error
 from .model_pool import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
@@ -202,16 +202,18 @@ FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length",
                   "context_length": "length"}
 
 
-def transcribe_options(task: str, language=None, prompt=None, temperature=None):
+def transcribe_options(task: str, language=None, prompt=None, temperature=None,
+                       word_timestamps: bool = False):
     """The options `candle-web transcribe FILE` decodes with (its defaults, through
     pipelines.transcribe.options_from_args, as the CLI and `batch transcribe` build them), with
-    the request's task, language, prompt and starting temperature (fallback up from it, as
-    `--temperature`)."""
+    the request's task, language, prompt, starting temperature (fallback up from it, as
+    `--temperature`) and word timestamps (`--word-timestamps`)."""
     from ..pipelines.arguments import transcribe_defaults  # noqa: PLC0415
     from ..pipelines.transcribe import options_from_args  # noqa: PLC0415
 
     args = transcribe_defaults()
     args.task, args.language, args.initial_prompt = task, language or None, prompt or None
+    args.word_timestamps = word_timestamps
     if temperature is not None:
         args.temperature = temperature
     return options_from_args(args)
@@ -266,11 +268,13 @@ class OpenAiApi:
     # -- GET /v1/models --
     async def list_models(self, request):
         data = [self._model_card(served) for served in self.pool.models.values()]
+        data += [{**self._model_card(self.pool.models[target]), "id": alias, "alias_of": target}
+                 for alias, target in self.pool.aliases.items()]
         return _json_response({"object": "list", "data": data})
 
     async def get_model(self, request):
         name = request.path_params["model"]
-        served = self.pool.models.get(name)
+        served = self.pool.models.get(self.pool.aliases.get(name, name))
         if served is None:
             raise ApiError(404, f"model: {name[:80]!r} does not exist here", param="model",
                            code="model_not_found", type=NOT_FOUND)
@@ -572,12 +576,15 @@ class OpenAiApi:
                 raise bad_request("file: a required file field is missing", "file",
                                   "missing_required")
             fields = {}
-            for name in ("model", "language", "prompt", "temperature", "response_format"):
+            for name in ("model", "language", "prompt", "temperature", "response_format",
+                         "stream"):
                 value = form.get(name)
                 if value is not None and not isinstance(value, str):
                     raise bad_request(f"{name}: expected a text field, got a file", name,
                                       "invalid_type")
                 fields[name] = value
+            granularities = list(form.getlist("timestamp_granularities[]")) + list(
+                form.getlist("timestamp_granularities"))
             data = await upload.read()
         finally:
             await form.close()
@@ -595,17 +602,81 @@ class OpenAiApi:
             temperature = check.number({"temperature": temperature}, "temperature", minimum=0,
                                        maximum=1)
         language = check.string(fields, "language", max_length=16)
+        audio_fields.check_language(language, served.name,
+                                    served.loaded.model.config.is_multilingual)
         prompt = check.string(fields, "prompt", max_length=self.limits.max_input_chars)
-        result = await run_on_worker(served.worker, request, self._transcribe, served, data,
-                                     task, language, prompt, temperature)
-        return self._audio_response(result, response_format, task)
+        wanted = audio_fields.granularities(granularities, response_format)
+        arguments = (served, data, task, language, prompt, temperature, "word" in wanted)
+        if audio_fields.stream_flag(fields["stream"]):
+            if response_format not in ("json", "text"):
+                raise bad_request(f"stream: the events carry text; response_format "
+                                  f"{response_format!r} cannot be streamed", "stream")
+            return await self._stream_transcript(request, served, arguments)
+        result = await run_on_worker(served.worker, request, self._transcribe, *arguments)
+        return self._audio_response(result, response_format, task, wanted)
+
+    async def _stream_transcript(self, request, served, arguments):
+        """OpenAI's transcript.text.delta events, one per segment as the worker decodes it,
+        then transcript.text.done. A refusal found before the first window (audio that does
+        not decode, a bad option) is still a 4xx: the response starts at the first window."""
+        from starlette.responses import StreamingResponse  # noqa: PLC0415
+
+        queue, emit = _event_bridge(asyncio.get_running_loop())
+
+        def progress(kind, payload) -> None:
+            if kind == "segment":
+                emit("delta", payload.text)
+            elif kind == "window":
+                emit("window", None)
+
+        task = asyncio.ensure_future(run_on_worker(served.worker, request, self._transcribe,
+                                                   *arguments, progress))
+
+        async def next_event():
+            """The next (kind, payload, index) of the worker; None once it has finished."""
+            while queue.empty() and not task.done():
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    return getter.result()
+                getter.cancel()
+            return queue.get_nowait() if not queue.empty() else None
+
+        try:
+            first = await next_event()
+            if first is None:
+                task.result()  # its refusal, as a 4xx
+        except BaseException:
+            task.cancel()
+            raise
+
+        async def events():
+            try:
+                event = first
+                while event is not None:
+                    kind, payload, _ = event
+                    if kind == "delta" and payload:
+                        yield audio_fields.delta_event(payload)
+                    event = await next_event()
+                try:
+                    result = task.result()
+                except Exception as error:  # noqa: BLE001  (the stream has started: an event)
+                    yield audio_fields.sse(internal_error(error).payload())
+                    return
+                yield audio_fields.done_event(result.text)
+            finally:
+                if not task.done():  # the client went away: the worker stops at its next step
+                    task.cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
     def _transcribe(self, should_continue, served, data: bytes, task, language, prompt,
-                    temperature):
+                    temperature, word_timestamps=False, progress=None):
         """In the model's worker thread: decode the upload, then transcribe with the CLI's
         options (temperature fallback unless a temperature above 0 is given). It stops
         (Cancelled) at the first window, segment or decoded token after its client went away
-        (`should_continue`)."""
+        (`should_continue`); `progress(kind, payload)` sees each of them."""
         from ..io.audio import AudioTooLong, load_audio  # noqa: PLC0415
         from ..pipelines.transcribe import transcribe  # noqa: PLC0415
 
@@ -619,7 +690,7 @@ class OpenAiApi:
             raise bad_request(f"file: not audio this server can decode ({str(error)[:200]})",
                               "file", "invalid_audio") from None
         try:
-            options = transcribe_options(task, language, prompt, temperature)
+            options = transcribe_options(task, language, prompt, temperature, word_timestamps)
         except CandleError as error:
             raise candle_error(error) from None
         compute = self.pool.compute
@@ -627,6 +698,8 @@ class OpenAiApi:
         def on_event(kind, payload):
             if not should_continue():
                 raise Cancelled(f"transcription: the client went away (at a {kind})")
+            if progress is not None:
+                progress(kind, payload)
             compute.yield_turn()  # text slots step between windows, segments and tokens
 
         with compute:
@@ -638,7 +711,7 @@ class OpenAiApi:
                 raise candle_error(error, param) from None
 
     @staticmethod
-    def _audio_response(result, response_format: str, task: str):
+    def _audio_response(result, response_format: str, task: str, wanted: tuple = ("segment",)):
         from starlette.responses import Response  # noqa: PLC0415
 
         from ..pipelines import subtitles  # noqa: PLC0415
@@ -646,14 +719,7 @@ class OpenAiApi:
         if response_format == "json":
             return _json_response({"text": result.text})
         if response_format == "verbose_json":
-            segments = [{"id": s.id, "seek": s.seek, "start": s.start, "end": s.end,
-                         "text": s.text, "tokens": list(s.tokens),
-                         "temperature": s.temperature, "avg_logprob": s.avg_logprob,
-                         "compression_ratio": s.compression_ratio,
-                         "no_speech_prob": s.no_speech_prob} for s in result.segments]
-            return _json_response({"task": task, "language": result.language or "english",
-                                   "duration": result.duration, "text": result.text,
-                                   "segments": segments})
+            return _json_response(audio_fields.verbose_json(result, task, wanted))
         fmt = {"text": "txt", "srt": "srt", "vtt": "vtt"}[response_format]
         media = "text/vtt; charset=utf-8" if fmt == "vtt" else TEXT_MEDIA
         return Response(subtitles.render(result, fmt), media_type=media)

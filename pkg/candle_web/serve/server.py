@@ -193,11 +193,12 @@ def announce(site: SiteConfig, url: str, host: str = DEFAULT_HOST) -> None:
 
 
 def build_api(models=(), parallel: Optional[int] = None, queue_size: Optional[int] = None,
-              api_key: Optional[str] = None, max_audio_seconds: Optional[float] = None):
+              api_key: Optional[str] = None, max_audio_seconds: Optional[float] = None,
+              aliases=()):
     """(ASGI app for /v1, model pool): the OpenAI-compatible API (candle_web.api) with the
     `models` (registry names or local paths) loaded now; the other registry models load on
     their first request. `max_audio_seconds`: the longest audio a transcription decodes
-    (None: ApiLimits' default)."""
+    (None: ApiLimits' default). `aliases`: (alias, model) pairs (--alias)."""
     from .. import api  # noqa: PLC0415  (Starlette and the models: only with --api)
 
     limits = api.ApiLimits() if max_audio_seconds is None else api.ApiLimits(
@@ -209,6 +210,8 @@ def build_api(models=(), parallel: Optional[int] = None, queue_size: Optional[in
         served = pool.add(str(name))
         print(f"candle-web: loaded {served.name} ({served.kind}) in "
               f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    for alias, target in aliases:
+        pool.add_alias(alias, target)
     return api.build_app(pool, api_key=api_key, limits=limits), pool
 
 
@@ -302,6 +305,11 @@ def add_api_arguments(parser) -> None:
                         help="with --api (implied): load this model at start, a registry name "
                              "or a local .gguf / model folder (served under its file or folder "
                              "name); repeatable")
+    parser.add_argument("--alias", type=_alias, action="append", default=[],
+                        metavar="ALIAS=MODEL",
+                        help="with --api: requests naming ALIAS get MODEL, e.g. "
+                             "whisper-1=whisper-base for clients that hard-code OpenAI's "
+                             "model names; repeatable")
     parser.add_argument("--parallel", type=_positive_int, default=None, metavar="N",
                         help="slots per text model: requests decoded together (default 4)")
     parser.add_argument("--queue", type=_count, default=None, metavar="N",
@@ -321,6 +329,13 @@ def add_api_arguments(parser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1 (default: "
                              f"${API_KEY_ENV_VAR} when set; prefer it, argv is visible to "
                              "other local users)")
+
+
+def _alias(text: str) -> tuple:
+    alias, _, target = text.partition("=")
+    if not alias.strip() or not target.strip():
+        raise argparse.ArgumentTypeError(f"expected ALIAS=MODEL, got {text!r}")
+    return alias.strip(), target.strip()
 
 
 def api_key_from(args) -> Optional[str]:
@@ -407,7 +422,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         try:
             api, _ = build_api(args.model, args.parallel, args.queue, api_key_from(args),
-                               max_audio_seconds)
+                               max_audio_seconds, args.alias)
         except (CandleError, OSError, ImportError) as error:
             print(f"candle-web serve: {error}", file=sys.stderr)
             return 2
