@@ -342,7 +342,9 @@ def _sampling_arguments(parser, max_tokens: int) -> None:
     parser.add_argument("--top-p", type=limits.TOP_P.argparse_type(), default=None,
                         help="in (0, 1]; 1 keeps every token (sampling only)")
     parser.add_argument("--seed", type=limits.SEED.argparse_type(), default=299792458,
-                        help="sampling seed, >= 0")
+                        help="sampling seed, >= 0 (default %(default)s: the same text on "
+                             "every run; `serve --api` instead draws a fresh seed per "
+                             "request without one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
