@@ -13,7 +13,22 @@ export function formatSeconds(seconds) {
   return `${seconds.toFixed(seconds < 10 ? 2 : 1)} s`;
 }
 
-// The progress bar and phase line of one view, plus its inline error box.
+// States of a job status line once nothing runs; any other state is a job under way.
+const SETTLED_STATES = new Set(["idle", "done", "cancelled", "error"]);
+
+// Scrolls `element` just into view when it is outside the window (a view's status sits in the
+// other column, or below the controls on a phone); leaves the page still when it is already
+// seen or hidden (another tab's).
+export function bringIntoView(element) {
+  const box = element.getBoundingClientRect();
+  if (box.width === 0 && box.height === 0) return;
+  if (box.top >= 0 && box.bottom <= window.innerHeight) return;
+  element.scrollIntoView({ block: "nearest" });
+}
+
+// The progress bar and phase line of one view, plus its inline error box. A job that starts
+// and an error bring themselves into view (once: a later update does not pull back someone
+// who scrolled away to read).
 export class JobStatus {
   constructor({ job, progress, phase, error }) {
     this.job = job;
@@ -23,8 +38,10 @@ export class JobStatus {
   }
 
   set(state, text) {
+    const starting = !SETTLED_STATES.has(state) && SETTLED_STATES.has(this.job.dataset.state || "idle");
     this.job.dataset.state = state;
     if (text !== undefined) this.phase.textContent = text;
+    if (starting) bringIntoView(this.job);
   }
 
   fraction(value) {
@@ -38,6 +55,7 @@ export class JobStatus {
   showError(message) {
     this.error.textContent = message;
     this.error.hidden = false;
+    bringIntoView(this.error);
   }
 
   clearError() {

@@ -167,6 +167,10 @@ export class EntryQueue {
         const names = items.filter((_, index) => decoded[index]).length;
         status.set("idle", autoQueue ? "Queued: transcription starts as soon as the runtime is ready." : `Ready to transcribe ${names > 1 ? `${names} files` : first[1].name}.`);
       }
+    } else if (!first && !state.busy) {
+      // The status line must not go on inviting a choice as if the drop did nothing.
+      const what = items.length === 1 ? items[0][0].name : `None of the ${items.length} files`;
+      status.set("error", `Nothing added: ${what} could not be used as audio.`);
     }
     this.render();
     this.pump();
