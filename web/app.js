@@ -45,6 +45,12 @@ export class WorkerClient {
     // The worker holds one model of each kind (one llama for Chat and Generate): which one,
     // as its load replies said, so a view never assumes the model another view replaced.
     this.heldModels = new Map();
+    // Jobs downloading model files now: leaving the page asks first (a download resumes from
+    // the pieces it kept, but the last piece's bytes are lost and minutes may be at stake).
+    this.downloading = new Set();
+    addEventListener("beforeunload", (event) => {
+      if (this.downloading.size > 0) event.preventDefault();
+    });
     this.worker.onmessage = (event) => this.#dispatch(event.data);
     this.worker.onerror = (event) => this.#failAll(new Error(`worker failed: ${event.message || "script error"}`));
   }
@@ -103,10 +109,15 @@ export class WorkerClient {
     const entry = this.pending.get(message.id);
     if (entry === undefined) return;
     if (message.type === "progress") {
+      if (message.phase === "download" && message.state === "running") {
+        if (message.cached || message.loaded >= message.total) this.downloading.delete(message.id);
+        else this.downloading.add(message.id);
+      }
       entry.onProgress?.(message);
       return;
     }
     this.pending.delete(message.id);
+    this.downloading.delete(message.id);
     if (message.type === "result") {
       entry.resolve(message);
     } else {

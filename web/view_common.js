@@ -100,8 +100,11 @@ export class ViewJobs {
     state.events = [];
     spec.reset?.();
     this.refresh();
+    let loading = true; // a Stop now stops the model's load (its download), not the command
+    status.lastDownload = null;
     try {
       const model = await spec.load(this.track);
+      loading = false;
       status.set(spec.running.state || "running", spec.running.text);
       status.fraction(spec.running.fraction ?? null);
       const fields = spec.fields(model);
@@ -115,7 +118,8 @@ export class ViewJobs {
     } catch (error) {
       state.lastError = { name: error.name, message: error.message };
       if (error.name === "Cancelled") {
-        status.set("cancelled", spec.cancelled());
+        const text = spec.cancelled(); // called either way: a view may tidy up there
+        status.set("cancelled", loading ? describeStoppedLoad(status.lastDownload) : text);
       } else {
         status.set("error", "Stopped by an error.");
         status.showError(`${error.name}: ${error.message}${spec.errorHelp?.(error) || ""}`);
@@ -177,7 +181,8 @@ export async function loadModel(client, kind, fields, status, { label, track, ev
     if (message.phase === "download" && message.state === "not-kept") {
       notKept = ` · ${notKeptNote(name, message.reason)}`;
     } else if (message.phase === "download" && message.state === "running") {
-      const amount = `${formatBytes(message.loaded)} of ${formatBytes(message.total)}`;
+      const amount = describeDownloadAmount(message);
+      status.lastDownload = message;
       status.fraction(message.total ? message.loaded / message.total : 0);
       status.phase.textContent = message.cached
         ? `Reading ${message.file} from this browser's cache (no download): ${amount}`
@@ -193,6 +198,32 @@ export async function loadModel(client, kind, fields, status, { label, track, ev
   const job = client.start("load", { kind, ...fields }, { onProgress });
   track?.(job);
   return job.result;
+}
+
+// "about 40 s left", "about 3 min left".
+export function formatTimeLeft(seconds) {
+  if (seconds < 60) return `about ${Math.max(1, Math.round(seconds))} s left`;
+  return `about ${Math.round(seconds / 60)} min left`;
+}
+
+// A download's progress line: "41.9 of 98.4 MB · 5.2 MB/s · about 11 s left", and where an
+// interrupted download was continued: "· continued from the 33.6 MB kept earlier". Speed and
+// time left are measured on this download's bytes (the worker sends them after a second).
+export function describeDownloadAmount(message) {
+  const parts = [`${formatBytes(message.loaded)} of ${formatBytes(message.total)}`];
+  const rate = message.bytesPerSecond;
+  if (!message.cached && rate > 0) {
+    parts.push(`${formatBytes(rate)}/s`);
+    if (message.total > message.loaded) parts.push(formatTimeLeft((message.total - message.loaded) / rate));
+  }
+  if (message.resumedFrom > 0) parts.push(`continued from the ${formatBytes(message.resumedFrom)} kept earlier`);
+  return parts.join(" · ");
+}
+
+// What Stop said during a model download (`download`: the last download progress, or null).
+export function describeStoppedLoad(download) {
+  if (!download || download.cached) return "Stopped before the model was loaded.";
+  return `Stopped downloading ${download.file} at ${formatBytes(download.loaded)} of ${formatBytes(download.total)}; the next load continues from there.`;
 }
 
 // Why a download was not kept, in the words a model note uses.

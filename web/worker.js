@@ -36,10 +36,11 @@
  *                                  in the pickers, all: also those loaded only when asked for;
  *                                  hint: how to get one if none)
  *   load {kind?, model} | {kind?, hf_repo, revision} | {kind, url} (a folder on this origin)
- *       progress {phase: "download", file, loaded, total, cached}, {phase: "verify"},
- *       {phase: "build"}, {phase: "download", state: "not-kept", reason, bytes} (this browser
- *       will not keep the files: the model still runs) -> {key, cached, downloadedBytes,
- *       notKept: null | {reason, bytes}, timingsMs, model: {...}}
+ *       progress {phase: "download", file, loaded, total, cached, resumedFrom (bytes an
+ *       interrupted load had kept), bytesPerSecond (null in the first second)},
+ *       {phase: "verify"}, {phase: "build"}, {phase: "download", state: "not-kept", reason,
+ *       bytes} (this browser will not keep the files: the model still runs) -> {key, cached,
+ *       downloadedBytes, resumedBytes, notKept: null | {reason, bytes}, timingsMs, model}
  *   transcribe {model, samples: Float32Array (transferred), options, profile?, offset?, prior?}
  *       (offset: seconds added to the segments' times, the samples' place in a longer
  *       recording; prior: segments already final before them, kept in the result and exports)
@@ -79,7 +80,8 @@
  *
  * The parts by job, under web/worker/: boot.js (the start, and candle_web.worker.boot on the
  * Python side), kernels.js (probe, compile, Pyodide's memory), team.js (the second thread),
- * wheel.js (the ZIP reader), model_files.js (downloads and the model cache), common.js (what
+ * wheel.js (the ZIP reader), model_files.js (downloads and the model cache; download_parts.js
+ * keeps a download's pieces so that it resumes), common.js (what
  * they share). This file: the protocol, the queue of Python jobs and cancelling.
  *
  * Everything is fetched from the serving origin: Pyodide and the wheels from
@@ -103,6 +105,7 @@ import { downloadModelFiles } from "./worker/model_files.js";
 // once it has parsed that module, so boot.js -> kernels.js -> abi.js was a chain of round trips
 // before the start could begin (~0.1-0.15 s of page open -> ready). Named here, every file is
 // fetched at once, one round trip after this one.
+import "./worker/download_parts.js";
 import "./worker/kernels.js";
 import "./worker/start_watch.js";
 import "./worker/team.js";
@@ -263,6 +266,7 @@ async function handleLoad(message) {
       timingsMs.build = await timedPhase(id, "build", async () => { summary = JSON.parse(session.build_model(key)); });
       const verified = manifest.files.every((file) => Boolean(file.sha256));
       return { payload: { key, cached: download.cached, verified, downloadedBytes: download.downloadedBytes,
+                          resumedBytes: download.resumedBytes,
                           notKept: download.notKept, source: manifest.source, timingsMs, model: summary } };
     } catch (error) {
       if (key !== null) session.discard_incoming(key);

@@ -1,7 +1,7 @@
 // The Transcribe view's form: the model (loaded into the worker with byte-level progress),
 // language and task (multilingual models only), beam size and timestamps.
 
-import { describeLoad, describeNotKept, fillModelSelect, notKeptNote, formatBytes } from "../view_common.js";
+import { describeDownloadAmount, describeLoad, describeNotKept, fillModelSelect, notKeptNote } from "../view_common.js";
 import { FILE_PHASES, KIND, MAX_BEAM_SIZE, MODEL_LABELS, WHISPER_LANGUAGES, isMultilingual, languageName } from "./format.js";
 
 export class ModelForm {
@@ -72,7 +72,8 @@ export class ModelForm {
       this.notKept = ` · ${notKeptNote(this.model, message.reason)}`; // said with the download's progress
     } else if (message.phase === "download" && message.state === "running") {
       const what = FILE_PHASES[message.file] || message.file;
-      const amount = `${formatBytes(message.loaded)} of ${formatBytes(message.total)}`;
+      const amount = describeDownloadAmount(message);
+      this.status.lastDownload = message;
       ui.progress.value = message.total ? message.loaded / message.total : 0;
       ui.phase.textContent = message.cached
         ? `Reading the model ${what} from this browser's cache (no download): ${amount}`

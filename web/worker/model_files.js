@@ -1,7 +1,9 @@
 // Model files: fetched with byte-level progress straight into the numpy buffers Python
 // allocates, checked against their sha256, and kept in the Cache API under keys made of that
 // sha256 (a changed file gets a new key, an unchanged one is never downloaded twice). Files
-// without a pinned sha256 (an unknown Hub revision, a folder URL) are not cached.
+// without a pinned sha256 (an unknown Hub revision, a folder URL) are not cached. A download
+// cut short continues where it stopped (download_parts.js: pieces kept as they arrive, then
+// an HTTP Range request for the rest).
 //
 // Keeping is never needed to run: a browser that cannot keep a file (a private window, the
 // origin's quota, a full disk: caches.open, match or put fail, often with a bare
@@ -10,6 +12,7 @@
 // navigator.storage.estimate() reports free, caching is skipped up front.
 
 import { BASE_URL, CancelledError, PROGRESS_INTERVAL_MS, TypedError, describeError, hexDigest, progress, timedPhase } from "./common.js";
+import { DownloadParts } from "./download_parts.js";
 
 // Bump the version to drop every cached file.
 const MODEL_CACHE_NAME = "candle-web-models-v1";
@@ -76,16 +79,22 @@ async function storageShortfall(bytes) {
   }
 }
 
-// Posts download progress: always when forced, else at most once per MiB and 100 ms.
-function downloadReporter(id, fileName, size, cached) {
+// Posts download progress: always when forced, else at most once per MiB and 100 ms. Each
+// message says where this download started (`resumedFrom`: the bytes kept by an earlier one)
+// and its speed so far (`bytesPerSecond`, measured over this download's own bytes; null until
+// a second has passed, as the first chunks arrive in a burst).
+function downloadReporter(id, fileName, size, cached, start = 0) {
   let lastPostBytes = -Infinity;
   let lastPostTime = -Infinity;
+  const startedAt = performance.now();
   return (loaded, force) => {
     const now = performance.now();
     if (force || (loaded - lastPostBytes >= DOWNLOAD_PROGRESS_BYTES && now - lastPostTime >= PROGRESS_INTERVAL_MS)) {
       lastPostBytes = loaded;
       lastPostTime = now;
-      progress(id, { phase: "download", state: "running", file: fileName, loaded, total: size, cached });
+      const seconds = (now - startedAt) / 1000;
+      const bytesPerSecond = seconds >= 1 ? (loaded - start) / seconds : null;
+      progress(id, { phase: "download", state: "running", file: fileName, loaded, total: size, cached, resumedFrom: start, bytesPerSecond });
     }
   };
 }
@@ -104,12 +113,25 @@ async function readOrStall(reader, fileName, loaded, size) {
   }
 }
 
+// Copies `bytes` into the numpy buffer `target` at `offset`.
+function copyInto(target, bytes, offset) {
+  // A fresh view each time: the wasm memory may have grown (and moved) since the last one.
+  const view = target.getBuffer("u8");
+  try {
+    view.data.set(bytes, offset);
+  } finally {
+    view.release();
+  }
+}
+
 // Streams one response body into the numpy buffer `target` (a PyProxy of a uint8 array of
-// exactly `size` bytes), posting byte-level progress. Checks for a cancel between chunks.
-async function streamInto(id, response, target, size, fileName, cached, { abort, isCancelled }) {
+// exactly `size` bytes) from byte `start` on (the bytes before it came from kept pieces),
+// posting byte-level progress and handing each chunk to `keep` (or null). Checks for a cancel
+// between chunks.
+async function streamInto(id, response, target, size, fileName, cached, { abort, isCancelled, start = 0, keep = null }) {
   const reader = response.body.getReader();
-  const report = downloadReporter(id, fileName, size, cached);
-  let loaded = 0;
+  const report = downloadReporter(id, fileName, size, cached, start);
+  let loaded = start;
   report(loaded, true);
   for (;;) {
     if (isCancelled()) {
@@ -131,14 +153,9 @@ async function streamInto(id, response, target, size, fileName, cached, { abort,
       await reader.cancel().catch(() => {});
       throw new TypedError("FormatError", `${fileName}: more than the expected ${size} bytes arrived`);
     }
-    // A fresh view per chunk: the wasm memory may have grown (and moved) since the last one.
-    const view = target.getBuffer("u8");
-    try {
-      view.data.set(value, loaded);
-    } finally {
-      view.release();
-    }
+    copyInto(target, value, loaded);
     loaded += value.byteLength;
+    if (keep !== null) await keep(value);
     report(loaded, false);
   }
   if (loaded !== size) {
@@ -209,13 +226,15 @@ function writeToCache(cache, cacheKey, body) {
   return result;
 }
 
-// The file's response from the network; with a cache, one branch of the body is written to
-// the cache as it streams (dropped again if the hash fails). Resolves {response, cacheWrite}
-// (cacheWrite: writeToCache's promise, or null when the file is not to be kept).
-async function fetchFromNetwork(id, file, cache, cacheKey, signal, isCancelled) {
+// The file's response from the network, from byte `from` on (a Range request) when it is not
+// 0; with a cache, one branch of the body is written to the cache as it streams (dropped again
+// if the hash fails). Resolves {response, cacheWrite} (cacheWrite: writeToCache's promise, or
+// null when the file is not to be kept).
+async function fetchFromNetwork(id, file, cache, cacheKey, signal, isCancelled, from = 0) {
   let response;
   try {
-    response = await fetch(new URL(file.url, BASE_URL).href, { signal, cache: "no-store" });
+    const headers = from > 0 ? { Range: `bytes=${from}-` } : {};
+    response = await fetch(new URL(file.url, BASE_URL).href, { signal, cache: "no-store", headers });
   } catch (error) {
     if (isCancelled()) throw new CancelledError(`load cancelled before ${file.name}`);
     throw new TypedError("NetworkError", `could not fetch ${file.url}: ${error.message} (offline, or the host is blocked)`);
@@ -225,6 +244,7 @@ async function fetchFromNetwork(id, file, cache, cacheKey, signal, isCancelled) 
     throw new TypedError("ModelNotFound", `${file.url} answered ${response.status} ${response.statusText}${hint}`);
   }
   if (!cache || !file.sha256) return { response, cacheWrite: null };
+  if (from > 0) throw new Error("a resumed download is kept by its pieces, not by a cache write");
   const [forBuffer, forCache] = response.body.tee();
   const cacheWrite = writeToCache(cache, cacheKey, forCache);
   return { response: new Response(forBuffer, { headers: response.headers }), cacheWrite };
@@ -244,35 +264,86 @@ async function settleCacheWrite(cacheWrite) {
   }
 }
 
+// Whether a reply to `Range: bytes=<from>-` is the rest of a file of `size` bytes: a 206 whose
+// Content-Range starts at `from` and names that size (a 200 is the whole file: the server
+// ignores ranges, or the file changed).
+function continuesAt(response, from, size) {
+  if (response.status !== 206) return false;
+  const match = /^bytes (\d+)-(\d+)\/(\d+)$/.exec(response.headers.get("Content-Range") || "");
+  return match !== null && Number(match[1]) === from && Number(match[2]) === size - 1 && Number(match[3]) === size;
+}
+
+// A download cut short (Stop, a stall, offline, an interrupt) keeps its pieces for the next
+// load: they are checked against the sha256 with the rest once it is there. One whose bytes
+// went wrong (a size other than the registry's, a wrong hash) drops them.
+function keepsPieces(error) {
+  return !["FormatError", "HashMismatch"].includes(error?.name);
+}
+
 // One file into the session's buffer for model `key`, from the cache (`response`, when it
-// was found there) or the network, checked; kept in `cache` when one is given. Resolves
-// {cached, bytes, notKept: why a downloaded file was not kept, or null}.
+// was found there) or the network, checked; kept in `cache` when one is given. A file with a
+// sha256 and a known size is kept piece by piece as it arrives and continues from the pieces
+// an earlier load kept (download_parts.js). Resolves {cached, bytes: those downloaded now,
+// resumedFrom: those an earlier load had kept, notKept: why a downloaded file was not kept,
+// or null}.
 async function fetchModelFile(id, key, file, { cache, response }, session, isCancelled) {
   const cacheKey = cacheKeyFor(file);
   const controller = new AbortController();
   const cached = response !== undefined;
+  const parts = !cached && cache && file.sha256 && Number.isSafeInteger(file.size) && file.size > 0
+    ? new DownloadParts(cache, file) : null;
   let cacheWrite = null;
-  if (!cached) {
-    ({ response, cacheWrite } = await fetchFromNetwork(id, file, cache, cacheKey, controller.signal, isCancelled));
-  }
   let notKept = null;
   let target = null;
+  let from = 0;
   try {
-    const size = expectedSize(file, response);
-    target = session.allocate_file(key, file.name, size);
-    await streamInto(id, response, target, size, file.name, cached, { abort: () => controller.abort(), isCancelled });
+    if (parts !== null) {
+      target = session.allocate_file(key, file.name, file.size);
+      from = await parts.resume((bytes, offset) => copyInto(target, bytes, offset), isCancelled);
+    }
+    let size = file.size;
+    if (!cached && (parts === null || from < file.size)) {
+      ({ response, cacheWrite } = await fetchFromNetwork(id, file, parts === null ? cache : null, cacheKey, controller.signal, isCancelled, from));
+      if (from > 0 && !continuesAt(response, from, file.size)) {
+        // Not the rest of this file: start over with the whole of it, if that is what came.
+        await parts.drop();
+        from = 0;
+        if (response.status !== 200) {
+          await response.body?.cancel().catch(() => {});
+          ({ response } = await fetchFromNetwork(id, file, null, cacheKey, controller.signal, isCancelled, 0));
+        }
+      }
+    }
+    if (from === 0 || cached) {
+      size = expectedSize(file, response);
+      target ??= session.allocate_file(key, file.name, size);
+    }
+    if (cached || from < size) {
+      await streamInto(id, response, target, size, file.name, cached, {
+        abort: () => controller.abort(), isCancelled, start: from, keep: parts && ((bytes) => parts.add(bytes)),
+      });
+    } else {
+      downloadReporter(id, file.name, size, false, from)(size, true); // every byte was kept
+    }
     if (cacheWrite !== null) notKept = await settleCacheWrite(cacheWrite);
+    if (parts !== null) notKept = await parts.settle();
     if (file.sha256) {
       progress(id, { phase: "verify", state: "running", file: file.name });
       const actual = await digestOf(target);
       if (actual !== file.sha256) {
         if (cache) await cache.delete(cacheKey).catch(() => {});
+        await parts?.drop();
         throw new TypedError("HashMismatch", `${file.name}: sha256 ${actual}, expected ${file.sha256}${cached ? " (cached copy dropped: load again)" : ""}`);
       }
     }
-    return { cached, bytes: size, notKept };
+    if (parts !== null) notKept = notKept === null ? await parts.assemble(cacheKey, size) : (await parts.drop(), notKept);
+    return { cached, bytes: size - from, resumedFrom: from, notKept };
   } catch (error) {
     cacheWrite?.giveUp("the load failed");
+    if (parts !== null) {
+      if (keepsPieces(error)) await parts.settle();
+      else await parts.drop();
+    }
     throw error;
   } finally {
     target?.destroy();
@@ -285,13 +356,15 @@ function sizeOf(files) {
 }
 
 // Every file of a load manifest into the session's buffers, as the "download" phase. Resolves
-// {ms, cached: whether all came from the cache, downloadedBytes, notKept: null when every
+// {ms, cached: whether all came from the cache, downloadedBytes, resumedBytes (kept by an
+// earlier, interrupted load, so not downloaded again), notKept: null when every
 // downloaded file was kept (or was not meant to be: no pinned sha256), else {reason, bytes}:
 // why and how much this browser could not keep (it will be downloaded again next time)}.
 // A reason known before the download (no cache, too little storage) is posted at once as
 // progress {phase: "download", state: "not-kept", reason, bytes}.
 export async function downloadModelFiles(id, manifest, session, isCancelled) {
   let downloadedBytes = 0;
+  let resumedBytes = 0;
   let allCached = true;
   let notKept = null;
   const ms = await timedPhase(id, "download", async () => {
@@ -308,9 +381,10 @@ export async function downloadModelFiles(id, manifest, session, isCancelled) {
       progress(id, { phase: "download", state: "not-kept", ...notKept });
     }
     for (const [i, file] of manifest.files.entries()) {
-      const { cached, bytes, notKept: why } = await fetchModelFile(id, manifest.key, file, { cache, response: found[i] }, session, isCancelled);
+      const { cached, bytes, resumedFrom, notKept: why } = await fetchModelFile(id, manifest.key, file, { cache, response: found[i] }, session, isCancelled);
       allCached = allCached && cached;
       if (!cached) downloadedBytes += bytes;
+      resumedBytes += resumedFrom ?? 0;
       if (why !== null) {
         // One failed write is the storage's answer for this load: the rest is not tried.
         cache = null;
@@ -320,5 +394,5 @@ export async function downloadModelFiles(id, manifest, session, isCancelled) {
     }
     return { cached: allCached, notKept };
   });
-  return { ms, cached: allCached, downloadedBytes, notKept };
+  return { ms, cached: allCached, downloadedBytes, resumedBytes, notKept };
 }
