@@ -66,6 +66,12 @@
  *             repeatPenalty, repeatLastN}}
  *       progress {phase: "generate", event: "prompt"|"token"|"done", data}
  *       -> {text, tokenIds, promptIds, renderedPrompt, stopReason, timings: {tokensPerSecond, ...}}
+ *       responseFormat? (generate and chat; OpenAI's response_format: {type: "json_object"} or
+ *       {type: "json_schema", json_schema: {name, schema, strict}}): every token is constrained
+ *       by web-xgrammar (loaded on first use, worker/grammar.js); progress {event: "grammar",
+ *       data: {state}} while it compiles; the result adds grammar: {engine, kind, compileMs,
+ *       cached}; a schema the engine cannot enforce is a GrammarError / UnsupportedSchema
+ *       naming its path
  *   chat {model, messages: [{role, content}] (ending with the user message to answer),
  *         context?, options}   one turn of the Chat view; the KV cache carries over
  *       progress {phase: "chat", event: "prompt" (with reused, new_tokens, reuse_note, dropped, notice)
@@ -101,6 +107,7 @@
 import { CancelledError, TypedError, describeError, post, progress, throttledProgress, timedPhase } from "./worker/common.js";
 import { ensureRuntime, runtime, wasmHeapBytes } from "./worker/boot.js";
 import { downloadModelFiles } from "./worker/model_files.js";
+import { grammarBridge, prepareGrammar } from "./worker/grammar.js";
 // The rest of the module graph, named here too: the browser fetches a module's imports only
 // once it has parsed that module, so boot.js -> kernels.js -> abi.js was a chain of round trips
 // before the start could begin (~0.1-0.15 s of page open -> ready). Named here, every file is
@@ -317,7 +324,8 @@ const RUN_COMMANDS = {
   },
   generate: {
     kind: "llama",
-    request: (m) => ({ prompt: m.prompt ?? null, chat: m.chat === true, options: m.options || null }),
+    request: (m) => ({ prompt: m.prompt ?? null, chat: m.chat === true, options: m.options || null,
+                       response_format: m.responseFormat ?? null }),
   },
   text2text: {
     kind: "t5",
@@ -328,7 +336,8 @@ const RUN_COMMANDS = {
     check: (m) => {
       if (!Array.isArray(m.messages)) throw new TypedError("FormatError", "chat: `messages` must be an array of {role, content}");
     },
-    request: (m) => ({ messages: m.messages, context: m.context ?? null, options: m.options || null }),
+    request: (m) => ({ messages: m.messages, context: m.context ?? null, options: m.options || null,
+                       response_format: m.responseFormat ?? null }),
   },
 };
 
@@ -354,14 +363,29 @@ async function handleRun(message) {
         samples = samplesIntoPython(session, message.samples);
         request.set("samples", samples);
       }
+      const grammar = message.responseFormat != null ? await prepareResponseFormat(id, session, message) : null;
       reply = session.run(message.model ?? null, request, onEvent);
       const taken = takeReply(reply);
+      if (grammar !== null) taken.payload.grammar = grammar;
       taken.payload.heap = { startBytes, endBytes: wasmHeapBytes() };
       return taken;
     } finally {
       destroyAll(reply, samples, request, session);
     }
   });
+}
+
+// A generate or chat request's responseFormat (OpenAI's json_object / json_schema): Python checks
+// it and plans the grammar, web-xgrammar compiles it here (async, so before the synchronous
+// Python job; worker/grammar.js), and the session's decode loop then masks each step with it.
+// -> {engine, compileMs, cached} for the result, or null when the format is plain text.
+async function prepareResponseFormat(id, session, message) {
+  const plan = JSON.parse(session.grammar_plan_json(message.model ?? null, message.responseFormat, grammarBridge));
+  if (plan === null) return null;
+  progress(id, { phase: message.type, event: "grammar", data: { state: "start", kind: plan.constraint.kind } });
+  const prepared = await prepareGrammar(plan, () => JSON.parse(session.grammar_vocabulary_json(message.model ?? null)));
+  progress(id, { phase: message.type, event: "grammar", data: { state: "done", ...prepared } });
+  return { engine: "web-xgrammar", kind: plan.constraint.kind, ...prepared };
 }
 
 // Cancels a job that has not reached Python yet (the running one is stopped by the page

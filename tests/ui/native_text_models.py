@@ -8,7 +8,8 @@ numpy backend, and print one JSON object.
 JOBS.json holds a list of jobs, each one of
     {"task": "embed", "folder": DIR, "sentences": [...]}
         -> {"vectors": [[f32 as float]...], "summary": {...}}
-    {"task": "generate", "gguf": FILE, "prompt": "...", "chat": true, "options": {...}}
+    {"task": "generate", "gguf": FILE, "prompt": "...", "chat": true, "options": {...},
+     "responseFormat"?: {...}}   (the page's JSON option: the native engine, xgrammar)
         -> the Generate view's result payload (tokenIds, text, timings, ...)
     {"task": "text2text", "folder": DIR, "prompt": "...", "options": {...}}
         -> the Text-to-text view's result payload
@@ -52,7 +53,9 @@ def run_embed(job: dict) -> tuple:
 def run_generate(job: dict) -> tuple:
     gguf = Path(job["gguf"])
     return run_session("llama", gguf.parent, {"prompt": job["prompt"], "chat": job["chat"],
-                                              "options": job.get("options")}, [gguf.name])
+                                              "options": job.get("options"),
+                                              "response_format": job.get("responseFormat")},
+                       [gguf.name])
 
 
 def run_text2text(job: dict) -> tuple:

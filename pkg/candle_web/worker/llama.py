@@ -9,6 +9,7 @@ BLAS matmuls.
 """
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -73,21 +74,24 @@ class LlamaSession(Session):
                 "blockWeightBytes": sum(_weight_bytes(block) for block in llama.blocks)}
 
     def compute(self, model, prompt=None, chat: bool = False, options=None, messages=None,
-                context=None, on_event=None) -> dict:
+                context=None, response_format=None, on_event=None) -> dict:
         """Generate; on_event(kind, payload) sees "prompt", "token" and "done" (see
         candle_web.generation.decode_loop). The payload is what the page shows and the twin
         check compares. With `messages` (the Chat view's `chat` command): answer the last
-        user message of that conversation (see `chat_turn`)."""
+        user message of that conversation (see `chat_turn`). `response_format` (OpenAI's
+        shape: json_object or json_schema) constrains the answer with the grammar engine (in
+        the page web-xgrammar, prepared by the worker from `grammar_plan_json`)."""
         from candle_web.generation.chat_templates import chat_template_for
         from candle_web.generation import generate
 
         if messages is not None:
-            return self.chat_turn(model, messages, context, options, on_event)
+            return self.chat_turn(model, messages, context, options, on_event, response_format)
         llama, tokenizer = model
         chat = bool(chat)
         # A chat template places BOS itself (chat_templates.py).
         opts = generation_options(options, "generate", PAGE_OPTIONS, MAX_NEW_TOKENS_LIMIT,
-                                  add_special_tokens=not chat)
+                                  add_special_tokens=not chat,
+                                  constraint=_constraint(response_format))
         rendered = checked_text(prompt, "generate: the prompt", MAX_PROMPT_CHARS,
                                 "; type something to continue from")
         if chat:
@@ -107,7 +111,8 @@ class LlamaSession(Session):
         }
 
 
-    def chat_turn(self, model, messages, context=None, options=None, on_event=None) -> dict:
+    def chat_turn(self, model, messages, context=None, options=None, on_event=None,
+                  response_format=None) -> dict:
         """One turn of the Chat view: `messages` (OpenAI format, a system message first if
         any) ends with the user message to answer. The session keeps one Conversation per
         loaded model, so the KV cache carries over: only the tokens past the prefix it shares
@@ -131,7 +136,8 @@ class LlamaSession(Session):
             raise CandleError(f"chat: context must be a whole number of tokens >= 16, got "
                               f"{context!r}")
         opts = generation_options(options, "chat", PAGE_OPTIONS, MAX_NEW_TOKENS_LIMIT,
-                                  add_special_tokens=False)
+                                  add_special_tokens=False,
+                                  constraint=_constraint(response_format))
         conversation = self._conversation
         if conversation is None or conversation.model is not llama:
             conversation = self._conversation = Conversation(llama, tokenizer)
@@ -151,6 +157,32 @@ class LlamaSession(Session):
                 "droppedMessages": turn.dropped_messages,
                 "notice": turn.notice, "context": conversation.context_length,
                 "stopReason": turn.stop_reason, "timings": timings}
+
+
+    # --- structured outputs in the page: the worker prepares web-xgrammar first ------------
+
+    def grammar_plan_json(self, key: str, response_format, bridge) -> str:
+        """The worker's plan for a request's responseFormat on loaded model `key` (JSON; null
+        without one): see candle_web.worker.grammar. `bridge`: the JS grammarBridge."""
+        from candle_web.worker.grammar import grammar_plan
+
+        llama, tokenizer = self.loaded(key)
+        return json.dumps(grammar_plan(llama, tokenizer, python_value(response_format), bridge))
+
+    def grammar_vocabulary_json(self, key: str) -> str:
+        """Model `key`'s vocabulary as web-xgrammar's TokenizerInfo takes it (JSON)."""
+        from candle_web.worker.grammar import vocabulary_json
+
+        return vocabulary_json(*self.loaded(key))
+
+
+def _constraint(response_format):
+    """The request's responseFormat as a grammar Constraint (None: free text)."""
+    if response_format is None:
+        return None
+    from candle_web.worker.grammar import page_constraint
+
+    return page_constraint(python_value(response_format))
 
 
 def chat_template_summary(llama, tokenizer) -> dict:
