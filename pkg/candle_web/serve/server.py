@@ -415,6 +415,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"${API_KEY_ENV_VAR} (or --api-key) to require a key", file=sys.stderr)
     max_audio_seconds = max_audio_seconds_from(args, parser)
     if args.ray_address:
+        if args.alias:  # the replicas build their own pools, which know no aliases yet
+            parser.error("--alias is not supported with --ray-address")
         return _serve_on_ray(args)
     api = None
     if args.api or args.model:
