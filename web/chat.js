@@ -1,7 +1,9 @@
 // The Chat view: a multi-turn conversation with a LLaMA-family model (the Generate view's
 // models, labelled as there), a system prompt, streaming answers with tok/s, Stop,
 // regenerate, edit an earlier message (what followed is dropped), clear; conversations kept in this tab's storage, listed,
-// deletable, exported and imported as OpenAI messages JSON. Each turn sends the whole
+// deletable, exported and imported as OpenAI messages JSON. Clear and delete offer Undo; each
+// conversation keeps its model and settings (a reload reopens it on the model it ran on);
+// Enter sends, Shift+Enter starts a new line. Each turn sends the whole
 // conversation; the worker's session keeps the KV cache of the previous one and processes only
 // the new tokens (shown as "Prompt: 326 tokens: 14 new, 312 reused from the cache."; where the
 // backend's steps would not split the prompt exactly, as the page's wasm and numpy, none is
@@ -9,8 +11,8 @@
 
 import { ChatStore, MAX_IMPORT_BYTES, fromOpenAi, toOpenAi } from "./chat/store.js";
 import { describeAnswer, describePrompt, renderList, renderTurns, streamingNode } from "./chat/transcript.js";
-import { MODEL_LABELS, OptionError, readOptions } from "./generate.js";
-import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, loadModel, runOnCtrlEnter } from "./view_common.js";
+import { MODEL_LABELS, OptionError, readOptions, selectModel } from "./generate.js";
+import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, loadModel } from "./view_common.js";
 
 const KIND = "llama";
 const NUMBER_CONTROLS = [
@@ -24,12 +26,29 @@ const UI_IDS = {
   turns: "chat-turns", input: "chat-input", send: "chat-send", stop: "chat-stop", clear: "chat-clear",
   newChat: "chat-new", exportButton: "chat-export", importInput: "chat-import", editNote: "chat-edit-note",
   cancelEdit: "chat-cancel-edit", reuse: "chat-reuse", speed: "chat-speed", notice: "chat-notice",
+  undo: "chat-undo", undoText: "chat-undo-text", undoButton: "chat-undo-button",
 };
+const IDLE_TEXT = "Type a message and press Send (or Enter).";
 
 // The form's numbers, as {options, context}; throws OptionError naming a bad field.
 function readNumbers() {
   const { context = null, ...options } = readOptions(document, NUMBER_CONTROLS);
   return { options, context };
+}
+
+// The settings boxes as typed ({"chat-max-tokens": "256", ...}), what a conversation keeps.
+function typedSettings() {
+  return Object.fromEntries(NUMBER_CONTROLS.map(({ id }) => [id, document.getElementById(id).value]));
+}
+
+// Enter sends (as llama.cpp's page and WebLLM do); Shift+Enter starts a new line; Ctrl+Enter
+// (Cmd+Enter) sends too. A key that ends an IME composition is the composition's, not a send.
+function sendOnEnter(input, send) {
+  input.addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" || event.shiftKey || event.altKey || event.isComposing) return;
+    event.preventDefault();
+    send();
+  });
 }
 
 class ChatView {
@@ -40,6 +59,8 @@ class ChatView {
     this.status = new JobStatus({ job: $("chat-job"), progress: $("chat-progress"), phase: $("chat-phase"), error: $("chat-error") });
     this.store = new ChatStore();
     this.editing = null; // the index of the user message being edited, or null
+    // What Undo brings back: {kind: "clear", id, messages} or {kind: "delete", ...store.remove's answer}.
+    this.undo = null;
     // What the tests (and the curious) can read: window.candleWeb.chat.
     this.state = {
       runtimeReady: false, busy: false, loadedModel: null, lastLoad: null, lastResult: null,
@@ -60,7 +81,12 @@ class ChatView {
     ui.stop.disabled = !busy;
     for (const control of [ui.modelSelect, ui.clear, ui.newChat, ui.importInput, ui.system]) control.disabled = busy;
     ui.system.value = this.conversation.system;
-    renderList(ui.list, store, { disabled: busy, onOpen: (id) => this.open(id), onDelete: (id) => this.remove(id) });
+    renderList(ui.list, store, {
+      disabled: busy, onOpen: (id) => this.open(id), onDelete: (id) => this.remove(id),
+      removed: this.undo?.kind === "delete" ? this.undo : null, onUndo: () => this.undoLast(),
+    });
+    ui.undo.hidden = this.undo?.kind !== "clear";
+    ui.undoButton.disabled = busy;
     if (!busy) {
       renderTurns(ui.turns, this.conversation, { busy, onEdit: (i) => this.startEdit(i), onRegenerate: () => this.regenerate() });
     }
@@ -70,14 +96,81 @@ class ChatView {
 
   open(id) {
     this.store.open(id);
+    this.showConversation();
+  }
+
+  // After the open conversation changed (opened, new, deleted, brought back): its model and
+  // settings in the form, a fresh status line, no edit or undo pending.
+  showConversation() {
     this.editing = null;
+    this.undo = null;
+    this.applySettings();
+    this.resetStatus();
     this.render();
   }
 
+  // The status of the previous conversation's last turn does not describe this one.
+  resetStatus() {
+    const { ui, status } = this;
+    status.set("idle", IDLE_TEXT);
+    status.fraction(0);
+    status.clearError();
+    ui.reuse.textContent = "";
+    ui.reuse.title = "";
+    ui.speed.textContent = "";
+    ui.notice.hidden = true;
+  }
+
+  // The open conversation's model and settings into the form. A chat whose model this page
+  // does not offer (e.g. one opened with ?models=all before) says which model it goes on with.
+  applySettings() {
+    const { ui } = this;
+    const conversation = this.conversation;
+    for (const [id, value] of Object.entries(conversation.settings || {})) {
+      const input = document.getElementById(id);
+      if (input && typeof value === "string") input.value = value;
+    }
+    if (!conversation.model) return;
+    if (!selectModel(ui.modelSelect, conversation.model)) {
+      const wanted = MODEL_LABELS[conversation.model] || conversation.model;
+      const current = MODEL_LABELS[ui.modelSelect.value] || ui.modelSelect.value;
+      ui.modelNote.textContent = `This chat ran on ${wanted}, which this page does not offer; the next turn runs on ${current}.`;
+    }
+  }
+
+  // The form changed: the open conversation keeps the new model and settings.
+  keepSettings() {
+    const conversation = this.conversation;
+    conversation.model = this.ui.modelSelect.value;
+    conversation.settings = typedSettings();
+    this.store.save();
+  }
+
   remove(id) {
-    this.store.remove(id);
-    this.editing = null;
+    const removed = this.store.remove(id);
+    this.showConversation();
+    this.undo = removed && { kind: "delete", ...removed };
     this.render();
+    this.ui.list.querySelector(".chat-undo-delete")?.focus();
+  }
+
+  undoLast() {
+    const undo = this.undo;
+    if (undo === null || this.state.busy) return;
+    if (undo.kind === "delete") {
+      this.store.restore(undo);
+      this.showConversation();
+      this.ui.list.querySelector("li[aria-current='true'] .chat-open")?.focus();
+      return;
+    }
+    const conversation = this.store.conversations.find((c) => c.id === undo.id);
+    this.undo = null;
+    if (conversation) {
+      conversation.messages = undo.messages;
+      this.store.touch(conversation);
+    }
+    this.render();
+    this.ui.input.focus();
   }
 
   startEdit(index) {
@@ -148,7 +241,10 @@ class ChatView {
       reset: () => {
         state.streamed = { tokens: 0, text: "" };
         conversation.messages = messages;
+        conversation.model = model;
+        conversation.settings = typedSettings();
         this.editing = null;
+        this.undo = null;
         this.store.touch(conversation);
         renderTurns(ui.turns, conversation, { busy: true });
         show = streamingNode(ui.turns);
@@ -211,18 +307,26 @@ class ChatView {
     this.jobs.run(() => this.turn(messages.slice(0, -1)));
   }
 
+  // Clear empties the conversation at once and offers Undo in its place until the next change.
   clear() {
-    this.conversation.messages = [];
-    this.editing = null;
+    const conversation = this.conversation;
+    if (conversation.messages.length === 0) return;
+    const undo = { kind: "clear", id: conversation.id, messages: conversation.messages };
+    conversation.messages = [];
     this.store.touch();
-    this.ui.notice.hidden = true;
+    this.showConversation();
+    this.undo = undo;
+    const count = undo.messages.length;
+    this.ui.undoText.textContent = `Cleared ${count} message${count === 1 ? "" : "s"}.`;
     this.render();
+    this.ui.undoButton.focus();
   }
 
+  // A new chat starts with the open one's system prompt, model and settings.
   newChat() {
-    this.store.create({ system: this.conversation.system });
-    this.editing = null;
-    this.render();
+    const { system } = this.conversation;
+    this.store.create({ system, model: this.ui.modelSelect.value, settings: typedSettings() });
+    this.showConversation();
   }
 
   exportJson() {
@@ -239,7 +343,8 @@ class ChatView {
     this.status.clearError();
     try {
       if (file.size > MAX_IMPORT_BYTES) throw new Error(`larger than ${MAX_IMPORT_BYTES} bytes`);
-      this.store.create(fromOpenAi(JSON.parse(await file.text())));
+      this.store.create({ ...fromOpenAi(JSON.parse(await file.text())), model: this.ui.modelSelect.value, settings: typedSettings() });
+      this.showConversation();
       this.status.set("done", `Imported ${file.name}.`);
     } catch (error) {
       this.status.showError(`Import of ${file.name} failed: ${error.message}`);
@@ -256,6 +361,9 @@ export function setUpChat(client, ready) {
   ui.send.addEventListener("click", send);
   ui.stop.addEventListener("click", () => jobs.stop());
   ui.clear.addEventListener("click", () => view.clear());
+  ui.undoButton.addEventListener("click", () => view.undoLast());
+  ui.modelSelect.addEventListener("change", () => view.keepSettings());
+  for (const { id } of NUMBER_CONTROLS) document.getElementById(id).addEventListener("change", () => view.keepSettings());
   ui.newChat.addEventListener("click", () => view.newChat());
   ui.exportButton.addEventListener("click", () => view.exportJson());
   ui.cancelEdit.addEventListener("click", () => { view.editing = null; ui.input.value = ""; view.render(); });
@@ -267,8 +375,12 @@ export function setUpChat(client, ready) {
     view.conversation.system = ui.system.value;
     view.store.touch();
   });
-  runOnCtrlEnter(ui.input, send);
-  view.render();
-  jobs.whenReady(ready, "chatted with", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS));
+  sendOnEnter(ui.input, send);
+  view.showConversation();
+  // The saved chat's model can be chosen once the registry's models are listed.
+  jobs.whenReady(ready, "chatted with", async () => {
+    await fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS);
+    if (!view.state.busy) view.applySettings();
+  });
   return { state: view.state, view, send, stop: () => jobs.stop() };
 }

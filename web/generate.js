@@ -5,7 +5,7 @@
 // the page loads only when asked for (Gemma-3-270M, whose terms are shown once it is loaded).
 // Started by app.js.
 
-import { renderFencedCode } from "./chat/markdown.js";
+import { renderFencedCode, renderMarkdown } from "./chat/markdown.js";
 import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
@@ -56,6 +56,35 @@ export function readOptions(doc = document, controls = NUMBER_CONTROLS) {
   return options;
 }
 
+// Chooses `model` in a model <select> if the select offers it; false (the choice left as it
+// was) if not, or if no model is given.
+export function selectModel(select, model) {
+  if (!model || !select.querySelector(`option[value="${CSS.escape(model)}"]`)) return false;
+  select.value = model;
+  return true;
+}
+
+// The model picked last, kept across reloads: a reload must not quietly move a Qwen user back
+// to the first model of the list.
+const CHOICE_KEY = "candle-web.generate.v1";
+
+function savedModelChoice() {
+  try {
+    return JSON.parse(localStorage.getItem(CHOICE_KEY) || "null")?.model ?? null;
+  } catch {
+    return null; // unreadable or blocked storage: the list's first model
+  }
+}
+
+function keepModelChoice(model) {
+  try {
+    localStorage.setItem(CHOICE_KEY, JSON.stringify({ model }));
+  } catch (error) {
+    console.warn("model choice not saved (storage full or blocked):", error);
+  }
+}
+
+// Why a generation ended, as the end of the status line says it (Chat says the same).
 const STOP_REASONS = {
   eos: "the model ended its answer",
   stop_string: "a stop string",
@@ -118,8 +147,16 @@ class GenerateView {
     ui.stats.hidden = false;
   }
 
+  // The output: a chat answer is Markdown (lists, code blocks, as in Chat); a continuation is
+  // shown as written, only its ``` fences as code blocks.
+  showOutput(text, chat) {
+    const { output } = this.ui;
+    output.classList.toggle("markdown", chat);
+    (chat ? renderMarkdown : renderFencedCode)(output, text);
+  }
+
   // Progress events of one generation: the prompt pass, then one event per token.
-  onProgress(maxTokens) {
+  onProgress(maxTokens, chat) {
     const { ui, state, status } = this;
     let firstTokenAt = null;
     return (message) => {
@@ -133,7 +170,7 @@ class GenerateView {
         // The last event may carry only held-back text (id null), not a new token.
         if (data.id !== null) state.streamed.tokens += 1;
         state.streamed.text += data.text;
-        renderFencedCode(ui.output, state.streamed.text); // ``` fences as code blocks, the rest as written
+        this.showOutput(state.streamed.text, chat);
         const now = performance.now();
         if (firstTokenAt === null) firstTokenAt = now;
         // Decode speed: tokens after the first, over the time since the first arrived.
@@ -181,10 +218,10 @@ class GenerateView {
       running: { text: "Reading the prompt…" },
       command: "generate",
       fields: () => ({ model, prompt, chat, options }),
-      onProgress: this.onProgress(options.maxTokens),
+      onProgress: this.onProgress(options.maxTokens, chat),
       done: (result) => {
         state.lastResult = { ...result, model, prompt, chat, options };
-        renderFencedCode(ui.output, result.text); // the final text (a held-back stop string removed)
+        this.showOutput(result.text, chat); // the final text (a held-back stop string removed)
         this.showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
         const memory = result.heap ? ` Worker memory: ${formatBytes(result.heap.endBytes)}.` : "";
         return `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.${memory}`;
@@ -202,6 +239,14 @@ export function setUpGenerate(client, ready) {
   ui.button.addEventListener("click", run);
   ui.stop.addEventListener("click", stop);
   runOnCtrlEnter(ui.prompt, run);
-  jobs.whenReady(ready, "generated", () => fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS, { all: ALL_MODELS }));
+  ui.modelSelect.addEventListener("change", () => keepModelChoice(ui.modelSelect.value));
+  jobs.whenReady(ready, "generated", async () => {
+    await fillModelSelect(client, KIND, ui.modelSelect, MODEL_LABELS, { all: ALL_MODELS });
+    const saved = savedModelChoice();
+    if (!view.state.busy && !selectModel(ui.modelSelect, saved) && saved) {
+      const label = MODEL_LABELS[saved] || saved;
+      ui.modelNote.textContent = `${label}, chosen last time, is not offered on this page${ALL_MODELS ? "" : " (?models=all lists every model)"}; ${MODEL_LABELS[ui.modelSelect.value] || ui.modelSelect.value} is selected.`;
+    }
+  });
   return { state: view.state, run, stop };
 }

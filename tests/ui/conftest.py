@@ -405,8 +405,25 @@ FORGET_MODEL_URLS_JS = """async (urls) => {
 }"""
 
 
+# What the page keeps in localStorage about models: the chats (each with its model and
+# settings) and Generate's last choice. A module that picks models puts them back as it found
+# them, or every page opened after it would start on its last model (Qwen's 491 MB, say).
+SAVED_CHOICE_KEYS = ["candle-web.chat.v1", "candle-web.generate.v1"]
+READ_STORAGE_JS = "(keys) => keys.map((key) => localStorage.getItem(key))"
+WRITE_STORAGE_JS = """([keys, values]) => keys.forEach((key, index) => values[index] === null
+    ? localStorage.removeItem(key) : localStorage.setItem(key, values[index]))"""
+
+
 @pytest.fixture(scope="module")
-def model_cache_left_as_found(ready_page):
+def saved_choices_left_as_found(ready_page):
+    before = ready_page.evaluate(READ_STORAGE_JS, SAVED_CHOICE_KEYS)
+    yield
+    if not ready_page.is_closed():
+        ready_page.evaluate(WRITE_STORAGE_JS, [SAVED_CHOICE_KEYS, before])
+
+
+@pytest.fixture(scope="module")
+def model_cache_left_as_found(ready_page, saved_choices_left_as_found):
     before = set(ready_page.evaluate(CACHED_MODEL_URLS_JS))
     yield
     added = sorted(set(ready_page.evaluate(CACHED_MODEL_URLS_JS)) - before)

@@ -2,14 +2,16 @@
 and (the last test) Qwen2.5-Coder-0.5B-Instruct Q4_K_M.
 
 A three-turn conversation where turn 2 depends on turn 1 (a name given in turn 1 is recalled);
-regenerate and edit: their ids equal those of the same conversation run natively and fresh by
+regenerate and edit (turn 3 sent with the Enter key; Shift+Enter only breaks the line): their
+ids equal those of the same conversation run natively and fresh by
 generation.Conversation (the code `candle-web chat` runs: the twin check, greedy ids must be
 equal). The page's wasm part has no `step_prompts`, so its steps do not split a prompt exactly:
 no turn reuses the cached prefix (which could flip a near-tie) and the status line says so (the
 reuse and its roll-backs are tested natively on numba, tests/generation/test_conversation.py);
 a reload keeps the
 conversation; HTML in an answer is inert; export and import as OpenAI messages JSON; the
-overflow notice on a small context. The page is this module's own (reloaded by a test).
+overflow notice on a small context; New chat starts with an empty status line; a Qwen
+conversation reloaded continues on Qwen. The page is this module's own (reloaded by tests).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ MAX_TOKENS = 24
 # second. A hang fails; the pace is not tested.
 TURN_TIMEOUT_MS = 400_000
 
+IDLE_STATUS = "Type a message and press Send (or Enter)."
+
 pytestmark = pytest.mark.ui
 
 
@@ -34,6 +38,12 @@ def _model_cache_left_as_found(model_cache_left_as_found):
     yield
 
 
+def open_settings(page) -> None:
+    """Unfold the Chat view's settings (folded below the conversation), as a user would."""
+    if not page.locator("#chat-settings").evaluate("(node) => node.open"):
+        page.click("#chat-settings summary")
+
+
 @pytest.fixture(scope="module")
 def page(ready_page_at):
     page = ready_page_at("/#chat")
@@ -41,6 +51,7 @@ def page(ready_page_at):
     page.wait_for_function("() => window.candleWeb.chat.runtimeReady")
     page.evaluate("() => localStorage.removeItem('candle-web.chat.v1')")
     page.click("#chat-new")
+    open_settings(page)
     return page
 
 
@@ -74,9 +85,13 @@ def chat_state(page, expression: str):
     return page.evaluate(f"() => {{ const s = window.candleWeb.chat; return {expression}; }}")
 
 
-def wait_turn(page, click: str) -> dict:
+def wait_turn(page, click: str, key: str | None = None) -> dict:
+    """Start a turn by clicking `click` (or pressing `key` in it) and wait for its end."""
     before = chat_state(page, "s.runs")
-    page.click(click)
+    if key is None:
+        page.click(click)
+    else:
+        page.press(click, key)
     page.wait_for_function("(before) => { const s = window.candleWeb.chat;"
                            " return !s.busy && (s.runs > before || s.lastError !== null); }",
                            arg=before, timeout=TURN_TIMEOUT_MS)
@@ -85,8 +100,10 @@ def wait_turn(page, click: str) -> dict:
     return chat_state(page, "s.lastResult")
 
 
-def send(page, text: str) -> dict:
+def send(page, text: str, enter: bool = False) -> dict:
     page.fill("#chat-input", text)
+    if enter:
+        return wait_turn(page, "#chat-input", key="Enter")
     return wait_turn(page, "#chat-send")
 
 
@@ -113,7 +130,15 @@ def test_three_turns_recall_reuse_regenerate_edit_and_reload(page, native, page_
     results = []
     for text in ("My name is Ada.", "What is my name?", "Thank you."):
         conversation.append({"role": "user", "content": text})
-        result = send(page, text)
+        if text == "Thank you.":
+            # Shift+Enter breaks the line and sends nothing; Enter sends.
+            runs = chat_state(page, "s.runs")
+            page.fill("#chat-input", "Thank")
+            page.press("#chat-input", "Shift+Enter")
+            page.type("#chat-input", "you")
+            assert page.locator("#chat-input").input_value() == "Thank\nyou"
+            assert chat_state(page, "[s.busy, s.runs]") == [False, runs]
+        result = send(page, text, enter=text == "Thank you.")
         results.append(result)
         assert result["tokenIds"] == native(conversation), text
         conversation.append({"role": "assistant", "content": result["text"]})
@@ -151,9 +176,11 @@ def test_three_turns_recall_reuse_regenerate_edit_and_reload(page, native, page_
     page.click("#tab-chat")
     page.wait_for_function("() => document.querySelectorAll('#chat-turns .chat-message').length === 2")
     assert messages_shown(page) == shown
+    open_settings(page)
     assert page.locator("#chat-system").input_value() == SYSTEM
     titles = page.locator("#chat-list .chat-open").all_inner_texts()
     assert "My name is Bob." in titles
+    assert page.locator("#chat-max-tokens").input_value() == str(MAX_TOKENS)  # the chat's own
 
 
 def test_html_in_answers_is_inert_and_export_import_round_trip(page, tmp_path):
@@ -197,7 +224,13 @@ def test_html_in_answers_is_inert_and_export_import_round_trip(page, tmp_path):
 
 
 def test_a_small_context_shows_the_overflow_notice(page):
+    # The last chat's finished turn left its status; a new chat starts with an empty one.
+    assert page.locator("#chat-job").get_attribute("data-state") == "done"
     page.click("#chat-new")
+    assert page.locator("#chat-job").get_attribute("data-state") == "idle"
+    assert page.locator("#chat-phase").inner_text() == IDLE_STATUS
+    assert page.evaluate("() => document.getElementById('chat-progress').value") == 0
+    assert page.locator("#chat-reuse").inner_text() == ""
     page.fill("#chat-max-tokens", str(MAX_TOKENS))
     page.fill("#chat-context", "100")
     notice = page.locator("#chat-notice")
@@ -240,7 +273,7 @@ def test_stop_keeps_the_partial_answer_and_the_next_turn_matches(page, native):
     assert result["tokenIds"] == native(conversation)
 
 
-def test_qwen_recalls_a_name_with_the_cache_carried_over(page):
+def test_qwen_recalls_a_name_and_a_reloaded_qwen_chat_continues_on_qwen(page, page_ready):
     qwen = "qwen2.5-coder-0.5b-instruct"
     page.click("#chat-new")
     page.select_option("#chat-model", qwen)
@@ -262,3 +295,17 @@ def test_qwen_recalls_a_name_with_the_cache_carried_over(page):
     native = native_runner(qwen)
     assert first["tokenIds"] == native(conversation[:2])
     assert second["tokenIds"] == native(conversation[:4])
+
+    # After a reload the conversation reopens on Qwen, and its next turn runs there (a fresh
+    # worker: Qwen read from this browser's cache), not on the list's first model.
+    page.reload()
+    page_ready(page)
+    page.click("#tab-chat")
+    page.wait_for_function(f"() => document.getElementById('chat-model').value === '{qwen}'")
+    assert len(messages_shown(page)) == 4
+    text = "Say my name once more."
+    conversation.append({"role": "user", "content": text})
+    third = send(page, text, enter=True)
+    load = chat_state(page, "s.lastLoad")
+    assert load["key"] == qwen and load["cached"] is True
+    assert third["tokenIds"] == native(conversation)

@@ -66,19 +66,33 @@ def shown_numbers(blocks: list) -> list:
             for index in range(len(block["items"]))]
 
 
-def test_ordered_items_keep_their_numbers_across_text_blank_lines_and_code(ready_page):
+def test_text_and_code_between_numbered_items_stay_in_one_list(ready_page):
+    """Chat models write a numbered answer's code and notes unindented between "1." and "2.":
+    when the numbering goes on after them they belong to the step above, so the reader sees one
+    list 1, 2, 3, 4 with the code and the note inside their steps (not four lists)."""
     answer = ("Steps:\n1. Open the file.\n\n2. Edit it.\nThen save.\n\n"
               "Why this matters: it keeps the history.\n\n3. Commit:\n```sh\ngit commit\n```\n"
               "4. Push.")
     blocks = render(ready_page, answer)
+    assert blocks[0] == {"p": "Steps:"} and len(blocks) == 2
     assert shown_numbers(blocks) == [1, 2, 3, 4]
-    # Items separated by a blank line are one list; a line right below an item is its text.
-    first = blocks[1]
-    assert first["list"] == "ol" and first["start"] == 1
-    assert [item["text"] for item in first["items"]] == ["Open the file.", "Edit it.Then save."]
-    assert blocks[2] == {"p": "Why this matters: it keeps the history."}
-    assert blocks[4] == {"code": "git commit", "language": "sh"}
-    assert blocks[5]["start"] == 4 and blocks[5]["items"][0]["text"] == "Push."
+    steps = blocks[1]["items"]
+    assert [item["text"] for item in steps] == [
+        "Open the file.", "Edit it.Then save.Why this matters: it keeps the history.",
+        "Commit:", "Push."]
+    assert steps[2]["inner"] == [{"code": "git commit", "language": "sh"}]
+
+
+def test_a_list_ends_where_its_numbering_does_not_go_on(ready_page):
+    """Text after an item, then no next number (or a heading first): the list ends there, and
+    a later list keeps its own first number."""
+    blocks = render(ready_page, "1. One.\n\nA closing remark.\n\n## Next\n\n2. Two.\n\n"
+                                "Done.\n\n```\n1. inside code\n```")
+    assert blocks[:3] == [{"list": "ol", "start": 1, "items": [{"text": "One.", "inner": []}]},
+                          {"p": "A closing remark."}, {"h5": "Next"}]
+    assert blocks[3]["start"] == 2 and blocks[4] == {"p": "Done."}
+    assert blocks[5] == {"code": "1. inside code", "language": "code"}
+    assert shown_numbers(blocks) == [1, 2]
 
 
 def test_code_inside_an_item_stays_in_the_list_without_the_items_indent(ready_page):
@@ -142,6 +156,14 @@ def split_fences(text: str) -> tuple:
     return blocks, prose
 
 
+MARKS = re.compile(r"^\s*(?:#{1,6}\s+|[-*+]\s+|\d{1,9}[.)]\s+)|[*`]")
+
+
+def markdown_words(lines: list) -> list:
+    """The words a reader sees of Markdown `lines` (headings', items' and emphasis marks gone)."""
+    return " ".join(MARKS.sub("", line) for line in lines).split()
+
+
 def test_generate_shows_fenced_code_as_a_code_block(ready_page):
     page = ready_page
     open_view(page, "generate")
@@ -162,9 +184,12 @@ def test_generate_shows_fenced_code_as_a_code_block(ready_page):
     for index, (language, code) in enumerate(expected):
         assert codes.nth(index).locator("code").inner_text() == code
         assert codes.nth(index).locator(".code-language").inner_text() == language
-    # No fence is left as text; the prose around the code is shown as written.
-    prose = page.evaluate("""() => [...document.getElementById('generate-output').childNodes]
-        .filter((node) => node.nodeType === 3).map((node) => node.textContent).join('')""")
+    # A chat answer is Markdown, as in Chat: no fence is left as text, and the prose around the
+    # code reads as written, less its Markdown marks.
+    prose = page.evaluate("""() => { const copy = document.getElementById('generate-output').cloneNode(true);
+        copy.querySelectorAll('figure').forEach((figure) => figure.remove());
+        return [...copy.querySelectorAll('p, li, h4, h5, h6')].map((node) => node.textContent).join(' '); }""")
     assert "```" not in prose
-    assert prose.split() == " ".join(prose_lines).split()
+    assert output.evaluate("(node) => node.classList.contains('markdown')")
+    assert prose.split() == markdown_words(prose_lines)
     assert view_state(page, "generate", "s.busy") is False

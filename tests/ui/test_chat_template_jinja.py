@@ -153,6 +153,8 @@ def chat_turn(page, model: str, text: str) -> dict:
     page.wait_for_function("() => window.candleWeb.chat.runtimeReady")
     page.click("#chat-new")
     page.select_option("#chat-model", model)
+    if not page.locator("#chat-settings").evaluate("(node) => node.open"):
+        page.click("#chat-settings summary")  # folded below the conversation
     page.fill("#chat-system", "")
     page.dispatch_event("#chat-system", "change")
     page.fill("#chat-max-tokens", str(MAX_TOKENS))

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.ui
 
 
 @pytest.fixture(scope="module", autouse=True)
-def page_left_as_found(ready_page):
+def page_left_as_found(ready_page, saved_choices_left_as_found):
     yield from leave_page_as_found(ready_page)
 
 

@@ -115,11 +115,37 @@ function itemBody(lines, from, item, depth) {
   return { body, next: i };
 }
 
+// Where the lines that follow an ordered list's item at `from` end: at the next line that is a
+// list item or a heading outside a fence (or the end), and whether that line is the list's next
+// number. Chat models write a numbered answer's code and notes unindented between "1." and
+// "2."; when the numbering goes on after them they belong to the item above (one list, as the
+// model meant it), not between two lists.
+function interludeBeforeNextItem(lines, from, list, depth) {
+  let fenced = false;
+  let i = from;
+  for (; i < lines.length; i += 1) {
+    if (FENCE.test(lines[i])) fenced = !fenced;
+    else if (!fenced && (HEADING.test(lines[i]) || matchItem(lines[i], depth))) break;
+  }
+  const item = i < lines.length ? matchItem(lines[i], depth) : null;
+  const expected = list.start + list.items.length;
+  return { end: i, continues: item !== null && item.ordered && item.number === expected };
+}
+
+// The line after the fenced block opening at `from` (after its closing fence, or the end).
+function fenceEnd(lines, from) {
+  let i = from + 1;
+  while (i < lines.length && !FENCE.test(lines[i])) i += 1;
+  return Math.min(i + 1, lines.length);
+}
+
 // Splits lines into blocks: {type: "code"|"heading"|"list"|"paragraph", ...}. An open fence
 // (an answer still streaming, or cut by the token limit) runs to the end; a fence's code loses
 // the fence's own indent. List items hold blocks of their own; items of one kind separated only
-// by blank lines are one list, and an ordered list starts at its first item's number, so
-// "1." ... text ... "2." shows 1 and 2 as the model wrote them.
+// by blank lines are one list, and an ordered list starts at its first item's number. Code and
+// paragraphs between "1." and "2." go into item 1 (interludeBeforeNextItem), so the list shows
+// 1 and 2 with the code indented under its step; so does code right below an item whose text
+// ends in ":".
 function parseLines(lines, depth) {
   const blocks = [];
   let paragraph = [];
@@ -130,6 +156,20 @@ function parseLines(lines, depth) {
   };
   for (let i = 0; i < lines.length;) {
     const line = lines[i];
+    if (list?.ordered && !isBlank(line) && !HEADING.test(line) && !matchItem(line, depth)) {
+      const { end, continues } = interludeBeforeNextItem(lines, i, list, depth);
+      const last = list.items.at(-1);
+      // The last step's code, announced by its text ("2. Import it:"), is that step's too.
+      const lastBlock = last.blocks.at(-1);
+      const announced = FENCE.test(line) && lastBlock?.type === "paragraph" && /:\s*$/.test(lastBlock.text);
+      if (continues || announced) {
+        const until = continues ? end : fenceEnd(lines, i);
+        flush();
+        last.blocks.push(...parseLines(lines.slice(i, until), depth + 1));
+        i = until;
+        continue;
+      }
+    }
     const fence = line.match(FENCE);
     const heading = line.match(HEADING);
     const item = matchItem(line, depth);

@@ -1,5 +1,7 @@
 // The Chat view's conversations, kept in this tab's localStorage across reloads: a list of
-// {id, title, system, messages: [{role, content}], updated}, and which one is open. Export
+// {id, title, system, messages: [{role, content}], model, settings, updated}, and which one is
+// open (`model`: the registry name its turns ran on; `settings`: the form's numbers as typed,
+// {"chat-max-tokens": "256", ...}; both null in chats saved before they were kept). Export
 // and import use OpenAI's messages format: [{role: "system"|"user"|"assistant", content}],
 // a system message first if there is one.
 
@@ -76,8 +78,8 @@ export class ChatStore {
     return this.conversations.find((c) => c.id === this.currentId) || null;
   }
 
-  create({ system = "", messages = [] } = {}) {
-    const conversation = { id: newId(), title: "", system, messages, updated: Date.now() };
+  create({ system = "", messages = [], model = null, settings = null } = {}) {
+    const conversation = { id: newId(), title: "", system, messages, model, settings, updated: Date.now() };
     conversation.title = titleOf(conversation);
     this.conversations.unshift(conversation);
     this.currentId = conversation.id;
@@ -90,10 +92,26 @@ export class ChatStore {
     this.save();
   }
 
+  // Removes a conversation; returns what restore() needs to put it back (Undo), or null.
   remove(id) {
-    this.conversations = this.conversations.filter((c) => c.id !== id);
-    if (this.currentId === id) this.currentId = this.conversations[0]?.id ?? null;
-    if (!this.current()) this.create();
+    const index = this.conversations.findIndex((c) => c.id === id);
+    if (index < 0) return null;
+    const [conversation] = this.conversations.splice(index, 1);
+    const wasCurrent = this.currentId === id;
+    if (wasCurrent) this.currentId = this.conversations[0]?.id ?? null;
+    // The last one gone: an empty chat takes its place (Undo drops it again if still empty).
+    const created = this.current() ? null : this.create().id;
+    this.save();
+    return { conversation, index, wasCurrent, created };
+  }
+
+  restore({ conversation, index, wasCurrent, created }) {
+    const placeholder = this.conversations.find((c) => c.id === created);
+    if (placeholder && placeholder.messages.length === 0) {
+      this.conversations = this.conversations.filter((c) => c !== placeholder);
+    }
+    this.conversations.splice(Math.min(index, this.conversations.length), 0, conversation);
+    if (wasCurrent || !this.current()) this.currentId = conversation.id;
     this.save();
   }
 

@@ -16,8 +16,10 @@ function button(text, className, onClick, label) {
   return node;
 }
 
-// The conversations, newest first: open one by its title, delete it with its × button.
-export function renderList(listNode, store, { onOpen, onDelete, disabled }) {
+// The conversations, newest first: open one by its title, delete it with its × button. A
+// conversation just deleted (`removed`: store.remove's answer) keeps its place as a line
+// "Deleted “…”. Undo" until the next change, so a slip of the mouse costs nothing.
+export function renderList(listNode, store, { onOpen, onDelete, disabled, removed = null, onUndo }) {
   const items = store.conversations.map((conversation) => {
     const li = document.createElement("li");
     li.dataset.id = conversation.id;
@@ -29,6 +31,17 @@ export function renderList(listNode, store, { onOpen, onDelete, disabled }) {
     li.append(open, remove);
     return li;
   });
+  if (removed) {
+    const li = document.createElement("li");
+    li.className = "chat-removed";
+    const title = removed.conversation.title || "New chat";
+    const text = document.createElement("span");
+    text.textContent = `Deleted “${title}”.`;
+    const undo = button("Undo", "chat-undo-delete", onUndo, `Undo: bring back the chat “${title}”`);
+    undo.disabled = disabled;
+    li.append(text, undo);
+    items.splice(Math.min(removed.index, items.length), 0, li);
+  }
   listNode.replaceChildren(...items);
 }
 
