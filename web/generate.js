@@ -6,6 +6,7 @@
 // Started by app.js.
 
 import { renderFencedCode, renderMarkdown } from "./chat/markdown.js";
+import { JsonOption, JsonOptionError, showJsonAnswer } from "./structured_output.js";
 import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
@@ -118,6 +119,7 @@ class GenerateView {
       jobId: null,
       runs: 0,
     };
+    this.json = new JsonOption($("generate-json-slot"), "generate"); // "Answer as JSON"
     this.jobs = new ViewJobs({ client, status: this.status, state: this.state, refresh: () => this.refreshButtons() });
   }
 
@@ -126,6 +128,7 @@ class GenerateView {
     ui.button.disabled = state.busy || !state.runtimeReady;
     ui.stop.disabled = !state.busy;
     ui.modelSelect.disabled = state.busy;
+    this.json.setDisabled(state.busy);
   }
 
   async ensureModel(model, track) {
@@ -193,9 +196,9 @@ class GenerateView {
       return null;
     }
     try {
-      return { prompt, options: readOptions(), model: ui.modelSelect.value, chat: ui.chat.checked };
+      return { prompt, options: readOptions(), model: ui.modelSelect.value, chat: ui.chat.checked, responseFormat: this.json.responseFormat() };
     } catch (error) {
-      if (!(error instanceof OptionError)) throw error;
+      if (!(error instanceof OptionError || error instanceof JsonOptionError)) throw error;
       status.showError(error.message);
       return null;
     }
@@ -206,7 +209,7 @@ class GenerateView {
     const { ui, state } = this;
     const form = this.#readForm();
     if (form === null) return null;
-    const { prompt, options, model, chat } = form;
+    const { prompt, options, model, chat, responseFormat } = form;
     return {
       reset: () => {
         state.streamed = { tokens: 0, text: "" };
@@ -217,16 +220,18 @@ class GenerateView {
       load: (track) => this.ensureModel(model, track),
       running: { text: "Reading the prompt…" },
       command: "generate",
-      fields: () => ({ model, prompt, chat, options }),
+      fields: () => ({ model, prompt, chat, options, ...(responseFormat ? { responseFormat } : {}) }),
       onProgress: this.onProgress(options.maxTokens, chat),
       done: (result) => {
-        state.lastResult = { ...result, model, prompt, chat, options };
-        this.showOutput(result.text, chat); // the final text (a held-back stop string removed)
+        state.lastResult = { ...result, model, prompt, chat, options, responseFormat };
+        if (responseFormat) showJsonAnswer(ui.output, result.text); // formatted JSON
+        else this.showOutput(result.text, chat); // the final text (a held-back stop string removed)
         this.showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
         const memory = result.heap ? ` Worker memory: ${formatBytes(result.heap.endBytes)}.` : "";
         return `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.${memory}`;
       },
       cancelled: () => `Stopped after ${state.streamed.tokens} tokens.`,
+      errorHelp: (error) => this.json.showWorkerError(error), // a bad schema: shown by its field too
     };
   }
 }
