@@ -6,6 +6,7 @@ import { setUpGenerate } from "./generate.js";
 import { setUpSimilarity } from "./similarity.js";
 import { setUpText2text } from "./text2text.js";
 import { setUpTranscribe } from "./transcribe.js";
+import { formatBytes } from "./view_common.js";
 
 const WORKER_URL = new URL("worker.js", import.meta.url);
 const SIGINT = 2;
@@ -22,7 +23,7 @@ const PHASE_LABELS = {
   wheel: "candle_web",
   packages: "numpy",
   backend: "backend",
-  threads: "second thread",
+  threads: "second worker thread",
 };
 const MAX_JOB_ID = 2 ** 31 - 1; // ids live in an int32 slot
 // The start's status line: redrawn this often while stages run; a stage running longer than
@@ -206,7 +207,8 @@ class StartProgress {
     this.done = new Set();
     this.running = new Map(); // phase -> when it started (performance.now())
     this.failures = []; // [{label, error, cause}] in order
-    this.last = null; // "wasm kernels ready (0.3 s)": the last stage that ended
+    this.last = null; // "numpy failed: ...": the last stage that failed
+    this.bytes = null; // {loaded, since}: what the start's requests received, from when
     this.heardAt = null; // the worker's first message
     this.openedAt = performance.now();
     this.ticker = setInterval(() => this.show(), STATUS_TICK_MS);
@@ -215,13 +217,17 @@ class StartProgress {
   update(message) {
     const label = PHASE_LABELS[message.phase] || message.phase;
     this.heardAt ??= performance.now();
+    if (message.phase === "bytes") {
+      this.bytes = { loaded: message.loaded, since: this.bytes?.since ?? this.heardAt };
+      this.show();
+      return;
+    }
     if (message.state === "start") {
       this.running.set(message.phase, performance.now());
     } else if (message.state === "done") {
       this.running.delete(message.phase);
       this.done.add(message.phase);
       this.bar.value = Math.min(this.done.size, this.bar.max - 1); // "threads" may be a sixth phase
-      this.last = `${label} ready (${formatSeconds(message.ms)})`;
     } else if (message.state === "failed") {
       this.running.delete(message.phase);
       this.failures.push({ label, error: message.error, cause: message.cause });
@@ -251,8 +257,18 @@ class StartProgress {
       const label = PHASE_LABELS[phase] || phase;
       return now - since >= SLOW_STAGE_MS ? `${label} (${formatSeconds(now - since)})` : label;
     });
-    const parts = [this.last, running.length > 0 ? `Loading ${running.join(", ")}…` : null];
+    const parts = [this.last, running.length > 0 ? `Loading ${running.join(", ")}…` : "Starting…", this.#amount(now)];
     this.text.textContent = parts.filter((part) => part !== null).join(" · ");
+  }
+
+  // "12.4 MB so far, 2.1 MB/s": the bytes received (from the network or this browser's HTTP
+  // cache), so a slow first visit shows movement; the speed once it means something.
+  #amount(now) {
+    if (this.bytes === null) return null;
+    const { loaded, since } = this.bytes;
+    const seconds = (now - since) / 1000;
+    const speed = seconds >= 1 ? `, ${formatBytes(loaded / seconds)}/s` : "";
+    return `${formatBytes(loaded)} so far${speed}`;
   }
 
   stop() {

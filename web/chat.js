@@ -11,8 +11,8 @@
 
 import { ChatStore, MAX_IMPORT_BYTES, fromOpenAi, toOpenAi } from "./chat/store.js";
 import { describeAnswer, describePrompt, renderList, renderTurns, streamingNode } from "./chat/transcript.js";
-import { MODEL_LABELS, OptionError, readOptions, selectModel } from "./generate.js";
-import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, loadModel } from "./view_common.js";
+import { MODEL_LABELS, OptionError, describeStop, readOptions, selectModel } from "./generate.js";
+import { JobStatus, ViewJobs, countOf, describeLoad, describeNotKept, fillModelSelect, loadModel } from "./view_common.js";
 
 const KIND = "llama";
 const NUMBER_CONTROLS = [
@@ -284,8 +284,9 @@ class ChatView {
     ui.notice.hidden = !result.notice;
     const speed = result.timings.tokensPerSecond;
     if (speed !== undefined) ui.speed.textContent = describeAnswer(result.tokenIds.length, speed);
-    if (result.stopReason === "cancelled") return `Stopped after ${result.tokenIds.length} tokens; the partial answer is kept.`;
-    return `Done: ${result.tokenIds.length} tokens (${result.stopReason}).`;
+    const tokens = countOf(result.tokenIds.length, "token");
+    if (result.stopReason === "cancelled") return `Stopped after ${tokens}; the partial answer is kept.`;
+    return `Done: ${tokens}; ${describeStop(result.stopReason)}.`;
   }
 
   send() {

@@ -7,7 +7,7 @@
 
 import { renderFencedCode, renderMarkdown } from "./chat/markdown.js";
 import { JsonOption, JsonOptionError, showJsonAnswer } from "./structured_output.js";
-import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
+import { JobStatus, ViewJobs, countOf, describeLoad, describeNotKept, fillModelSelect, formatBytes, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "llama";
 export const MODEL_LABELS = {
@@ -87,11 +87,15 @@ function keepModelChoice(model) {
 
 // Why a generation ended, as the end of the status line says it (Chat says the same).
 const STOP_REASONS = {
-  eos: "the model ended its answer",
-  stop_string: "a stop string",
-  max_tokens: "the token limit",
-  context_length: "the model's context length",
+  eos: "the model finished its answer",
+  stop_string: "a stop string ended it",
+  max_tokens: "it reached Max tokens",
+  context_length: "it reached the model's context length",
 };
+
+export function describeStop(reason) {
+  return STOP_REASONS[reason] || `it ended (${reason})`;
+}
 
 const UI_IDS = {
   modelSelect: "generate-model", modelNote: "generate-model-note", prompt: "generate-prompt",
@@ -180,8 +184,8 @@ class GenerateView {
         const seconds = (now - firstTokenAt) / 1000;
         this.showSpeed(state.streamed.tokens, seconds > 0 ? (state.streamed.tokens - 1) / seconds : 0);
         status.fraction(state.streamed.tokens / maxTokens);
-        const memory = message.heapBytes ? `; worker memory ${formatBytes(message.heapBytes)}` : "";
-        status.phase.textContent = `Writing: ${state.streamed.tokens} tokens so far${memory}…`;
+        const memory = message.heapBytes ? `; ${formatBytes(message.heapBytes)} of memory in use` : "";
+        status.phase.textContent = `Writing: ${countOf(state.streamed.tokens, "token")} so far${memory}…`;
       }
     };
   }
@@ -227,10 +231,10 @@ class GenerateView {
         if (responseFormat) showJsonAnswer(ui.output, result.text); // formatted JSON
         else this.showOutput(result.text, chat); // the final text (a held-back stop string removed)
         this.showSpeed(result.tokenIds.length, result.timings.tokensPerSecond);
-        const memory = result.heap ? ` Worker memory: ${formatBytes(result.heap.endBytes)}.` : "";
-        return `Done: ${result.tokenIds.length} tokens at ${result.timings.tokensPerSecond.toFixed(1)} tok/s; stopped by ${STOP_REASONS[result.stopReason] || result.stopReason}.${memory}`;
+        const memory = result.heap ? ` Memory in use: ${formatBytes(result.heap.endBytes)}.` : "";
+        return `Done: ${countOf(result.tokenIds.length, "token")} at ${result.timings.tokensPerSecond.toFixed(1)} tokens/s; ${describeStop(result.stopReason)}.${memory}`;
       },
-      cancelled: () => `Stopped after ${state.streamed.tokens} tokens.`,
+      cancelled: () => `Stopped after ${countOf(state.streamed.tokens, "token")}.`,
       errorHelp: (error) => this.json.showWorkerError(error), // a bad schema: shown by its field too
     };
   }

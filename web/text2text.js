@@ -8,7 +8,7 @@
 // is still training it, the view says how far it got ("demo model still training: 40%") and
 // offers the model as soon as it is served, without a reload. Started by app.js.
 
-import { JobStatus, ViewJobs, describeLoad, describeNotKept, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
+import { JobStatus, ViewJobs, countOf, describeLoad, describeNotKept, fillModelSelect, formatSeconds, loadModel, runOnCtrlEnter } from "./view_common.js";
 
 const KIND = "t5";
 const SOURCE_HUB = "hub";
@@ -180,7 +180,7 @@ class Text2textView {
       state.streamed.text += data.text;
       ui.output.textContent += data.text;
       status.fraction(state.streamed.tokens / maxTokens);
-      status.phase.textContent = `Writing: ${state.streamed.tokens} tokens so far…`;
+      status.phase.textContent = `Writing: ${countOf(state.streamed.tokens, "token")} so far…`;
     };
   }
 

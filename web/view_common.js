@@ -9,6 +9,11 @@ export function formatBytes(bytes) {
   return `${bytes} B`;
 }
 
+// "1 token", "3 tokens": a count with its noun.
+export function countOf(count, one, many = `${one}s`) {
+  return `${count} ${count === 1 ? one : many}`;
+}
+
 export function formatSeconds(seconds) {
   return `${seconds.toFixed(seconds < 10 ? 2 : 1)} s`;
 }

@@ -10,6 +10,7 @@ the browser's cache are removed afterwards (model_cache_left_as_found)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,53 @@ def test_no_view_scrolls_sideways_at_either_size(layout_page):
                            return box.left >= 0 && box.right <= window.innerWidth; })""")
             assert all(tabs), (size, "a tab lies outside the window", tabs)
             page.screenshot(path=str(SCREENS_DIR / f"{view}-{size}.png"), full_page=True)
+
+
+# Every start fetches Pyodide's runtime (the largest file of the ~20-35 MB a first visit loads).
+RUNTIME_WASM = REPO_ROOT / "web" / "vendor" / "pyodide" / "pyodide.asm.wasm"
+SLOW_LINK_BYTES_PER_S = 16_000_000  # slow enough for several counts, quick enough for a test
+HEADER_TEXTS_JS = """() => {
+    window.headerTexts = [];
+    const watch = () => {
+        const text = document.getElementById('runtime-text');
+        if (!text) return requestAnimationFrame(watch);
+        new MutationObserver(() => window.headerTexts.push(text.textContent))
+            .observe(text, {childList: true, characterData: true, subtree: true});
+    };
+    watch();
+}"""
+
+
+def test_a_first_visit_on_a_slow_link_counts_what_it_loads(browser_context, network_guard,
+                                                           ui_server_url, report):
+    """No HTTP cache and a throttled line (Chromium's own network emulation, which covers the
+    worker's requests): the header must count the bytes as they come, not sit on one line."""
+    page = browser_context.new_page()
+    try:
+        cdp = browser_context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        cdp.send("Network.setCacheDisabled", {"cacheDisabled": True})
+        cdp.send("Network.emulateNetworkConditions", {
+            "offline": False, "latency": 0, "uploadThroughput": -1,
+            "downloadThroughput": SLOW_LINK_BYTES_PER_S})
+        page.add_init_script(f"({HEADER_TEXTS_JS})()")
+        page.goto(ui_server_url + "/")
+        summary = wait_until_ready(page)
+        texts = page.evaluate("() => window.headerTexts")
+    finally:
+        page.close()
+    counts = []
+    for text in texts:
+        match = re.search(r"([\d.]+) (kB|MB) so far(, [\d.]+ (?:kB|MB)/s)?", text)
+        if match:
+            counts.append(float(match.group(1)) * (1e3 if match.group(2) == "kB" else 1e6))
+    assert len(set(counts)) >= 3, texts  # it moved, more than once
+    assert counts == sorted(counts), texts  # and never went back
+    # Counted to at least the runtime's own file (the count lags by up to a quarter second,
+    # and each figure is rounded to 0.1 MB).
+    assert max(counts) >= RUNTIME_WASM.stat().st_size * 0.9, (max(counts), texts[-5:])
+    assert any("MB/s" in text for text in texts), texts
+    assert texts[-1].startswith("Ready in "), texts[-3:]
+    report(f"[ui] first visit at {SLOW_LINK_BYTES_PER_S / 1e6:.0f} MB/s, no HTTP cache: ready in "
+           f"{summary['totalMs'] / 1000:.1f} s, {len(counts)} byte counts shown, up to "
+           f"{max(counts) / 1e6:.1f} MB; e.g. {texts[len(texts) // 2]!r}")

@@ -2,6 +2,7 @@
 // messages as text with an Edit button, answers as escaped Markdown with Regenerate on the
 // last one). Nothing here runs a job: the buttons call the handlers the view passes in.
 
+import { countOf } from "../view_common.js";
 import { renderMarkdown } from "./markdown.js";
 
 const ROLE_LABELS = { user: "You", assistant: "Assistant" };
@@ -83,13 +84,13 @@ export function renderTurns(turnsNode, conversation, { busy, onEdit, onRegenerat
 // worker sends `reuseNote` (why), and the line says every token ran.
 export function describePrompt({ newTokens, reusedTokens, reuseNote = null }) {
   const total = newTokens + reusedTokens;
-  if (reuseNote) return `Prompt: ${total} tokens, all run (no cache reuse on this backend).`;
-  return `Prompt: ${total} tokens: ${newTokens} new, ${reusedTokens} reused from the cache.`;
+  if (reuseNote) return `Prompt: ${countOf(total, "token")}, all read again (no reuse on this backend).`;
+  return `Prompt: ${countOf(total, "token")}: ${newTokens} new, ${reusedTokens} reused from the cache.`;
 }
 
 // The answer so far: its tokens and decode speed (tokens after the first, per second).
 export function describeAnswer(tokens, tokensPerSecond) {
-  return `Answer: ${tokens} tokens · ${tokensPerSecond > 0 ? tokensPerSecond.toFixed(1) : "–"} tok/s`;
+  return `Answer: ${countOf(tokens, "token")} · ${tokensPerSecond > 0 ? tokensPerSecond.toFixed(1) : "–"} tok/s`;
 }
 
 // The answer being streamed: a message node whose body is re-rendered as text arrives.

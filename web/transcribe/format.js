@@ -54,6 +54,15 @@ export function formatAmount(done, total) {
   return total >= 60 ? `${(done / 60).toFixed(1)} of ${(total / 60).toFixed(1)} min` : `${done.toFixed(1)} of ${total.toFixed(1)} s`;
 }
 
+// How fast a transcription ran against the audio's own length, from the real-time factor
+// (processing time ÷ audio duration): "3.5× faster than real time", "2.8× slower than real
+// time" (a bare "2.83× real time" read as fast when it meant slow).
+export function describeSpeed(rtf) {
+  if (rtf === null || !(rtf > 0)) return "–";
+  if (Math.abs(rtf - 1) < 0.05) return "about real time";
+  return rtf < 1 ? `${(1 / rtf).toFixed(1)}× faster than real time` : `${rtf.toFixed(1)}× slower than real time`;
+}
+
 export function formatLeft(seconds) {
   if (seconds < 60) return `about ${Math.max(1, Math.round(seconds))} s left`;
   return `about ${Math.round(seconds / 60)} min left`;

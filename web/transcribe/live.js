@@ -179,7 +179,7 @@ export class Microphone {
     const { status } = this.view;
     while (current.active && !live.cancelled) {
       status.set("live", live.passes === 0 ? "Listening… the first words appear after a few seconds."
-        : `Listening… ${plural(live.passes, "pass", "passes")}, ${plural(live.final.length, "segment", "segments")} kept.`);
+        : `Listening… ${live.final.length === 0 ? "the words so far may still change" : `${plural(live.final.length, "line", "lines")} written for good; the newest words may still change`}.`);
       await current.waitForSeconds(live.nextPassAt);
       if (!current.active || live.cancelled) break;
       const heard = await current.samplesSoFar();
@@ -214,7 +214,7 @@ export class Microphone {
     state.runs += 1;
     status.fraction(1);
     queue.finish(item, result, live.model, live.options);
-    status.set("done", `Done: ${item.name}, live in ${live.passes} passes; the whole transcript ${formatSeconds(afterStopMs / 1000)} after Stop.`);
+    status.set("done", `Done: ${item.name}, transcribed while you spoke; the whole transcript ${formatSeconds(afterStopMs / 1000)} after Stop.`);
   }
 
   #failed(live, error) {

@@ -8,7 +8,7 @@
 
 import { AudioInputError, SAMPLE_RATE, decodeToMono16k } from "../audio_input.js";
 import { formatSeconds } from "../view_common.js";
-import { SAMPLES_BASE_URL, SAMPLES_MANIFEST_URL, STATUS_LABELS, formatAmount } from "./format.js";
+import { SAMPLES_BASE_URL, SAMPLES_MANIFEST_URL, STATUS_LABELS, describeSpeed, formatAmount } from "./format.js";
 import { transcribeProgress } from "./transcript.js";
 
 const BUSY_STATUSES = ["running", "live", "decoding"];
@@ -296,7 +296,7 @@ export class EntryQueue {
     state.lastResult = { ...item.result, clip: item.name, model, options, detected: item.detected };
     if (state.clip === item) transcript.render(item);
     this.render();
-    return `Done: ${item.name} in ${formatSeconds(result.timings.elapsedMs / 1000)} (${result.timings.rtf.toFixed(2)}× real time).${after}`;
+    return `Done: ${item.name} in ${formatSeconds(result.timings.elapsedMs / 1000)} (${describeSpeed(result.timings.rtf)}).${after}`;
   }
 
   // Transcribes the waiting entries one after another while the worker is free.

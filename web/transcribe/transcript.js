@@ -104,13 +104,13 @@ export class TranscriptView {
     const { timings } = result;
     $("stat-elapsed").textContent = formatSeconds(timings.elapsedMs / 1000);
     $("stat-audio").textContent = formatSeconds(timings.audioSeconds);
-    $("stat-rtf").textContent = timings.rtf === null ? "–" : `${timings.rtf.toFixed(2)}×`;
-    $("stat-rtf").title = "processing time ÷ audio duration (below 1 is faster than real time)";
+    $("stat-rtf").textContent = describeSpeed(timings.rtf);
+    $("stat-rtf").title = timings.rtf === null ? "" : `processing time ÷ audio duration: ${timings.rtf.toFixed(2)}`;
     const language = describeLanguage(item);
     $("stat-language-box").hidden = language === null;
     $("stat-language").textContent = language || "";
     $("stat-memory").textContent = result.heap ? formatBytes(result.heap.endBytes) : "–";
-    $("stat-memory").title = "the worker's WebAssembly heap when the transcription ended";
+    $("stat-memory").title = "the memory of this tab's Python worker (its WebAssembly heap) when the transcription ended";
     this.ui.stats.hidden = false;
     this.clearExports();
     for (const format of EXPORT_FORMATS) {

@@ -255,6 +255,21 @@ async function startThreads(downloads, backend, choice, threads) {
   }
 }
 
+// The bytes the start's requests have received so far, as progress {phase: "bytes", loaded}
+// at most every BYTES_REPORT_MS (a chunk arrives every few kB).
+const BYTES_REPORT_MS = 250;
+function reportBytes(id) {
+  let loaded = 0;
+  let sentAt = -Infinity;
+  return (count) => {
+    loaded += count;
+    const now = performance.now();
+    if (now - sentAt < BYTES_REPORT_MS) return;
+    sentAt = now;
+    progress(id, { phase: "bytes", loaded });
+  };
+}
+
 function versions() {
   return { pyodide: runtime.pyodide.version, ...JSON.parse(runtime.boot.versions_json()) };
 }
@@ -263,7 +278,7 @@ function versions() {
 // with the reason), "wasm" or "wasm-simd128" (the kernels or an error) or "numpy" (the
 // reference, for A/B). `useSnapshot`: restore the vendored Pyodide snapshot when there is one.
 async function startRuntime(id, choices) {
-  const watch = watchStartRequests();
+  const watch = watchStartRequests(reportBytes(id));
   try {
     return await startWatched(id, choices, watch);
   } finally {

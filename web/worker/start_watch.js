@@ -35,8 +35,10 @@ export function fileName(url) {
 // Wraps the worker's fetch while the start runs. Returns {stallFor(owns), stop()}:
 // stallFor(owns) is a promise that rejects with the StartStalled of the first request whose
 // URL `owns(url)` accepts that stalls from now on (and never resolves), with cancel() to stop
-// listening; stop() puts the original fetch back.
-export function watchStartRequests() {
+// listening; stop() puts the original fetch back. `onBytes(count)`, when given, hears the
+// bytes of every answer's body as they arrive (read from a clone, so the caller's reading is
+// untouched): on a slow line the page counts the runtime's ~35 MB rather than look stuck.
+export function watchStartRequests(onBytes = null) {
   const original = self.fetch;
   const listeners = new Set();
   self.fetch = (input, init = {}) => {
@@ -52,7 +54,11 @@ export function watchStartRequests() {
       controller.abort(stall);
     }, ANSWER_DEADLINE_MS);
     const answered = Reflect.apply(original, self, [input, { ...init, signal: controller.signal }]);
-    answered.then(() => clearTimeout(timer), () => clearTimeout(timer));
+    // Registered before the caller's own handlers, so the clone is made before its body is read.
+    answered.then((response) => {
+      clearTimeout(timer);
+      if (onBytes !== null) countBody(response, onBytes);
+    }, () => clearTimeout(timer));
     return answered;
   };
   return {
@@ -71,6 +77,22 @@ export function watchStartRequests() {
       listeners.clear();
     },
   };
+}
+
+// Reads a clone of `response`'s body to its end, telling `onBytes` each chunk's size; a body
+// that fails or is cancelled simply stops counting (the caller's copy says why).
+async function countBody(response, onBytes) {
+  if (!response.body) return;
+  try {
+    const reader = response.clone().body.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) return;
+      onBytes(value.byteLength);
+    }
+  } catch {
+    // the caller sees the same failure on its own copy
+  }
 }
 
 // Runs `work` against the stage's deadline and, when `stalled` is given, the stall of one of
