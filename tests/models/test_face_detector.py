@@ -1,0 +1,97 @@
+"""The tiny face detector against face-api itself, in headless Chromium, on the same tensors.
+
+Each of face-api's six demo photos, and a mirrored copy of each, is padded and resized by our
+package (io/image.square_input); that one [416, 416, 3] tensor goes to our model and to face-api
+(its TensorFlow.js on the wasm backend: XNNPACK kernels), which neither pads nor resizes a
+square tensor at its input size.
+So the comparison is of the networks, box decoding and NMS alone. (Given the photo instead,
+face-api draws it scaled onto a 416 canvas with the browser's own resampling and reads it back
+as 8-bit pixels; io/image's resize is Pillow's bilinear on float values: not the same tensor.)
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from candle_web.io.image import load_rgb, square_input
+from candle_web.io.tfjs import TfjsWeights
+from candle_web.models.face_detector import (INPUT_SIZE, DetectorOptions, FaceBox,
+                                              TinyFaceDetector, iou)
+from tests.models.face_api_peer_testlib import FACE_API_DIST, FaceApiPeer
+
+MANIFEST = "tiny_face_detector_model-weights_manifest.json"
+PHOTOS = [f"sample{index}.jpg" for index in range(1, 7)]
+# The same float32 network on the same input: the two sides differ only in summation order
+# (im2col + GEMM here, XNNPACK there). Measured on the 12 inputs: IoU >= 0.999999 and scores
+# within 4.7e-7; the bounds leave 100x and 20x of room for that rounding, and are far tighter
+# than the issue's IoU >= 0.95 (which face-api's own canvas resize would need: 0.88-0.99).
+MIN_IOU = 0.9999
+SCORE_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def weights_dir(model_file):
+    manifest = model_file("face-api", MANIFEST)
+    model_file("face-api", "tiny_face_detector_model.bin")
+    return manifest.parent
+
+
+@pytest.fixture(scope="module")
+def detector(weights_dir):
+    return TinyFaceDetector.load(weights_dir / MANIFEST)
+
+
+@pytest.fixture(scope="module")
+def peer(weights_dir):
+    if not (FACE_API_DIST / "face-api.esm.js").is_file():
+        pytest.skip("node_modules/@vladmandic/face-api is not installed: run `make test` "
+                    "(npm ci)")
+    if shutil.which("chromium") is None and not shutil.os.path.exists("/usr/bin/chromium"):
+        pytest.skip("/usr/bin/chromium is not installed (apt-get install -y chromium)")
+    face_api = FaceApiPeer(weights_dir)
+    yield face_api
+    assert not face_api.errors, face_api.errors
+    assert not face_api.blocked, face_api.blocked
+    face_api.close()
+
+
+def test_weights_decode_as_tensorflow_js_decodes_them(peer, weights_dir):
+    ours = TfjsWeights.load(weights_dir / MANIFEST)
+    theirs = peer.decoded_weights(MANIFEST)
+    assert sorted(theirs) == sorted(ours.names)
+    for name, value in theirs.items():
+        # Exact: both compute q * scale + min in double precision and round once to float32.
+        np.testing.assert_array_equal(ours.get_numpy(name), value, err_msg=name)
+
+
+def _as_boxes(rows) -> list:
+    return [FaceBox(x / INPUT_SIZE, y / INPUT_SIZE, w / INPUT_SIZE, h / INPUT_SIZE, score)
+            for x, y, w, h, score in rows]
+
+
+@pytest.mark.parametrize("mirrored", [False, True], ids=["photo", "mirrored"])
+@pytest.mark.parametrize("photo", PHOTOS)
+def test_same_faces_as_face_api_on_the_same_tensor(peer, detector, model_file, photo, mirrored):
+    rgb = load_rgb(model_file("face-api-demo-photos", photo))
+    if mirrored:
+        rgb = rgb[:, ::-1]
+    tensor, _ = square_input(rgb, INPUT_SIZE)
+    ours = detector.detect(tensor, DetectorOptions())
+    theirs = _as_boxes(peer.tiny_face_detector(tensor))
+    assert theirs, f"face-api finds no face in {photo}: the comparison would be empty"
+    assert len(ours) == len(theirs)
+    for face in theirs:
+        best = max(ours, key=lambda box: iou(box, face))
+        assert iou(best, face) >= MIN_IOU, (photo, face, best)
+        assert abs(best.score - face.score) <= SCORE_TOLERANCE
+
+
+def test_options_are_checked():
+    from candle_web.core.errors import InvalidOption
+
+    for bad in (0, 1, 1.5, True, "0.5"):
+        with pytest.raises(InvalidOption, match="score_threshold"):
+            DetectorOptions(score_threshold=bad)
