@@ -6,6 +6,7 @@ import { setUpGenerate } from "./generate.js";
 import { setUpSimilarity } from "./similarity.js";
 import { setUpText2text } from "./text2text.js";
 import { setUpTranscribe } from "./transcribe.js";
+import { JobBoard, showBusyTabs } from "./job_board.js";
 import { formatBytes } from "./view_common.js";
 
 const WORKER_URL = new URL("worker.js", import.meta.url);
@@ -49,6 +50,7 @@ export class WorkerClient {
     // Jobs downloading model files now: leaving the page asks first (a download resumes from
     // the pieces it kept, but the last piece's bytes are lost and minutes may be at stake).
     this.downloading = new Set();
+    this.board = new JobBoard(); // whose jobs wait for whose (job_board.js)
     addEventListener("beforeunload", (event) => {
       if (this.downloading.size > 0) event.preventDefault();
     });
@@ -64,6 +66,7 @@ export class WorkerClient {
       this.pending.set(id, { resolve, reject, onProgress });
     });
     this.worker.postMessage({ ...fields, type, id }, transfer);
+    this.board.started(id, type, fields);
     if (type === "load") result = this.#trackLoad(fields.kind, result);
     return { id, result };
   }
@@ -114,11 +117,13 @@ export class WorkerClient {
         if (message.cached || message.loaded >= message.total) this.downloading.delete(message.id);
         else this.downloading.add(message.id);
       }
+      this.board.progressed(message.id);
       entry.onProgress?.(message);
       return;
     }
     this.pending.delete(message.id);
     this.downloading.delete(message.id);
+    this.board.settled(message.id);
     if (message.type === "result") {
       entry.resolve(message);
     } else {
@@ -130,7 +135,10 @@ export class WorkerClient {
   }
 
   #failAll(error) {
-    for (const entry of this.pending.values()) entry.reject(error);
+    for (const [id, entry] of this.pending) {
+      this.board.settled(id);
+      entry.reject(error);
+    }
     this.pending.clear();
   }
 }
@@ -309,6 +317,7 @@ function setUpStatus(client) {
 
 const client = new WorkerClient();
 setUpTabs();
+showBusyTabs(client.board);
 const { showReady, showFailure } = setUpStatus(client);
 const pageOptions = new URLSearchParams(location.search);
 // ?threads=N: a number for the worker to check (it answers an error naming anything but 1, 2

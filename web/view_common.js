@@ -91,7 +91,23 @@ export class ViewJobs {
     this.state = state;
     this.refresh = refresh;
     this.stoppingText = stoppingText;
-    this.track = (job) => { state.jobId = job.id; };
+    // The tab whose view this is: a job of it that waits for another view's job says so
+    // (job_board.js), and restores its own words when its turn comes.
+    this.panelId = status.job.closest('[role="tabpanel"]')?.id ?? null;
+    this.track = (job) => {
+      state.jobId = job.id;
+      let before = null;
+      client.board?.own(job.id, this.panelId, {
+        onWait: (text) => {
+          before ??= { state: status.job.dataset.state, text: status.phase.textContent };
+          status.set("waiting", text);
+        },
+        onStart: () => {
+          if (before !== null && status.job.dataset.state === "waiting") status.set(before.state, before.text);
+          before = null;
+        },
+      });
+    };
   }
 
   async run(prepare) {
