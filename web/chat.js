@@ -12,6 +12,7 @@
 import { ChatStore, MAX_IMPORT_BYTES, fromOpenAi, toOpenAi } from "./chat/store.js";
 import { describeAnswer, describePrompt, renderList, renderTurns, streamingNode } from "./chat/transcript.js";
 import { MODEL_LABELS, OptionError, describeStop, readOptions, selectModel } from "./generate.js";
+import { JsonOption, JsonOptionError } from "./structured_output.js";
 import { JobStatus, ViewJobs, countOf, describeLoad, describeNotKept, fillModelSelect, loadModel } from "./view_common.js";
 
 const KIND = "llama";
@@ -36,10 +37,15 @@ function readNumbers() {
   return { options, context };
 }
 
-// The settings boxes as typed ({"chat-max-tokens": "256", ...}), what a conversation keeps.
+// The settings boxes as typed ({"chat-max-tokens": "256", ...}), what a conversation keeps,
+// with "Answer as JSON" (JSON_SETTING: its switch, kind, schema text and strict flag).
 function typedSettings() {
-  return Object.fromEntries(NUMBER_CONTROLS.map(({ id }) => [id, document.getElementById(id).value]));
+  const typed = Object.fromEntries(NUMBER_CONTROLS.map(({ id }) => [id, document.getElementById(id).value]));
+  if (jsonOption !== null) typed[JSON_SETTING] = jsonOption.settings();
+  return typed;
 }
+const JSON_SETTING = "chat-json";
+let jsonOption = null; // the view's JsonOption, once made
 
 // Enter sends (as llama.cpp's page and WebLLM do); Shift+Enter starts a new line; Ctrl+Enter
 // (Cmd+Enter) sends too. A key that ends an IME composition is the composition's, not a send.
@@ -58,6 +64,7 @@ class ChatView {
     this.ui = Object.fromEntries(Object.entries(UI_IDS).map(([name, id]) => [name, $(id)]));
     this.status = new JobStatus({ job: $("chat-job"), progress: $("chat-progress"), phase: $("chat-phase"), error: $("chat-error") });
     this.store = new ChatStore();
+    this.json = jsonOption = new JsonOption($("chat-json-slot"), "chat"); // "Answer as JSON"
     this.editing = null; // the index of the user message being edited, or null
     // What Undo brings back: {kind: "clear", id, messages} or {kind: "delete", ...store.remove's answer}.
     this.undo = null;
@@ -80,6 +87,7 @@ class ChatView {
     ui.send.disabled = busy || !state.runtimeReady;
     ui.stop.disabled = !busy;
     for (const control of [ui.modelSelect, ui.clear, ui.newChat, ui.importInput, ui.system]) control.disabled = busy;
+    this.json.setDisabled(busy);
     ui.system.value = this.conversation.system;
     renderList(ui.list, store, {
       disabled: busy, onOpen: (id) => this.open(id), onDelete: (id) => this.remove(id),
@@ -130,6 +138,7 @@ class ChatView {
       const input = document.getElementById(id);
       if (input && typeof value === "string") input.value = value;
     }
+    this.json.restore(conversation.settings?.[JSON_SETTING]); // off for a chat kept without it
     if (!conversation.model) return;
     if (!selectModel(ui.modelSelect, conversation.model)) {
       const wanted = MODEL_LABELS[conversation.model] || conversation.model;
@@ -226,10 +235,12 @@ class ChatView {
   turn(messages, { restoreInput = "" } = {}) {
     const { ui, state } = this;
     let numbers;
+    let responseFormat;
     try {
       numbers = readNumbers();
+      responseFormat = this.json.responseFormat();
     } catch (error) {
-      if (!(error instanceof OptionError)) throw error;
+      if (!(error instanceof OptionError || error instanceof JsonOptionError)) throw error;
       this.status.showError(error.message);
       return null;
     }
@@ -253,7 +264,7 @@ class ChatView {
       load: (track) => this.ensureModel(model, track),
       running: { text: "Reading the conversation…" },
       command: "chat",
-      fields: () => ({ model, messages: toOpenAi({ system: conversation.system, messages }), context: numbers.context, options: numbers.options }),
+      fields: () => ({ model, messages: toOpenAi({ system: conversation.system, messages }), context: numbers.context, options: numbers.options, ...(responseFormat ? { responseFormat } : {}) }),
       onProgress: this.onProgress((text) => show(text)),
       done: (result) => this.finish(conversation, messages, result),
       cancelled: () => {
@@ -263,7 +274,7 @@ class ChatView {
         return "Stopped before the answer began.";
       },
       // The worker keeps one llama model: another view may have loaded a different one.
-      errorHelp: (error) => (error.name === "ModelNotFound" ? " Send again to load the model." : ""),
+      errorHelp: (error) => (error.name === "ModelNotFound" ? " Send again to load the model." : this.json.showWorkerError(error)),
       cleanup: () => {
         if (state.lastError?.name === "ModelNotFound") state.loadedModel = null;
         conversation.messages = before;
@@ -365,6 +376,7 @@ export function setUpChat(client, ready) {
   ui.undoButton.addEventListener("click", () => view.undoLast());
   ui.modelSelect.addEventListener("change", () => view.keepSettings());
   for (const { id } of NUMBER_CONTROLS) document.getElementById(id).addEventListener("change", () => view.keepSettings());
+  view.json.details.addEventListener("change", () => view.keepSettings());
   ui.newChat.addEventListener("click", () => view.newChat());
   ui.exportButton.addEventListener("click", () => view.exportJson());
   ui.cancelEdit.addEventListener("click", () => { view.editing = null; ui.input.value = ""; view.render(); });

@@ -129,3 +129,42 @@ def test_bad_schema_is_shown_by_the_field_naming_the_bad_part(ready_page):
         assert all(fragment in text for fragment in fragments), text
     assert view_state(page, "generate", "s.runs") == runs_before  # nothing was generated
     page.set_checked("#generate-json-on", False)  # the page as the other tests expect it
+
+
+def test_chat_json_option_answers_json_and_stays_with_its_chat(ready_page, native_twin):
+    """Chat: the same option on a one-message chat gives the same ids (the same ChatML prompt),
+    and each chat keeps its own JSON setting, schema included, as it keeps its numbers."""
+    import jsonschema
+
+    page = ready_page
+    open_view(page, "chat")
+    page.click("#chat-new")
+    page.select_option("#chat-model", MODEL)
+    page.evaluate("() => { document.getElementById('chat-settings').open = true;"
+                  " document.getElementById('chat-json').open = true; }")
+    for selector, value in (("#chat-max-tokens", OPTIONS["maxTokens"]), ("#chat-temperature", 0),
+                            ("#chat-seed", OPTIONS["seed"])):
+        page.fill(selector, str(value))
+    schema_text = json.dumps(SCHEMA, indent=2)
+    page.set_checked("#chat-json-on", True)
+    page.set_checked("#chat-json-kind-schema", True)
+    page.fill("#chat-json-schema", schema_text)
+    page.set_checked("#chat-json-strict", True)
+    page.fill("#chat-input", PROMPT)
+    state = run_and_wait(page, "chat", "#chat-send", GENERATE_TIMEOUT_MS)
+    assert state["error"] is None, state["error"]
+    got = state["result"]
+    assert got["grammar"]["engine"] == "web-xgrammar"
+    jsonschema.validate(json.loads(got["text"]), SCHEMA)
+    assert got["tokenIds"] == native_twin.result()["results"][0]["tokenIds"]
+
+    # A new chat starts with the open one's settings; turned off there, it stays off there,
+    # and the first chat opens again with its schema on.
+    page.click("#chat-new")
+    assert page.is_checked("#chat-json-on")
+    page.set_checked("#chat-json-on", False)
+    page.locator("#chat-list .chat-open", has_text="Describe Paris").first.click()
+    assert page.is_checked("#chat-json-on") and page.is_checked("#chat-json-kind-schema")
+    assert json.loads(page.input_value("#chat-json-schema")) == SCHEMA
+    page.locator("#chat-list .chat-open", has_text="New chat").first.click()
+    assert not page.is_checked("#chat-json-on")
