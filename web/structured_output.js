@@ -22,7 +22,7 @@ export class JsonOptionError extends Error {}
 function markup(p) {
   return `
     <summary>Answer as JSON</summary>
-    <label class="check"><input type="checkbox" id="${p}-json-on"> Answer as JSON: the model can only write valid JSON</label>
+    <label class="check"><input type="checkbox" id="${p}-json-on"> On: the model can only write valid JSON</label>
     <fieldset class="json-kind">
       <legend>The answer must be</legend>
       <label class="check"><input type="radio" name="${p}-json-kind" id="${p}-json-kind-schema" value="json_schema" checked> JSON matching the schema below</label>
