@@ -3,6 +3,7 @@ pipelines run as the CLI runs them (the reference each answer must equal)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import time
@@ -54,6 +55,24 @@ def reference_transcript(pool, whisper, path, task: str = "transcribe"):
                                                            task]))
     with pool.compute:
         return transcribe(whisper.model, whisper.tokenizer, load_audio(str(path)), options)
+
+
+@contextlib.contextmanager
+def api_server(pool, tmp_path_factory, **app_options):
+    """`candle-web serve --api` on loopback over `pool` (`app_options`: build_app's api_key,
+    limits): yields its URL without the trailing slash, and stops it at the end."""
+    from candle_web.api import build_app
+    from candle_web.serve import SiteConfig, start_in_thread
+
+    web = tmp_path_factory.mktemp("api-web")
+    (web / "index.html").write_text("<!doctype html><title>api test</title>\n")
+    server, url = start_in_thread(site=SiteConfig(web_root=web),
+                                  api=build_app(pool, **app_options))
+    try:
+        yield url.rstrip("/")
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def raw_request(url: str, method: str, path: str, body: bytes = b"", headers: dict = None,

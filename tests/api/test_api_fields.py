@@ -16,9 +16,9 @@ import pytest
 openai = pytest.importorskip("openai", reason="the dev extra installs the openai client")
 pytest.importorskip("starlette", reason="the serve extra installs starlette")
 
-from candle_web.serve import SiteConfig, start_in_thread  # noqa: E402
 from tests.api.api_testlib import (BERT, CLIP, HTTP_TIMEOUT_S, LLM, QUESTION, WHISPER,  # noqa: E402
-                                   Stream, chat_messages, post_json, reference_chat)
+                                   Stream, api_server, chat_messages, post_json, reference_chat,
+                                   reference_transcript)
 
 ALIAS = "whisper-1"
 SLOTS = 4
@@ -42,14 +42,8 @@ def pool():
 
 @pytest.fixture(scope="module")
 def server_url(pool, tmp_path_factory):
-    from candle_web.api import build_app
-
-    web = tmp_path_factory.mktemp("fields-web")
-    (web / "index.html").write_text("<!doctype html><title>api fields</title>\n")
-    server, url = start_in_thread(site=SiteConfig(web_root=web), api=build_app(pool))
-    yield url.rstrip("/")
-    server.shutdown()
-    server.server_close()
+    with api_server(pool, tmp_path_factory) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +53,8 @@ def client(server_url):
 
 
 def _error(caught) -> dict:
-    return caught.value.body if "message" in caught.value.body else caught.value.body["error"]
+    """The error object of an APIStatusError (the openai client unwraps {"error": ...})."""
+    return caught.value.body
 
 
 # -- sampling ---------------------------------------------------------------------------------
@@ -308,9 +303,7 @@ def test_word_timestamps_are_the_clis(client, pool, whisper):
     assert _error(caught)["param"] == "timestamp_granularities"
 
 
-def test_streamed_transcript_through_an_alias(client, server_url, pool, whisper):
-    from tests.api.api_testlib import reference_transcript
-
+def test_streamed_transcript_through_an_alias(client, pool, whisper):
     with CLIP.open("rb") as audio:
         events = list(client.audio.transcriptions.create(model=ALIAS, file=audio, stream=True))
     assert [event.type for event in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1)
