@@ -236,6 +236,29 @@ def cmd_embed(args) -> int:
     return 0
 
 
+# -- faces ---------------------------------------------------------------------------------
+def cmd_faces(args) -> int:
+    import json
+
+    from .models.face_detector import DetectorOptions
+    from .pipelines.faces import find_faces, load_face_detector
+
+    options = DetectorOptions(score_threshold=args.score_threshold)
+    detector = load_face_detector(args.model, args.detector, progress=_download_progress())
+    for photo in args.photos:
+        result = find_faces(photo, detector, options)
+        if args.format == "json":
+            print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
+            continue
+        print(f"{result.file} ({result.width}x{result.height}): {len(result.faces)} "
+              f"face{'' if len(result.faces) == 1 else 's'}")
+        for index, face in enumerate(result.faces, start=1):
+            x, y, width, height = face.box
+            print(f"  {index:>3}  x {x:7.1f}  y {y:7.1f}  w {width:7.1f}  h {height:7.1f}  "
+                  f"score {face.score:.3f}", flush=True)
+    return 0
+
+
 # -- models --------------------------------------------------------------------------------
 def cmd_models(args) -> int:
     from . import hub
@@ -392,6 +415,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--format", default="json", choices=("json", "matrix"),
                    help="json: the vectors; matrix: pairwise cosine similarities")
     e.set_defaults(func=cmd_embed)
+
+    f = sub.add_parser("faces", help="find faces in photos (face-api's networks)")
+    f.add_argument("photos", nargs="+", help="photo files (JPEG, PNG, WebP...)")
+    f.add_argument("--detector", default="tiny", choices=("tiny",),
+                   help="tiny: face-api's tiny face detector at 416 px")
+    f.add_argument("--score-threshold", type=float, default=0.5,
+                   help="the score a box needs to count as a face (0..1, default 0.5)")
+    f.add_argument("--model", default="face-api",
+                   help="registry name or a folder of face-api's model files")
+    f.add_argument("--format", default="json", choices=("json", "table"),
+                   help="json: one object per photo per line; table: one line per face")
+    f.set_defaults(func=cmd_faces)
 
     m = sub.add_parser("models", help="list the models the registry knows and what is cached")
     m.add_argument("--verify", action="store_true",

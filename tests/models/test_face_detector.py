@@ -11,8 +11,6 @@ as 8-bit pixels; io/image's resize is Pillow's bilinear on float values: not the
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
@@ -45,13 +43,12 @@ def detector(weights_dir):
 
 
 @pytest.fixture(scope="module")
-def peer(weights_dir):
+def peer(weights_dir, model_file):
     if not (FACE_API_DIST / "face-api.esm.js").is_file():
         pytest.skip("node_modules/@vladmandic/face-api is not installed: run `make test` "
                     "(npm ci)")
-    if shutil.which("chromium") is None and not shutil.os.path.exists("/usr/bin/chromium"):
-        pytest.skip("/usr/bin/chromium is not installed (apt-get install -y chromium)")
-    face_api = FaceApiPeer(weights_dir)
+    photos = model_file("face-api-demo-photos", PHOTOS[0]).parent
+    face_api = FaceApiPeer(weights_dir, "wasm", photos)
     yield face_api
     assert not face_api.errors, face_api.errors
     assert not face_api.blocked, face_api.blocked
@@ -87,6 +84,26 @@ def test_same_faces_as_face_api_on_the_same_tensor(peer, detector, model_file, p
         best = max(ours, key=lambda box: iou(box, face))
         assert iou(best, face) >= MIN_IOU, (photo, face, best)
         assert abs(best.score - face.score) <= SCORE_TOLERANCE
+
+
+# Given the photo itself, face-api resizes it on a canvas (the browser's resampling, 8-bit
+# pixels) where we resample floats as Pillow's bilinear does: boxes move by a few pixels at
+# 416. Measured on the six photos: the same faces, IoU 0.88-0.99 in the photo's pixels.
+MIN_IOU_OWN_PREPROCESSING = 0.85
+
+
+@pytest.mark.parametrize("photo", PHOTOS)
+def test_photo_pixels_agree_with_face_api_given_the_photo(peer, detector, model_file, photo):
+    from candle_web.pipelines.faces import find_faces
+
+    path = model_file("face-api-demo-photos", photo)
+    ours = find_faces(path, detector)
+    theirs = peer.tiny_face_detector_on_photo(photo)
+    assert len(ours.faces) == len(theirs)
+    as_box = lambda x, y, w, h, score: FaceBox(x, y, w, h, score)  # noqa: E731
+    for face in theirs:
+        best = max(iou(as_box(*own.box, own.score), as_box(*face)) for own in ours.faces)
+        assert best >= MIN_IOU_OWN_PREPROCESSING, (photo, face)
 
 
 def test_options_are_checked():

@@ -1,0 +1,90 @@
+"""Photos in, faces out: face-api's networks (models/face_detector.py) on a photo decoded and
+resized by the package (io/image.py), with answers in face-api's names and units.
+
+    detector = load_face_detector()                 # registry "face-api", or a local folder
+    result = find_faces("group.jpg", detector)
+    result.to_json()  # {"file", "width", "height", "faces": [{"box": [x, y, w, h], "score"}]}
+
+Boxes are in the photo's own pixels (top-left corner, width, height), as face-api's
+`detection.box`. The photo is padded to a square below/right and resized to 416 (face-api's
+TinyFaceDetectorOptions default input size), so a box comes back by one scale factor. Only the
+detector is built so far: landmarks, descriptors, age/gender and expressions (issue 34) add
+their keys to a face's JSON when they are asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import hub
+from ..core.errors import InvalidOption, ModelNotFound
+from ..io.image import load_rgb, square_input
+from ..models.face_detector import INPUT_SIZE, DetectorOptions, TinyFaceDetector
+
+DEFAULT_FACE_MODELS = "face-api"
+DETECTOR_FILES = {"tiny": ("tiny_face_detector_model-weights_manifest.json",
+                           "tiny_face_detector_model.bin")}
+DETECTORS = tuple(DETECTOR_FILES)
+
+
+@dataclass
+class Face:
+    box: tuple  # (x, y, width, height) in the photo's pixels
+    score: float
+
+    def to_json(self) -> dict:
+        return {"box": [round(value, 2) for value in self.box], "score": round(self.score, 6)}
+
+
+@dataclass
+class PhotoFaces:
+    file: str
+    width: int
+    height: int
+    faces: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "width": self.width, "height": self.height,
+                "faces": [face.to_json() for face in self.faces]}
+
+
+def _model_file(source, filename: str, progress) -> Path:
+    """A file of the face models: from a local folder, or fetched from the registry."""
+    if isinstance(source, os.PathLike) or os.sep in str(source) or Path(source).is_dir():
+        path = Path(source) / filename
+        if not path.is_file():
+            raise ModelNotFound(f"faces: {path} not found (a face-api model folder holds "
+                                f"{filename})")
+        return path
+    return hub.fetch(str(source), filename, progress=progress)
+
+
+def load_face_detector(source=DEFAULT_FACE_MODELS, detector: str = "tiny",
+                       progress=None) -> TinyFaceDetector:
+    """The face detector `detector` from a registry name (default: face-api) or a folder of
+    face-api's model files."""
+    if detector not in DETECTOR_FILES:
+        raise InvalidOption(f"faces: detector {detector!r} is not one of {', '.join(DETECTORS)}")
+    manifest, shard = DETECTOR_FILES[detector]
+    _model_file(source, shard, progress)  # fetched (and verified) next to its manifest
+    return TinyFaceDetector.load(_model_file(source, manifest, progress))
+
+
+def detect_faces(detector: TinyFaceDetector, rgb, options: DetectorOptions = DetectorOptions()
+                 ) -> list:
+    """The faces in an [h, w, 3] RGB photo, highest score first, boxes in its pixels."""
+    tensor, factor = square_input(rgb, INPUT_SIZE)
+    side = factor * INPUT_SIZE  # the padded square's side, in the photo's pixels
+    return [Face((box.x * side, box.y * side, box.width * side, box.height * side), box.score)
+            for box in detector.detect(tensor, options)]
+
+
+def find_faces(photo, detector: TinyFaceDetector,
+               options: DetectorOptions = DetectorOptions()) -> PhotoFaces:
+    """Decode one photo (path or bytes) and find its faces."""
+    rgb = load_rgb(photo)
+    name = "<bytes>" if isinstance(photo, (bytes, bytearray, memoryview)) else os.fspath(photo)
+    return PhotoFaces(name, int(rgb.shape[1]), int(rgb.shape[0]),
+                      detect_faces(detector, rgb, options))
