@@ -70,7 +70,8 @@
  *       {type: "json_schema", json_schema: {name, schema, strict}}): every token is constrained
  *       by web-xgrammar (loaded on first use, worker/grammar.js); progress {event: "grammar",
  *       data: {state}} while it compiles; the result adds grammar: {engine, kind, compileMs,
- *       cached}; a schema the engine cannot enforce is a GrammarError / UnsupportedSchema
+ *       cached, steps, fillMsPerStep, acceptMsPerStep (the JS calls' cost per decode step)};
+ *       a schema the engine cannot enforce is a GrammarError / UnsupportedSchema
  *       naming its path
  *   chat {model, messages: [{role, content}] (ending with the user message to answer),
  *         context?, options}   one turn of the Chat view; the KV cache carries over
@@ -366,7 +367,7 @@ async function handleRun(message) {
       const grammar = message.responseFormat != null ? await prepareResponseFormat(id, session, message) : null;
       reply = session.run(message.model ?? null, request, onEvent);
       const taken = takeReply(reply);
-      if (grammar !== null) taken.payload.grammar = grammar;
+      if (grammar !== null) taken.payload.grammar = { ...grammar, ...JSON.parse(session.grammar_stats_json()) };
       taken.payload.heap = { startBytes, endBytes: wasmHeapBytes() };
       return taken;
     } finally {

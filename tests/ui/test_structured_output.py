@@ -90,10 +90,15 @@ def test_page_json_schema_answer_has_native_ids_and_validates(ready_page, native
     want = native_twin.result()["results"][0]
     assert got["promptIds"] == want["promptIds"]
     assert got["tokenIds"] == want["tokenIds"], (got["text"], want["text"])
+    # Every step was masked by the page's engine: each answer token and the end token.
+    grammar = got["grammar"]
+    assert grammar["steps"] == len(got["tokenIds"]) + 1
+    step_ms = got["timings"]["decodeMs"] / len(got["tokenIds"])
     report(f"[ui] Answer as JSON (SmolLM2 Q4_1, greedy, 3-field schema): {len(got['tokenIds'])} "
-           f"ids equal native xgrammar's; web-xgrammar load + compile "
-           f"{got['grammar']['compileMs']:.0f} ms; decode "
-           f"{got['timings']['tokensPerSecond']:.2f} tok/s in the page: {got['text']!r}")
+           f"ids equal native xgrammar's; web-xgrammar load + compile {grammar['compileMs']:.0f} "
+           f"ms; per step: mask {grammar['fillMsPerStep']:.2f} ms + accept "
+           f"{grammar['acceptMsPerStep']:.2f} ms in JS calls, of a {step_ms:.0f} ms decode step "
+           f"({got['timings']['tokensPerSecond']:.2f} tok/s): {got['text']!r}")
 
 
 def test_bad_schema_is_shown_by_the_field_naming_the_bad_part(ready_page):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 import numpy as np
 
@@ -76,6 +77,7 @@ def grammar_plan(llama, tokenizer, response_format, bridge) -> dict | None:
     if constraint is None:
         return None
     use_page_engine(bridge)
+    _engine[0].stats = new_stats()
     vocabulary = page_vocabulary(llama, tokenizer)
     return {"vocabularyKey": vocabulary.fingerprint,
             "grammarKey": grammar_key(vocabulary, constraint),
@@ -92,6 +94,22 @@ def vocabulary_json(llama, tokenizer) -> str:
 
 
 _engine = [None]
+
+
+def new_stats() -> dict:
+    """What one request's grammar calls cost in the page: steps masked, and the seconds spent in
+    the JS calls that fill the mask (web-xgrammar's matcher plus the copy) and accept tokens."""
+    return {"steps": 0, "fillSeconds": 0.0, "acceptSeconds": 0.0}
+
+
+def request_stats() -> dict:
+    """The last request's grammar cost per step, in milliseconds ({} before any)."""
+    engine = _engine[0]
+    if engine is None or not engine.stats["steps"]:
+        return {}
+    steps = engine.stats["steps"]
+    return {"steps": steps, "fillMsPerStep": engine.stats["fillSeconds"] * 1000.0 / steps,
+            "acceptMsPerStep": engine.stats["acceptSeconds"] * 1000.0 / steps}
 
 
 def use_page_engine(bridge) -> None:
@@ -111,6 +129,7 @@ class PageGrammarEngine(GrammarEngine):
         super().__init__()
         self.bridge = bridge
         self.generation = {}  # key -> how many matchers were made on its one JS matcher
+        self.stats = new_stats()
 
     def compile(self, vocabulary, constraint):
         key = grammar_key(vocabulary, constraint)
@@ -139,12 +158,18 @@ class PageMatcher(Matcher):
 
     def fill_next_token_bitmask(self, bitmask: np.ndarray) -> None:
         self._check()
+        started = time.perf_counter()
         # One JS call: the words as an Int32Array, copied into the loop's own int32 array.
         self.bridge.fill(self.key).assign_to(bitmask)
+        self.engine.stats["steps"] += 1
+        self.engine.stats["fillSeconds"] += time.perf_counter() - started
 
     def accept_token(self, token_id: int) -> bool:
         self._check()
-        return bool(self.bridge.accept(self.key, int(token_id)))
+        started = time.perf_counter()
+        accepted = bool(self.bridge.accept(self.key, int(token_id)))
+        self.engine.stats["acceptSeconds"] += time.perf_counter() - started
+        return accepted
 
     def is_terminated(self) -> bool:
         self._check()

@@ -169,6 +169,12 @@ class LlamaSession(Session):
         llama, tokenizer = self.loaded(key)
         return json.dumps(grammar_plan(llama, tokenizer, python_value(response_format), bridge))
 
+    def grammar_stats_json(self) -> str:
+        """The last constrained request's grammar cost per step (JSON; {} before any)."""
+        from candle_web.worker.grammar import request_stats
+
+        return json.dumps(request_stats())
+
     def grammar_vocabulary_json(self, key: str) -> str:
         """Model `key`'s vocabulary as web-xgrammar's TokenizerInfo takes it (JSON)."""
         from candle_web.worker.grammar import vocabulary_json
