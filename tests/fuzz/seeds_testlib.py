@@ -897,9 +897,36 @@ def pytorch_seeds() -> list:
     return seeds
 
 
+# -- TensorFlow.js weights manifests ----------------------------------------------------------
+FACE_API_MANIFESTS = ("tiny_face_detector_model-weights_manifest.json",
+                      "ssd_mobilenetv1_model-weights_manifest.json",
+                      "face_landmark_68_tiny_model-weights_manifest.json",
+                      "age_gender_model-weights_manifest.json")
+
+
+def face_api_files(suffix: str) -> list:
+    """The cached face-api model files ending in `suffix` (registry model face-api)."""
+    names = [file.name for file in hub.default_registry()["face-api"].files
+             if file.name.endswith(suffix)]
+    return [path for path in (cached("face-api", name) for name in names) if path is not None]
+
+
+def tfjs_seeds() -> list:
+    """Real manifests (a quantized detector, one with int32 weights, two small nets): the
+    whole file is JSON, its shard sizes the real ones."""
+    seeds = []
+    for name in FACE_API_MANIFESTS:
+        path = cached("face-api", name)
+        if path is not None:
+            data = path.read_bytes()
+            seeds.append(Seed(name, data, json_span=(0, len(data))))
+    return seeds
+
+
 SEED_BUILDERS = {"tokenizer": tokenizer_seeds, "config": config_seeds, "gguf": gguf_seeds,
                  "ct2": ct2_seeds, "safetensors": safetensors_seeds, "npy": npy_seeds,
-                 "npz": npz_seeds, "wav": wav_seeds, "pytorch": pytorch_seeds}
+                 "npz": npz_seeds, "wav": wav_seeds, "pytorch": pytorch_seeds,
+                 "tfjs": tfjs_seeds}
 
 
 

@@ -152,6 +152,27 @@ def pytorch(data: bytes) -> None:
     open_weights(data).names()
 
 
+# -- TensorFlow.js weights --------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _face_api_shards() -> dict:
+    """The real .bin shards of face-api's models, by the name their manifests give them."""
+    from tests.fuzz import seeds_testlib
+
+    return {path.name: path.read_bytes() for path in seeds_testlib.face_api_files(".bin")}
+
+
+def tfjs(data: bytes) -> None:
+    """A (mutated) weights manifest over the real shards: TfjsWeights, then decode each small
+    weight, as the face models load them."""
+    from candle_web.io.tfjs import TfjsWeights
+
+    weights = TfjsWeights(data, _face_api_shards(), "fuzz")
+    for name in weights.names[:MAX_TENSORS_READ]:
+        if weights.info(name).nbytes <= MAX_MATERIALISED_BYTES:
+            weights.get_numpy(name)
+            weights.get(name)
+
+
 # -- WAV ---------------------------------------------------------------------------------------
 def wav(data: bytes) -> None:
     """The header alone (as the browser's streaming reader does), read_wav, then load_audio
@@ -269,6 +290,7 @@ TARGETS = {t.name: t for t in (
     Target("npz", npz, "npz", "NpzFile + get_numpy/get"),
     Target("pytorch", pytorch, "pytorch", "TorchCheckpoint (zip + legacy) + get_numpy/get"),
     Target("wav", wav, "wav", "parse_wav_header + read_wav + load_audio"),
+    Target("tfjs", tfjs, "tfjs", "TfjsWeights (manifest over real shards) + get_numpy/get"),
     Target("config.bert", config_bert, "config", "bert config.json", kind="bert"),
     Target("config.t5", config_t5, "config", "t5 config.json", kind="t5"),
     Target("config.llama", config_llama, "config", "llama config.json (Llama.from_pretrained)",

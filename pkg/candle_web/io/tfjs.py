@@ -114,7 +114,7 @@ def _parse_quantization(source: str, name: str, raw) -> Quantization:
     if not isinstance(raw, dict):
         raise _fail(source, f"{where}: expected an object, got {type(raw).__name__}")
     kind = raw.get("dtype")
-    if kind not in _QUANTIZED:
+    if not isinstance(kind, str) or kind not in _QUANTIZED:
         raise _fail(source, f"{where}.dtype: {kind!r:.40} is not one of "
                             f"{', '.join(_QUANTIZED)}")
     if kind == "float16":
@@ -138,7 +138,7 @@ def _parse_weight(source: str, group: int, offset: int, raw) -> WeightInfo:
     if dtype in _REFUSED_DTYPES:
         raise UnsupportedError(f"tfjs manifest {source}: weight {name!r} has dtype {dtype}; "
                                f"only float32 and int32 weights are read")
-    if dtype not in _PLAIN:
+    if not isinstance(dtype, str) or dtype not in _PLAIN:
         raise _fail(source, f"weight {name!r} field 'dtype': {dtype!r:.40} is not a "
                             f"TensorFlow.js dtype")
     shape = raw.get("shape")
