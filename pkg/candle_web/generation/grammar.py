@@ -42,6 +42,10 @@ BITS_PER_WORD = 32
 COMPILED_CACHE_SIZE = 64
 # Schemas nest; a deeper one is a hostile request, not a data model.
 MAX_SCHEMA_DEPTH = 64
+# The longest run of whitespace allowed between JSON tokens: pretty-printing 7 levels deep with
+# 4-space indents fits; a model that would pad for ever (SmolLM2's random-weight twin in the
+# tests filled its whole context with spaces) has to move on. Both engines take this bound.
+MAX_WHITESPACE = 32
 GRAMMAR_EXTRA_HINT = "structured outputs need the grammar extra: pip install 'candle-web[grammar]'"
 
 
@@ -81,6 +85,7 @@ _ENFORCED_FORMATS = frozenset({
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SCHEMA_LISTS = ("anyOf", "prefixItems")
 _SCHEMA_VALUES = ("items", "additionalProperties", "unevaluatedItems", "propertyNames")
+JSON_OBJECT = {"type": "object"}  # what response_format json_object asks for
 _JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
 
@@ -110,7 +115,7 @@ def _walk_schema(schema, path: str, found: list, depth: int) -> None:
         if key == "format" and value not in _ENFORCED_FORMATS:
             found.append((f"format: {value}", path))
         elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-            found.append((f"$ref: {str(value)[:60]} (only local '#/...' references)", path))
+            found.append((f"$ref: {str(value)[:60]}", path))  # only '#/...' is followed
         elif key == "type":
             for name in value if isinstance(value, list) else [value]:
                 if name not in _JSON_TYPES:
@@ -149,7 +154,8 @@ class Constraint:
     text in which each trigger string (a prefix of some tag's begin) starts one of `tags`;
     `at_least_one`: the text must hold a tag (tool_choice "required"/named: the text begins
     with one); `stop_after_first`: the output ends after the first tag. "ebnf": `grammar` in
-    the GBNF dialect both engines read."""
+    the GBNF dialect both engines read. `max_whitespace`: the longest whitespace run between JSON
+    tokens (json_object, json_schema)."""
     kind: str
     schema: dict = None
     strict: bool = False
@@ -159,6 +165,7 @@ class Constraint:
     at_least_one: bool = False
     stop_after_first: bool = False
     grammar: str = None
+    max_whitespace: int = MAX_WHITESPACE
     key: str = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
@@ -194,7 +201,8 @@ class Constraint:
         return {"kind": self.kind, "schema": self.schema, "strict": self.strict,
                 "tags": [{"begin": t.begin, "schema": t.schema, "end": t.end} for t in self.tags],
                 "triggers": list(self.triggers), "at_least_one": self.at_least_one,
-                "stop_after_first": self.stop_after_first, "grammar": self.grammar}
+                "stop_after_first": self.stop_after_first, "grammar": self.grammar,
+                "max_whitespace": self.max_whitespace}
 
     @staticmethod
     def json_object() -> "Constraint":
@@ -515,11 +523,12 @@ class XGrammarEngine(GrammarEngine):
     def compile(self, vocabulary: TokenVocabulary, constraint: Constraint):
         compiler = self._compiler(vocabulary)
         try:
-            if constraint.kind == "json_object":
-                return compiler.compile_builtin_json_grammar()
-            if constraint.kind == "json_schema":
-                return compiler.compile_json_schema(json.dumps(constraint.schema),
-                                                    strict_mode=constraint.strict)
+            if constraint.kind in ("json_object", "json_schema"):
+                # json_object: an object (xgrammar's builtin JSON grammar takes any value).
+                schema = constraint.schema if constraint.kind == "json_schema" else JSON_OBJECT
+                return compiler.compile_json_schema(
+                    json.dumps(schema), strict_mode=constraint.strict,
+                    max_whitespace_cnt=constraint.max_whitespace)
             if constraint.kind == "ebnf":
                 return compiler.compile_grammar(constraint.grammar)
             return compiler.compile_structural_tag(_xgrammar_structural_tag(constraint))
