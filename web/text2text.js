@@ -25,7 +25,11 @@ const DEMO = {
   taskLabel: "Spell out a number (the demo model's only task)",
   example: "4821",
   note: "A demo T5 trained in a few minutes by candle-web's own autograd on a synthetic task: it spells out whole numbers from 0 to 9999 and nothing else; it is not a language model.",
+  // Listed (not choosable) where this server has not trained it: the offline way to see the
+  // view work, and what to do for it.
+  notHere: "not trained on this server yet: `make demo` trains it in a minute or two",
 };
+const HUB_REVISION = /^[0-9a-f]{40}$/;
 // How often the view asks how the demo model's training goes: it takes minutes, so a few
 // seconds is timely, and the two requests cost nothing.
 const TRAINING_POLL_MS = 3000;
@@ -86,6 +90,17 @@ function makeTrainingNote(after) {
   return note;
 }
 
+// Why Run is disabled, beside it (and the button described by it).
+function makeRunNote(button) {
+  const note = document.createElement("p");
+  note.id = "t2t-run-note";
+  note.className = "note";
+  note.hidden = true;
+  button.closest(".actions").after(note);
+  button.setAttribute("aria-describedby", note.id);
+  return note;
+}
+
 class Text2textView {
   constructor(client) {
     const $ = (id) => document.getElementById(id);
@@ -112,14 +127,31 @@ class Text2textView {
       userEdited: false, // model, task or input changed by the user: a late demo model must not switch them
     };
     this.trainingNote = makeTrainingNote(this.ui.modelNote);
+    this.runNote = makeRunNote(this.ui.button);
     this.jobs = new ViewJobs({ client, status: this.status, state: this.state, refresh: () => this.refreshButtons() });
+  }
+
+  // Why Run cannot run the chosen source yet, or null: a folder or a Hub repository and
+  // commit still to be given (the registry's models and the served demo are ready to run).
+  missingSource() {
+    const { ui } = this;
+    if (ui.source.value === SOURCE_FOLDER && ui.folder.value.trim() === "") {
+      return "Run needs a model: give the folder on this server that holds a T5, or choose another source.";
+    }
+    if (ui.source.value === SOURCE_HUB && (!ui.repo.value.trim().includes("/") || !HUB_REVISION.test(ui.revision.value.trim()))) {
+      return "Run needs a model: give the Hub repository (owner/name) and its 40-character commit, or choose another source.";
+    }
+    return null;
   }
 
   refreshButtons() {
     const { ui, state } = this;
-    ui.button.disabled = state.busy || !state.runtimeReady;
+    const missing = this.missingSource();
+    ui.button.disabled = state.busy || !state.runtimeReady || missing !== null;
     ui.stop.disabled = !state.busy;
     ui.source.disabled = state.busy;
+    this.runNote.textContent = state.runtimeReady && !state.busy && missing !== null ? missing : "";
+    this.runNote.hidden = this.runNote.textContent === "";
   }
 
   showSourceFields() {
@@ -280,10 +312,9 @@ class Text2textView {
   // The demo model as a source option, selected with its task when nothing better is there.
   offerDemo(selectIt) {
     const { ui } = this;
-    const option = document.createElement("option");
-    option.value = SOURCE_DEMO;
+    const option = this.demoOption();
     option.textContent = DEMO.label;
-    ui.source.prepend(option);
+    option.disabled = false;
     const task = document.createElement("option");
     task.value = DEMO.task;
     task.textContent = DEMO.taskLabel;
@@ -293,6 +324,26 @@ class Text2textView {
     ui.task.value = DEMO.task;
     if (ui.input.value === ui.input.defaultValue) ui.input.value = DEMO.example;
     ui.modelNote.textContent = DEMO.note;
+    this.refreshButtons();
+  }
+
+  // The demo's option, made (first in the list) if it is not there yet.
+  demoOption() {
+    const { ui } = this;
+    let option = ui.source.querySelector(`option[value="${SOURCE_DEMO}"]`);
+    if (option === null) {
+      option = document.createElement("option");
+      option.value = SOURCE_DEMO;
+      ui.source.prepend(option);
+    }
+    return option;
+  }
+
+  // The demo listed but not choosable where this server has not trained it.
+  listUnservedDemo() {
+    const option = this.demoOption();
+    option.textContent = `${DEMO.label}: ${DEMO.notHere.replaceAll("`", "")}`;
+    option.disabled = true;
   }
 
   async showModels() {
@@ -309,6 +360,7 @@ class Text2textView {
       ui.source.prepend(ui.source.querySelector(`option[value="${CSS.escape(name)}"]`));
     }
     if (demo) this.offerDemo(state.registryModels.length === 0);
+    else this.listUnservedDemo();
     if (state.registryModels.length > 0) {
       ui.source.value = state.registryModels[0];
     } else {
@@ -316,6 +368,7 @@ class Text2textView {
       ui.hint.hidden = false;
     }
     this.showSourceFields();
+    this.refreshButtons();
     if (!demo && progress) this.followTraining(progress);
   }
 }
@@ -326,6 +379,9 @@ export function setUpText2text(client, ready) {
   const run = () => jobs.run(() => view.prepare());
   const stop = () => jobs.stop();
   ui.source.addEventListener("change", () => view.showSourceFields());
+  for (const field of [ui.source, ui.folder, ui.repo, ui.revision]) {
+    field.addEventListener(field === ui.source ? "change" : "input", () => view.refreshButtons());
+  }
   for (const [element, event] of [[ui.source, "change"], [ui.task, "change"], [ui.input, "input"]]) {
     element.addEventListener(event, () => { state.userEdited = true; });
   }
