@@ -241,12 +241,14 @@ def cmd_faces(args) -> int:
     import json
 
     from .models.face_detector import DetectorOptions
-    from .pipelines.faces import find_faces, load_face_detector
+    from .pipelines.faces import find_faces, load_face_detector, load_landmark_net
 
     options = DetectorOptions(score_threshold=args.score_threshold)
     detector = load_face_detector(args.model, args.detector, progress=_download_progress())
+    landmark_net = (load_landmark_net(args.model, progress=_download_progress())
+                    if args.landmarks else None)
     for photo in args.photos:
-        result = find_faces(photo, detector, options)
+        result = find_faces(photo, detector, options, landmark_net)
         if args.format == "json":
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
             continue
@@ -422,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny: face-api's tiny face detector at 416 px")
     f.add_argument("--score-threshold", type=float, default=0.5,
                    help="the score a box needs to count as a face (0..1, default 0.5)")
+    f.add_argument("--landmarks", action="store_true",
+                   help="add each face's 68 landmarks (face-api's face_landmark_68 net)")
     f.add_argument("--model", default="face-api",
                    help="registry name or a folder of face-api's model files")
     f.add_argument("--format", default="json", choices=("json", "table"),

@@ -107,6 +107,7 @@ class FaceApiPeer:
         self.page.wait_for_function("window.peerReady === true", timeout=60_000)
         self.page.evaluate("""async () => {
             await faceapi.nets.tinyFaceDetector.loadFromUri('/model');
+            await faceapi.nets.faceLandmark68Net.loadFromUri('/model');
         }""")
 
     def _guard(self, route):
@@ -138,6 +139,19 @@ class FaceApiPeer:
             tensor.dispose();
             return faces.map((f) => [f.box.x, f.box.y, f.box.width, f.box.height, f.score]);
         }""", [data, list(image.shape), score_threshold])
+
+    def landmarks_68(self, face: np.ndarray) -> np.ndarray:
+        """face-api's 68-point landmark net on one [112, 112, 3] float32 crop: [68, 2] in the
+        crop's units (face-api neither pads nor resizes a square tensor at 112)."""
+        data = base64.b64encode(np.ascontiguousarray(face, dtype="<f4").tobytes()).decode()
+        points = self.page.evaluate("""async ([data, shape]) => {
+            const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+            const tensor = faceapi.tf.tensor3d(new Float32Array(bytes.buffer), shape, 'float32');
+            const landmarks = await faceapi.nets.faceLandmark68Net.detectLandmarks(tensor);
+            tensor.dispose();
+            return landmarks.relativePositions.map((p) => [p.x, p.y]);
+        }""", [data, list(face.shape)])
+        return np.array(points, dtype=np.float64)
 
     def tiny_face_detector_on_photo(self, name: str, score_threshold: float = 0.5) -> list:
         """face-api's tiny detector given the photo itself (an <img>: face-api's own canvas

@@ -57,6 +57,23 @@ def test_boxes_follow_the_photo_when_it_is_scaled(detector, photo):
         np.testing.assert_allclose(np.array(b.box) * 2, a.box, atol=2 * 1920 / 416)
 
 
+def test_landmarks_only_when_asked_in_the_photo_pixels(photo, capsys):
+    assert main(["faces", str(photo), "--landmarks"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["faces"]) == 3
+    for face in result["faces"]:
+        assert set(face) == {"box", "score", "landmarks"}
+        points = np.array(face["landmarks"])
+        assert points.shape == (68, 2)
+        x, y, width, height = face["box"]
+        # The jaw line runs to the box's edges and the brows sit near its top: every point
+        # lies within the box grown by a fifth of its size.
+        assert (points[:, 0] > x - width / 5).all() and (points[:, 0] < x + width * 1.2).all()
+        assert (points[:, 1] > y - height / 5).all() and (points[:, 1] < y + height * 1.2).all()
+        # iBUG 300-W order: point 0 is the jaw's start on the image's left, 16 its end.
+        assert points[0, 0] < points[16, 0]
+
+
 def test_table_and_refusals(photo, tmp_path, capsys):
     assert main(["faces", str(photo), "--format", "table"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -4,12 +4,16 @@ resized by the package (io/image.py), with answers in face-api's names and units
     detector = load_face_detector()                 # registry "face-api", or a local folder
     result = find_faces("group.jpg", detector)
     result.to_json()  # {"file", "width", "height", "faces": [{"box": [x, y, w, h], "score"}]}
+    find_faces("group.jpg", detector, landmark_net=load_landmark_net())  # + "landmarks"
 
 Boxes are in the photo's own pixels (top-left corner, width, height), as face-api's
 `detection.box`. The photo is padded to a square below/right and resized to 416 (face-api's
-TinyFaceDetectorOptions default input size), so a box comes back by one scale factor. Only the
-detector is built so far: landmarks, descriptors, age/gender and expressions (issue 34) add
-their keys to a face's JSON when they are asked for.
+TinyFaceDetectorOptions default input size), so a box comes back by one scale factor.
+Landmarks (68 [x, y] points, face-api's `landmarks.positions`) come from each face's box cut
+from the photo, padded to a square around its centre and resized to 112; they are placed back
+where that crop lies in the photo (face-api shifts them by the unfloored box corner instead, up
+to a pixel away from the crop it read). Descriptors, age/gender and expressions (issue 34) are
+not built yet.
 """
 
 from __future__ import annotations
@@ -22,20 +26,26 @@ from .. import hub
 from ..core.errors import InvalidOption, ModelNotFound
 from ..io.image import load_rgb, square_input
 from ..models.face_detector import INPUT_SIZE, DetectorOptions, TinyFaceDetector
+from ..models.face_landmarks import FaceLandmark68Net, face_input
 
 DEFAULT_FACE_MODELS = "face-api"
 DETECTOR_FILES = {"tiny": ("tiny_face_detector_model-weights_manifest.json",
                            "tiny_face_detector_model.bin")}
 DETECTORS = tuple(DETECTOR_FILES)
+LANDMARK_FILES = ("face_landmark_68_model-weights_manifest.json", "face_landmark_68_model.bin")
 
 
 @dataclass
 class Face:
     box: tuple  # (x, y, width, height) in the photo's pixels
     score: float
+    landmarks: list | None = None  # 68 (x, y) in the photo's pixels, when asked for
 
     def to_json(self) -> dict:
-        return {"box": [round(value, 2) for value in self.box], "score": round(self.score, 6)}
+        out = {"box": [round(value, 2) for value in self.box], "score": round(self.score, 6)}
+        if self.landmarks is not None:
+            out["landmarks"] = [[round(x, 2), round(y, 2)] for x, y in self.landmarks]
+        return out
 
 
 @dataclass
@@ -72,19 +82,37 @@ def load_face_detector(source=DEFAULT_FACE_MODELS, detector: str = "tiny",
     return TinyFaceDetector.load(_model_file(source, manifest, progress))
 
 
-def detect_faces(detector: TinyFaceDetector, rgb, options: DetectorOptions = DetectorOptions()
-                 ) -> list:
+def load_landmark_net(source=DEFAULT_FACE_MODELS, progress=None) -> FaceLandmark68Net:
+    """face-api's 68-point landmark net from a registry name or a folder."""
+    manifest, shard = LANDMARK_FILES
+    _model_file(source, shard, progress)
+    return FaceLandmark68Net.load(_model_file(source, manifest, progress))
+
+
+def face_landmarks(net: FaceLandmark68Net, rgb, box) -> list:
+    """The 68 landmarks of the face in `box`, as (x, y) in the photo's pixels."""
+    crop, (left, top, side) = face_input(rgb, box)
+    return [(left + u * side, top + v * side) for u, v in net.forward(crop).tolist()]
+
+
+def detect_faces(detector: TinyFaceDetector, rgb, options: DetectorOptions = DetectorOptions(),
+                 landmark_net: FaceLandmark68Net | None = None) -> list:
     """The faces in an [h, w, 3] RGB photo, highest score first, boxes in its pixels."""
     tensor, factor = square_input(rgb, INPUT_SIZE)
     side = factor * INPUT_SIZE  # the padded square's side, in the photo's pixels
-    return [Face((box.x * side, box.y * side, box.width * side, box.height * side), box.score)
-            for box in detector.detect(tensor, options)]
+    faces = [Face((box.x * side, box.y * side, box.width * side, box.height * side), box.score)
+             for box in detector.detect(tensor, options)]
+    if landmark_net is not None:
+        for face in faces:
+            face.landmarks = face_landmarks(landmark_net, rgb, face.box)
+    return faces
 
 
-def find_faces(photo, detector: TinyFaceDetector,
-               options: DetectorOptions = DetectorOptions()) -> PhotoFaces:
-    """Decode one photo (path or bytes) and find its faces."""
+def find_faces(photo, detector: TinyFaceDetector, options: DetectorOptions = DetectorOptions(),
+               landmark_net: FaceLandmark68Net | None = None) -> PhotoFaces:
+    """Decode one photo (path or bytes) and find its faces (with their landmarks when given
+    the landmark net)."""
     rgb = load_rgb(photo)
     name = "<bytes>" if isinstance(photo, (bytes, bytearray, memoryview)) else os.fspath(photo)
     return PhotoFaces(name, int(rgb.shape[1]), int(rgb.shape[0]),
-                      detect_faces(detector, rgb, options))
+                      detect_faces(detector, rgb, options, landmark_net))

@@ -1,0 +1,158 @@
+"""face-api's 68-point face landmark net (face-api 1.7.15, `face_landmark_68_model`, MIT; 357 KB
+of uint8-quantized TensorFlow.js weights): where the jaw, brows, nose, eyes and mouth are in a
+face crop, the 68 points of the iBUG 300-W scheme.
+
+The network, on a 112x112 face crop (padded to a square around its centre, then resized:
+`face_input`), channels first:
+
+    (x - MEAN_RGB) / 255                                   [1, 3, 112, 112]
+    dense0: 3x3 conv 3->32 stride 2, + bias, ReLU = a      [1, 32, 56, 56]
+            b = sep(a); c = sep(relu(a + b)); d = sep(relu(a + b + c))
+            out = relu(a + b + c + d)
+    dense1, dense2, dense3: the same block, its first layer a depthwise-separable conv with
+            stride 2: 32->64 [28], 64->128 [14], 128->256 [7]
+    7x7 average pool                                       [1, 256]
+    fc 256 -> 136, + bias: (x, y) of the 68 points, in units of the crop (0..1)
+
+sep(x) is a 3x3 depthwise conv, a 1x1 pointwise conv and a bias, no activation. A stride-2
+convolution pads as TensorFlow's "same" does on an even size: one row/column of zeros at the
+bottom/right only. A stride-1 one pads one all round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.errors import FormatError, InvalidOption
+from ..core.tensor import Tensor
+from ..io.image import resize
+
+INPUT_SIZE = 112
+MEAN_RGB = (122.782, 117.001, 104.298)
+POINTS = 68
+# (input, output) channels of the four dense blocks.
+BLOCKS = ((3, 32), (32, 64), (64, 128), (128, 256))
+LAYERS_PER_BLOCK = 4
+
+
+def _expect(weights, name: str, shape: tuple) -> np.ndarray:
+    if name not in weights:
+        raise FormatError(f"face landmark net: weight {name!r} is missing")
+    value = weights.get_numpy(name)
+    if value.shape != shape:
+        raise FormatError(f"face landmark net: weight {name!r} has shape "
+                          f"{list(value.shape)}, expected {list(shape)}")
+    return value
+
+
+def _conv_kernel(hwio: np.ndarray) -> Tensor:
+    """TensorFlow's [kh, kw, in, out] kernel as conv2d's [out, in, kh, kw]."""
+    return Tensor.from_numpy(np.ascontiguousarray(hwio.transpose(3, 2, 0, 1)))
+
+
+def _bias(values: np.ndarray) -> Tensor:
+    return Tensor.from_numpy(values.reshape(1, -1, 1, 1))
+
+
+class _Separable:
+    """3x3 depthwise conv, 1x1 pointwise conv, + bias (no activation)."""
+
+    def __init__(self, weights, prefix: str, c_in: int, c_out: int):
+        # [3, 3, c_in, 1] -> [c_in, 1, 3, 3]: one 3x3 filter per channel (groups = c_in).
+        self.depthwise = _conv_kernel(_expect(weights, f"{prefix}/depthwise_filter",
+                                              (3, 3, c_in, 1))).transpose(0, 1).contiguous()
+        self.pointwise = _conv_kernel(_expect(weights, f"{prefix}/pointwise_filter",
+                                              (1, 1, c_in, c_out)))
+        self.bias = _bias(_expect(weights, f"{prefix}/bias", (c_out,)))
+
+    def __call__(self, x: Tensor, stride: int = 1) -> Tensor:
+        x = _same_padding(x, stride).conv2d(self.depthwise, stride=stride,
+                                            groups=self.depthwise.dims()[0])
+        return x.conv2d(self.pointwise).broadcast_add(self.bias)
+
+
+class _DenseBlock:
+    def __init__(self, weights, prefix: str, c_in: int, c_out: int, first: bool):
+        self.first = first
+        if first:  # a full 3x3 convolution on the RGB input
+            self.conv0 = _conv_kernel(_expect(weights, f"{prefix}/conv0/filters",
+                                              (3, 3, c_in, c_out)))
+            self.conv0_bias = _bias(_expect(weights, f"{prefix}/conv0/bias", (c_out,)))
+        else:
+            self.conv0 = _Separable(weights, f"{prefix}/conv0", c_in, c_out)
+        self.rest = [_Separable(weights, f"{prefix}/conv{index}", c_out, c_out)
+                     for index in range(1, LAYERS_PER_BLOCK)]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.first:
+            x = _same_padding(x, 2).conv2d(self.conv0, stride=2).broadcast_add(self.conv0_bias)
+        else:
+            x = self.conv0(x, stride=2)
+        total = x.relu()
+        for layer in self.rest:  # each layer reads the ReLU of the sum of all outputs so far
+            total = total + layer(total.relu())
+        return total.relu()
+
+
+def _same_padding(x: Tensor, stride: int) -> Tensor:
+    """TensorFlow's "same" padding for a 3x3 kernel on an even size: 1 all round at stride 1;
+    at stride 2, a single row/column at the bottom/right."""
+    if stride == 1:
+        return x.pad_with_zeros(2, 1, 1).pad_with_zeros(3, 1, 1)
+    return x.pad_with_zeros(2, 0, 1).pad_with_zeros(3, 0, 1)
+
+
+class FaceLandmark68Net:
+    def __init__(self, weights):
+        """weights: a TfjsWeights (or anything with `in`, get_numpy) of face_landmark_68."""
+        self.blocks = [_DenseBlock(weights, f"dense{index}", c_in, c_out, first=index == 0)
+                       for index, (c_in, c_out) in enumerate(BLOCKS)]
+        self.fc_weights = Tensor.from_numpy(_expect(weights, "fc/weights", (256, 2 * POINTS)))
+        self.fc_bias = Tensor.from_numpy(_expect(weights, "fc/bias", (2 * POINTS,)))
+
+    @staticmethod
+    def load(manifest_path) -> "FaceLandmark68Net":
+        """From `face_landmark_68_model-weights_manifest.json` (its .bin next to it)."""
+        from ..io.tfjs import TfjsWeights
+
+        return FaceLandmark68Net(TfjsWeights.load(manifest_path))
+
+    def forward(self, face: np.ndarray) -> np.ndarray:
+        """[68, 2] (x, y) in units of the crop, for one [112, 112, 3] float crop (RGB,
+        0..255)."""
+        if face.shape != (INPUT_SIZE, INPUT_SIZE, 3):
+            raise InvalidOption(f"face landmark net: expected a [{INPUT_SIZE}, {INPUT_SIZE}, 3] "
+                                f"crop, got {list(face.shape)}")
+        normalized = (np.asarray(face, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
+        x = Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
+        for block in self.blocks:
+            x = block(x)  # ... [1, 256, 7, 7]
+        pooled = x.mean((2, 3))  # [1, 256]: the 7x7 average pool over the whole map
+        out = pooled.matmul(self.fc_weights).broadcast_add(self.fc_bias)  # [1, 136]
+        return out.to_numpy().reshape(POINTS, 2)
+
+
+def face_input(rgb: np.ndarray, box) -> tuple[np.ndarray, tuple]:
+    """The [112, 112, 3] float crop of `box` (x, y, width, height in the photo's pixels) and
+    (left, top, side): where that crop's square lies in the photo, so that a point (u, v) in
+    crop units is at (left + u * side, top + v * side).
+
+    As face-api: the box is cut at the photo's borders, then its corner and size floored; the
+    crop is padded with black to a square, centred (the odd pixel goes after), then resized."""
+    height, width = rgb.shape[:2]
+    x, y, w, h = box
+    left, top = max(x, 0.0), max(y, 0.0)
+    crop_w = int(np.floor(min(x + w - left, width - left)))
+    crop_h = int(np.floor(min(y + h - top, height - top)))
+    left, top = int(np.floor(left)), int(np.floor(top))
+    if crop_w < 1 or crop_h < 1:
+        raise InvalidOption(f"face box {list(box)} lies outside the {width}x{height} photo")
+    crop = rgb[top:top + crop_h, left:left + crop_w]
+    side = max(crop_h, crop_w)
+    # JavaScript's Math.round (halves up), as face-api splits the padding.
+    after_y = int(np.floor((side - crop_h) / 2 + 0.5))
+    after_x = int(np.floor((side - crop_w) / 2 + 0.5))
+    before_y, before_x = side - crop_h - after_y, side - crop_w - after_x
+    square = np.zeros((side, side, 3), dtype=np.float32)
+    square[before_y:before_y + crop_h, before_x:before_x + crop_w] = crop
+    return resize(square, INPUT_SIZE, INPUT_SIZE), (left - before_x, top - before_y, side)
