@@ -217,20 +217,14 @@ def test_html_in_answers_is_inert_and_export_import_round_trip(page, tmp_path):
     page.wait_for_function("() => !document.getElementById('chat-error').hidden")
     assert "role \"robot\"" in page.locator("#chat-error").inner_text()
 
-    count = page.locator("#chat-list li").count()
+    count = page.locator("#chat-list .chat-open").count()
     page.locator("#chat-list li[aria-current='true'] .chat-delete").click()
-    page.wait_for_function("(n) => document.querySelectorAll('#chat-list li').length === n - 1",
-                           arg=count)
+    page.wait_for_function("(n) => document.querySelectorAll('#chat-list .chat-open').length"
+                           " === n - 1", arg=count)
 
 
 def test_a_small_context_shows_the_overflow_notice(page):
-    # The last chat's finished turn left its status; a new chat starts with an empty one.
-    assert page.locator("#chat-job").get_attribute("data-state") == "done"
     page.click("#chat-new")
-    assert page.locator("#chat-job").get_attribute("data-state") == "idle"
-    assert page.locator("#chat-phase").inner_text() == IDLE_STATUS
-    assert page.evaluate("() => document.getElementById('chat-progress').value") == 0
-    assert page.locator("#chat-reuse").inner_text() == ""
     page.fill("#chat-max-tokens", str(MAX_TOKENS))
     page.fill("#chat-context", "100")
     notice = page.locator("#chat-notice")
@@ -241,6 +235,13 @@ def test_a_small_context_shows_the_overflow_notice(page):
     assert "context of 100 tokens" in notice.inner_text()
     assert len(messages_shown(page)) == 6  # every message is still shown
     page.fill("#chat-context", "")
+    # The finished turn left its status and a full bar; a new chat starts with an empty one.
+    assert page.locator("#chat-job").get_attribute("data-state") == "done"
+    page.click("#chat-new")
+    assert page.locator("#chat-job").get_attribute("data-state") == "idle"
+    assert page.locator("#chat-phase").inner_text() == IDLE_STATUS
+    assert page.evaluate("() => document.getElementById('chat-progress').value") == 0
+    assert page.locator("#chat-reuse").inner_text() == "" and not notice.is_visible()
 
 
 def test_stop_keeps_the_partial_answer_and_the_next_turn_matches(page, native):

@@ -4,7 +4,8 @@ chat answering on Qwen are in test_chat.py).
 
 - An imported answer "1." step, its code block, "2." step reads as one list, steps 1 and 2,
   each code block inside its step.
-- The conversation comes first: turns, then the message box, then the settings, folded.
+- The conversation comes first: turns, then the message box, then the settings, folded; on a
+  phone the list of chats comes after them.
 - Clear and delete act at once and offer Undo in place; Undo brings the messages (or the chat)
   back, also after a reload.
 - Each conversation keeps its model and settings (opening another chat switches both; a reload
@@ -106,6 +107,13 @@ def test_the_conversation_comes_first_and_the_settings_are_folded(page):
     assert not page.locator("#chat-system").is_visible()
     assert not page.locator("#chat-max-tokens").is_visible()
     assert page.locator("#chat-input-note").inner_text() == "Enter sends; Shift+Enter starts a new line."
+    # On a phone (one column) the conversation and its box come before the list of chats.
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        side = page.locator(".chat-side").bounding_box()["y"]
+        assert page.locator("#chat-turns").bounding_box()["y"] < page.locator("#chat-input").bounding_box()["y"] < side
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 800})
 
 
 def test_the_open_chat_looks_selected_not_in_error(page):
