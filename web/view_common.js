@@ -47,6 +47,8 @@ export class JobStatus {
     this.job.dataset.state = state;
     if (text !== undefined) this.phase.textContent = text;
     if (starting) bringIntoView(this.job);
+    // A bar left indeterminate would go on moving after a Stop or an error.
+    if (SETTLED_STATES.has(state) && !this.progress.hasAttribute("value")) this.progress.value = 0;
   }
 
   fraction(value) {

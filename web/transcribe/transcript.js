@@ -4,7 +4,7 @@
 
 import { formatBytes, formatSeconds } from "../view_common.js";
 import {
-  EXPORT_FORMATS, EXPORT_TYPES, WINDOW_SECONDS, fileBase, formatAmount, formatClock, formatLeft, languageName,
+  EXPORT_FORMATS, EXPORT_TYPES, WINDOW_SECONDS, describeSpeed, fileBase, formatAmount, formatClock, formatLeft, languageName,
 } from "./format.js";
 
 function segmentElement(segment, partial) {
