@@ -170,7 +170,7 @@ class GenerateView {
       if (message.phase !== "generate") return;
       const data = message.data;
       if (message.event === "prompt") {
-        ui.statPrompt.textContent = `${data.n_tokens} tokens in ${formatSeconds(data.seconds)}`;
+        ui.statPrompt.textContent = `${countOf(data.n_tokens, "token")} in ${formatSeconds(data.seconds)}`;
         status.set("generating", "Writing…");
         status.fraction(0);
       } else if (message.event === "token") {

@@ -266,12 +266,12 @@ class Text2textView {
         state.lastResult = { ...result, model, prompt };
         ui.output.textContent = result.text;
         this.showNotice(result);
-        ui.statInput.textContent = `${result.inputTokens} tokens`;
+        ui.statInput.textContent = countOf(result.inputTokens, "token");
         ui.statSpeed.textContent = `${result.timings.tokensPerSecond.toFixed(1)} tok/s`;
         ui.stats.hidden = false;
-        return `Done: ${result.tokenIds.length} tokens in ${formatSeconds(result.timings.elapsedMs / 1000)}.`;
+        return `Done: ${countOf(result.tokenIds.length, "token")} in ${formatSeconds(result.timings.elapsedMs / 1000)}.`;
       },
-      cancelled: () => `Stopped after ${state.streamed.tokens} tokens.`,
+      cancelled: () => `Stopped after ${countOf(state.streamed.tokens, "token")}.`,
       errorHelp: (error) => this.errorHelp(error),
     };
   }
