@@ -149,3 +149,14 @@ def test_missing_shard_and_unsupported_dtype(tmp_path):
         TfjsWeights.load(write_model(tmp_path, [dict(GOOD, dtype="string")], b""))
     with pytest.raises(ModelNotFound, match="no weight named 'v'"):
         TfjsWeights.load(write_model(tmp_path, [GOOD], b"\0" * 16)).get_numpy("v")
+
+
+def test_a_model_names_a_missing_or_misshapen_weight():
+    weights = TfjsWeights.load(TINY)
+    assert weights.conv_kernel("conv0/filters", (3, 3, 3, 16), "detector").shape == (16, 3, 3, 3)
+    np.testing.assert_array_equal(weights.conv_kernel("conv0/filters", (3, 3, 3, 16), "d")[5, 2],
+                                  weights.get_numpy("conv0/filters")[:, :, 2, 5])
+    with pytest.raises(FormatError, match="detector: weight 'conv9/bias' is missing"):
+        weights.channel_bias("conv9/bias", 16, "detector")
+    with pytest.raises(FormatError, match=r"'conv0/bias' has shape \[16\], expected \[32\]"):
+        weights.channel_bias("conv0/bias", 32, "detector")

@@ -36,6 +36,8 @@ import numpy as np
 
 from ..core.errors import FormatError, ModelNotFound, UnsupportedError
 from .bounds import MAX_ARRAY_BYTES, MAX_NUMPY_DIMS, nonzero_bytes
+# The same JSON strictness as safetensors headers: no repeated key, no NaN/Infinity.
+from .safetensors import _is_int, _refuse_duplicate_keys, _refuse_json_constant
 
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # the largest real manifest here is 28 KB
 MANIFEST_SUFFIX = "-weights_manifest.json"
@@ -71,23 +73,6 @@ class WeightInfo:
 
 def _fail(source: str, message: str) -> FormatError:
     return FormatError(f"tfjs manifest {source}: {message}")
-
-
-def _refuse_duplicate_keys(pairs):
-    obj = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"duplicate key {key!r} in a JSON object")
-        obj[key] = value
-    return obj
-
-
-def _refuse_constant(name):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_finite_number(value) -> bool:
@@ -170,7 +155,7 @@ def parse_manifest(data: bytes, source: str = "<bytes>") -> tuple[list, list]:
                             f"manifest may have")
     try:
         groups = json.loads(bytes(data).decode("utf-8"), object_pairs_hook=_refuse_duplicate_keys,
-                            parse_constant=_refuse_constant)
+                            parse_constant=_refuse_json_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise _fail(source, f"not valid JSON: {error}") from None
     if not isinstance(groups, list) or not groups:
@@ -301,3 +286,24 @@ class TfjsWeights:
         from ..core.tensor import Tensor
 
         return Tensor.from_numpy(self.get_numpy(name), device=device)
+
+    def get_shaped(self, name: str, shape: tuple, model: str) -> np.ndarray:
+        """The weight as get_numpy gives it, refused with a FormatError naming `model` and the
+        weight unless it is there with `shape`."""
+        if name not in self._weights:
+            raise FormatError(f"{model}: weight {name!r} is missing from {self.source}")
+        value = self.get_numpy(name)
+        if value.shape != tuple(shape):
+            raise FormatError(f"{model}: weight {name!r} has shape {list(value.shape)}, "
+                              f"expected {list(shape)}")
+        return value
+
+    def conv_kernel(self, name: str, shape: tuple, model: str) -> np.ndarray:
+        """A TensorFlow [kh, kw, in, out] convolution kernel of `shape` as [out, in, kh, kw]
+        (conv2d's layout; a depthwise [kh, kw, channels, 1] kernel becomes [1, channels, kh,
+        kw]: swap its first two axes for a grouped conv2d)."""
+        return np.ascontiguousarray(self.get_shaped(name, shape, model).transpose(3, 2, 0, 1))
+
+    def channel_bias(self, name: str, channels: int, model: str) -> np.ndarray:
+        """A per-channel bias as [1, channels, 1, 1], to add to [batch, channels, h, w]."""
+        return self.get_shaped(name, (channels,), model).reshape(1, -1, 1, 1)

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import FormatError, InvalidOption
+from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
 
+MODEL = "tiny face detector"
 INPUT_SIZE = 416
 GRID = 13  # INPUT_SIZE / 32
 MEAN_RGB = (117.001, 114.697, 97.404)
@@ -73,42 +74,29 @@ class DetectorOptions:
                                 f"1 (exclusive), got {self.score_threshold!r}")
 
 
-def _expect(weights, name: str, shape: tuple) -> np.ndarray:
-    if name not in weights:
-        raise FormatError(f"tiny face detector: weight {name!r} is missing")
-    value = weights.get_numpy(name)
-    if value.shape != shape:
-        raise FormatError(f"tiny face detector: weight {name!r} has shape {list(value.shape)}, "
-                          f"expected {list(shape)}")
-    return value
+def _kernel(weights, name: str, shape: tuple) -> Tensor:
+    return Tensor.from_numpy(weights.conv_kernel(name, shape, MODEL))
 
 
-def _conv_kernel(hwio: np.ndarray) -> Tensor:
-    """TensorFlow's [kh, kw, in, out] kernel as conv2d's [out, in, kh, kw]."""
-    return Tensor.from_numpy(np.ascontiguousarray(hwio.transpose(3, 2, 0, 1)))
-
-
-def _bias(values: np.ndarray) -> Tensor:
-    return Tensor.from_numpy(values.reshape(1, -1, 1, 1))
+def _bias(weights, name: str, channels: int) -> Tensor:
+    return Tensor.from_numpy(weights.channel_bias(name, channels, MODEL))
 
 
 class TinyFaceDetector:
     def __init__(self, weights):
-        """weights: a TfjsWeights (or anything with `in`, get_numpy) of tiny_face_detector."""
-        self.conv0 = _conv_kernel(_expect(weights, "conv0/filters", (3, 3, 3, 16)))
-        self.conv0_bias = _bias(_expect(weights, "conv0/bias", (16,)))
+        """weights: the TfjsWeights of tiny_face_detector."""
+        outputs = len(ANCHORS) * BOX_FIELDS
+        self.conv0 = _kernel(weights, "conv0/filters", (3, 3, 3, 16))
+        self.conv0_bias = _bias(weights, "conv0/bias", 16)
         self.separable = []
         for index, (c_in, c_out) in enumerate(SEPARABLE_CHANNELS, start=1):
-            # [3, 3, c_in, 1] -> [c_in, 1, 3, 3]: one 3x3 filter per channel (groups = c_in).
-            depthwise = _conv_kernel(_expect(weights, f"conv{index}/depthwise_filter",
-                                             (3, 3, c_in, 1))).transpose(0, 1).contiguous()
-            pointwise = _conv_kernel(_expect(weights, f"conv{index}/pointwise_filter",
-                                             (1, 1, c_in, c_out)))
-            bias = _bias(_expect(weights, f"conv{index}/bias", (c_out,)))
-            self.separable.append((depthwise, pointwise, bias))
-        self.conv8 = _conv_kernel(_expect(weights, "conv8/filters",
-                                          (1, 1, 512, len(ANCHORS) * BOX_FIELDS)))
-        self.conv8_bias = _bias(_expect(weights, "conv8/bias", (len(ANCHORS) * BOX_FIELDS,)))
+            # [1, c_in, 3, 3] -> [c_in, 1, 3, 3]: one 3x3 filter per channel (groups = c_in).
+            depthwise = _kernel(weights, f"conv{index}/depthwise_filter", (3, 3, c_in, 1))
+            pointwise = _kernel(weights, f"conv{index}/pointwise_filter", (1, 1, c_in, c_out))
+            bias = _bias(weights, f"conv{index}/bias", c_out)
+            self.separable.append((depthwise.transpose(0, 1).contiguous(), pointwise, bias))
+        self.conv8 = _kernel(weights, "conv8/filters", (1, 1, 512, outputs))
+        self.conv8_bias = _bias(weights, "conv8/bias", outputs)
 
     @staticmethod
     def load(manifest_path) -> "TinyFaceDetector":

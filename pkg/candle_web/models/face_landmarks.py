@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.errors import FormatError, InvalidOption
+from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
 from ..io.image import resize
 
+MODEL = "face landmark net"
 INPUT_SIZE = 112
 MEAN_RGB = (122.782, 117.001, 104.298)
 POINTS = 68
@@ -35,35 +36,23 @@ BLOCKS = ((3, 32), (32, 64), (64, 128), (128, 256))
 LAYERS_PER_BLOCK = 4
 
 
-def _expect(weights, name: str, shape: tuple) -> np.ndarray:
-    if name not in weights:
-        raise FormatError(f"face landmark net: weight {name!r} is missing")
-    value = weights.get_numpy(name)
-    if value.shape != shape:
-        raise FormatError(f"face landmark net: weight {name!r} has shape "
-                          f"{list(value.shape)}, expected {list(shape)}")
-    return value
+def _kernel(weights, name: str, shape: tuple) -> Tensor:
+    return Tensor.from_numpy(weights.conv_kernel(name, shape, MODEL))
 
 
-def _conv_kernel(hwio: np.ndarray) -> Tensor:
-    """TensorFlow's [kh, kw, in, out] kernel as conv2d's [out, in, kh, kw]."""
-    return Tensor.from_numpy(np.ascontiguousarray(hwio.transpose(3, 2, 0, 1)))
-
-
-def _bias(values: np.ndarray) -> Tensor:
-    return Tensor.from_numpy(values.reshape(1, -1, 1, 1))
+def _bias(weights, name: str, channels: int) -> Tensor:
+    return Tensor.from_numpy(weights.channel_bias(name, channels, MODEL))
 
 
 class _Separable:
     """3x3 depthwise conv, 1x1 pointwise conv, + bias (no activation)."""
 
     def __init__(self, weights, prefix: str, c_in: int, c_out: int):
-        # [3, 3, c_in, 1] -> [c_in, 1, 3, 3]: one 3x3 filter per channel (groups = c_in).
-        self.depthwise = _conv_kernel(_expect(weights, f"{prefix}/depthwise_filter",
-                                              (3, 3, c_in, 1))).transpose(0, 1).contiguous()
-        self.pointwise = _conv_kernel(_expect(weights, f"{prefix}/pointwise_filter",
-                                              (1, 1, c_in, c_out)))
-        self.bias = _bias(_expect(weights, f"{prefix}/bias", (c_out,)))
+        # [1, c_in, 3, 3] -> [c_in, 1, 3, 3]: one 3x3 filter per channel (groups = c_in).
+        depthwise = _kernel(weights, f"{prefix}/depthwise_filter", (3, 3, c_in, 1))
+        self.depthwise = depthwise.transpose(0, 1).contiguous()
+        self.pointwise = _kernel(weights, f"{prefix}/pointwise_filter", (1, 1, c_in, c_out))
+        self.bias = _bias(weights, f"{prefix}/bias", c_out)
 
     def __call__(self, x: Tensor, stride: int = 1) -> Tensor:
         x = _same_padding(x, stride).conv2d(self.depthwise, stride=stride,
@@ -75,9 +64,8 @@ class _DenseBlock:
     def __init__(self, weights, prefix: str, c_in: int, c_out: int, first: bool):
         self.first = first
         if first:  # a full 3x3 convolution on the RGB input
-            self.conv0 = _conv_kernel(_expect(weights, f"{prefix}/conv0/filters",
-                                              (3, 3, c_in, c_out)))
-            self.conv0_bias = _bias(_expect(weights, f"{prefix}/conv0/bias", (c_out,)))
+            self.conv0 = _kernel(weights, f"{prefix}/conv0/filters", (3, 3, c_in, c_out))
+            self.conv0_bias = _bias(weights, f"{prefix}/conv0/bias", c_out)
         else:
             self.conv0 = _Separable(weights, f"{prefix}/conv0", c_in, c_out)
         self.rest = [_Separable(weights, f"{prefix}/conv{index}", c_out, c_out)
@@ -104,11 +92,12 @@ def _same_padding(x: Tensor, stride: int) -> Tensor:
 
 class FaceLandmark68Net:
     def __init__(self, weights):
-        """weights: a TfjsWeights (or anything with `in`, get_numpy) of face_landmark_68."""
+        """weights: the TfjsWeights of face_landmark_68."""
         self.blocks = [_DenseBlock(weights, f"dense{index}", c_in, c_out, first=index == 0)
                        for index, (c_in, c_out) in enumerate(BLOCKS)]
-        self.fc_weights = Tensor.from_numpy(_expect(weights, "fc/weights", (256, 2 * POINTS)))
-        self.fc_bias = Tensor.from_numpy(_expect(weights, "fc/bias", (2 * POINTS,)))
+        self.fc_weights = Tensor.from_numpy(weights.get_shaped("fc/weights", (256, 2 * POINTS),
+                                                               MODEL))
+        self.fc_bias = Tensor.from_numpy(weights.get_shaped("fc/bias", (2 * POINTS,), MODEL))
 
     @staticmethod
     def load(manifest_path) -> "FaceLandmark68Net":
