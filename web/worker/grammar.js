@@ -67,7 +67,7 @@ export function hasVocabulary(key) {
 }
 
 // Prepares the grammar `plan` describes ({vocabularyKey, grammarKey, constraint: {kind, schema
-// (JSON text), anyWhitespace, indent, separators, strict, maxWhitespace, ebnf, rootRule}});
+// (JSON text), anyWhitespace, indent, strict, maxWhitespace; ebnf, rootRule; structuralTag}});
 // `vocabulary()` gives {encodedVocab, vocabType, vocabSize, stopTokenIds, addPrefixSpace} when it has
 // not seen that vocabulary yet. Returns {compileMs, cached}.
 export async function prepareGrammar(plan, vocabulary) {
@@ -96,10 +96,8 @@ export async function prepareGrammar(plan, vocabulary) {
 
 function compile(compiler, c) {
   switch (c.kind) {
-    case "json_object":
-      return compiler.compileBuiltinJSONGrammar();
-    case "json_schema":
-      // indent -1: none (one line); separators undefined: xgrammar's own defaults.
+    case "json_schema": // json_object too: as the schema of any object (worker/grammar.py)
+      // indent -1: none; separators undefined: xgrammar's own defaults.
       return compiler.compileJSONSchema(c.schema, c.anyWhitespace, c.indent ?? -1, c.separators ?? undefined, c.strict, c.maxWhitespace ?? undefined);
     case "ebnf":
       return compiler.compileGrammar(c.ebnf, c.rootRule ?? "root");

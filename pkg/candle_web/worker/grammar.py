@@ -56,17 +56,20 @@ def grammar_key(vocabulary, constraint) -> str:
 
 
 def compile_request(constraint) -> dict:
-    """What web-xgrammar compiles, with the native engine's options (XGrammarEngine.compile):
-    the schema as the very JSON text native xgrammar gets."""
-    if constraint.kind == "json_schema":
-        return {"kind": "json_schema", "schema": json.dumps(constraint.schema),
-                "anyWhitespace": True, "indent": None, "strict": constraint.strict}
+    """What web-xgrammar compiles, with the native engine's arguments (XGrammarEngine.compile):
+    a JSON constraint as a schema (json_object: grammar.JSON_OBJECT, any object) in the very JSON
+    text native xgrammar gets, xgrammar's whitespace defaults (any whitespace, no indent, its
+    own separators) bounded by the constraint's max_whitespace, and its strict flag.
+    tests/worker/test_page_grammar_masks.py holds the two engines' masks equal."""
+    if constraint.kind in ("json_object", "json_schema"):
+        schema = constraint.schema if constraint.kind == "json_schema" else grammar.JSON_OBJECT
+        return {"kind": "json_schema", "schema": json.dumps(schema), "anyWhitespace": True,
+                "indent": None, "strict": constraint.strict,
+                "maxWhitespace": constraint.max_whitespace}
     if constraint.kind == "ebnf":
         return {"kind": "ebnf", "ebnf": constraint.grammar, "rootRule": "root"}
-    if constraint.kind == "structural_tag":
-        return {"kind": "structural_tag",
-                "structuralTag": grammar._xgrammar_structural_tag(constraint)}
-    return {"kind": constraint.kind}
+    return {"kind": "structural_tag",
+            "structuralTag": grammar._xgrammar_structural_tag(constraint)}
 
 
 def grammar_plan(llama, tokenizer, response_format, bridge) -> dict | None:
