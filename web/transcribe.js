@@ -21,7 +21,7 @@ const UI_IDS = {
   modelSelect: "model-select", modelNote: "model-note", languageTask: "language-task",
   languageSelect: "language-select", languageNote: "language-note", taskTranscribe: "task-transcribe",
   taskTranslate: "task-translate", beamSize: "beam-size", timestamps: "timestamps", wordTimestamps: "word-timestamps", vad: "vad", dropZone: "drop-zone",
-  fileInput: "file-input", recorder: "recorder", recordButton: "record-button",
+  fileInput: "file-input", chooseFiles: "choose-files", recorder: "recorder", recordButton: "record-button",
   stopRecordButton: "stop-record-button", liveMode: "live-mode", micLevel: "mic-level",
   micElapsed: "mic-elapsed", micError: "mic-error", sampleList: "sample-list", error: "transcribe-error",
   queue: "queue", queueList: "clip-queue", clip: "clip", clipName: "clip-name",
@@ -72,17 +72,14 @@ async function copyText({ ui, state }) {
   }
 }
 
-// Files in: the picker, the drop zone (click, Enter or Space opens the picker; a drop adds).
+// Files in: the picker (its button, or a click on the drop zone), the drop zone (a drop adds).
+// The zone is a labelled group, not a button: a button may not hold the file input and the
+// Choose button (axe: nested-interactive), and the keyboard reaches the real button.
 function wireFileInputs({ ui, status, queue }) {
   ui.fileInput.addEventListener("change", () => {
     queue.useFiles(ui.fileInput.files).finally(() => { ui.fileInput.value = ""; });
   });
-  ui.dropZone.addEventListener("keydown", (event) => {
-    if (event.key === "Enter" || event.key === " ") {
-      event.preventDefault();
-      ui.fileInput.click();
-    }
-  });
+  ui.chooseFiles.addEventListener("click", () => ui.fileInput.click());
   ui.dropZone.addEventListener("click", (event) => {
     if (event.target === ui.dropZone || event.target.classList.contains("drop-title")) ui.fileInput.click();
   });

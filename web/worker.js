@@ -49,6 +49,8 @@
  *       -> {text, segments: [{id, start, end, text, tokens}], exports: {txt, srt, vtt, json},
  *           timings: {elapsedMs, rtf, encodeMs, decodeMs, ...}, input: {samples, sha256},
  *           heap: {startBytes, endBytes}}
+ *   transcribe {model, kept: {segments, duration, language}}   the transcript and exports of
+ *       the segments a cancelled transcription finished (nothing decoded)
  *   transcribe {model, live: {recording, action: "start"|"pass"|"stop"}, options?, samples?,
  *               offset?}   a step of a live recording (the page's live mode; the policy is
  *       candle_web.pipelines.transcribe.LiveTranscriber): "start" (options, no samples) begins
@@ -70,7 +72,8 @@
  *       {type: "json_schema", json_schema: {name, schema, strict}}): every token is constrained
  *       by web-xgrammar (loaded on first use, worker/grammar.js); progress {event: "grammar",
  *       data: {state}} while it compiles; the result adds grammar: {engine, kind, compileMs,
- *       cached, steps, fillMsPerStep, acceptMsPerStep (the JS calls' cost per decode step)};
+ *       cached, steps, fillMsPerStep, acceptMsPerStep (the JS calls' cost per decode step),
+ *       maskInPlace (masks read from web-xgrammar's memory, not word by word)};
  *       a schema the engine cannot enforce is a GrammarError / UnsupportedSchema
  *       naming its path
  *   chat {model, messages: [{role, content}] (ending with the user message to answer),
@@ -311,9 +314,10 @@ function checkSamples(m) {
 const RUN_COMMANDS = {
   transcribe: {
     kind: "whisper",
-    check: (m) => { if (m.live?.action !== "start") checkSamples(m); },
+    check: (m) => { if (m.live?.action !== "start" && m.kept === undefined) checkSamples(m); },
     request: (m) => ({ options: m.options || null, profile: m.profile === true,
-                       offset: m.offset ?? null, prior: m.prior ?? null, live: m.live ?? null }),
+                       offset: m.offset ?? null, prior: m.prior ?? null, live: m.live ?? null,
+                       kept: m.kept ?? null }),
     samples: (m) => m.samples !== undefined,
   },
   embed: {
@@ -367,7 +371,7 @@ async function handleRun(message) {
       const grammar = message.responseFormat != null ? await prepareResponseFormat(id, session, message) : null;
       reply = session.run(message.model ?? null, request, onEvent);
       const taken = takeReply(reply);
-      if (grammar !== null) taken.payload.grammar = { ...grammar, ...JSON.parse(session.grammar_stats_json()) };
+      if (grammar !== null) taken.payload.grammar = { ...grammar, ...JSON.parse(session.grammar_stats_json()), maskInPlace: grammarBridge.maskInPlace() };
       taken.payload.heap = { startBytes, endBytes: wasmHeapBytes() };
       return taken;
     } finally {

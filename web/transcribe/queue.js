@@ -67,9 +67,11 @@ export class EntryQueue {
     const label = document.createElement("span");
     label.className = "queue-status";
     let text = STATUS_LABELS[item.status] || item.status;
+    const count = item.segments.filter((s) => s.text.trim()).length;
     if (item.status === "done") {
-      const count = item.segments.filter((s) => s.text.trim()).length;
-      text = `Done · ${count} ${count === 1 ? "segment" : "segments"}`;
+      text = count === 0 ? "Done · no speech heard" : `Done · ${count} ${count === 1 ? "segment" : "segments"}`;
+    } else if (item.status === "cancelled" && count > 0) {
+      text = `Cancelled · ${count} ${count === 1 ? "segment" : "segments"} kept`;
     }
     label.textContent = item.seconds ? `${formatSeconds(item.seconds)} · ${text}` : text;
     button.append(name, label);
@@ -219,7 +221,6 @@ export class EntryQueue {
       button.className = "sample";
       button.dataset.file = entry.file;
       button.textContent = `${entry.title} · ${formatSeconds(entry.seconds)}`;
-      button.setAttribute("aria-label", `Use the sample clip ${entry.title}, ${entry.seconds.toFixed(1)} seconds`);
       if (entry.reference) button.title = `“${entry.reference}”`;
       button.addEventListener("click", () => this.useSample(entry));
       item.append(button);
@@ -277,9 +278,30 @@ export class EntryQueue {
   #cancelled(item) {
     item.status = "cancelled";
     const kept = item.segments.filter((s) => s.text.trim()).length;
-    const so = kept > 0 ? ` The ${kept} segments before it are kept.` : "";
+    const so = kept === 0 ? "" : kept === 1 ? " The segment before it is kept: export it below." : ` The ${kept} segments before it are kept: export them below.`;
     const at = formatAmount(this.view.state.progress?.doneSeconds ?? 0, item.seconds);
+    if (kept > 0) this.#exportKept(item);
     return `Cancelled ${item.name} at ${at}.${so} Press Transcribe to start again.`;
+  }
+
+  // The kept segments of a cancelled transcription as a result of their own (the worker
+  // writes their exports, as for a whole one; nothing is decoded again).
+  async #exportKept(item) {
+    const { client, state, form, transcript } = this.view;
+    const segments = item.segments.filter((s) => s.text.trim()).map((s) => ({
+      start: s.start, end: s.end, text: s.text, tokens: s.tokens,
+      temperature: s.temperature, avgLogprob: s.avgLogprob, noSpeechProb: s.noSpeechProb,
+    }));
+    const model = state.loadedModel;
+    try {
+      const reply = await client.request("transcribe", { model, kept: { segments, duration: item.seconds, language: item.detected?.language ?? null } });
+      if (item.status !== "cancelled") return; // transcribed again meanwhile
+      item.result = { ...reply, partial: true, multilingual: form.isMultilingual(model), task: "transcribe" };
+      if (state.clip === item) transcript.render(item);
+      this.render();
+    } catch (error) {
+      console.warn(`candle-web: the kept segments of ${item.name} could not be exported:`, error);
+    }
   }
 
   // A finished transcription: the entry keeps the result; the status line's text.
@@ -296,6 +318,9 @@ export class EntryQueue {
     state.lastResult = { ...item.result, clip: item.name, model, options, detected: item.detected };
     if (state.clip === item) transcript.render(item);
     this.render();
+    if (!result.segments.some((segment) => segment.text.trim())) {
+      return `Done: no speech heard in ${item.name} (${formatSeconds(item.seconds)} of audio).${after}`;
+    }
     return `Done: ${item.name} in ${formatSeconds(result.timings.elapsedMs / 1000)} (${describeSpeed(result.timings.rtf)}).${after}`;
   }
 

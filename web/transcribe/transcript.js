@@ -32,10 +32,13 @@ function segmentElement(segment, partial) {
   return row;
 }
 
-// One word of a segment with word timestamps: highlighted while it plays, a click plays from it.
+// One word of a segment with word timestamps: highlighted while it plays, a click (or Enter,
+// once the arrow keys brought the focus there) plays from it.
 function wordElement(word) {
   const span = document.createElement("span");
   span.className = "word";
+  span.setAttribute("role", "button");
+  span.tabIndex = -1; // the transcript's words are one tab stop (rovingWords)
   span.dataset.start = String(word.start);
   span.dataset.end = String(word.end);
   span.textContent = word.word.trim();
@@ -66,8 +69,23 @@ export class TranscriptView {
   renderSegments(item) {
     const rows = item.segments.filter((s) => s.text.trim()).map((s) => segmentElement(s, false));
     rows.push(...item.partial.filter((s) => s.text.trim()).map((s) => segmentElement(s, true)));
+    if (rows.length === 0 && item.status === "done") {
+      // Whisper heard nothing it would write down: said, rather than an empty list.
+      const empty = document.createElement("li");
+      empty.className = "segment-empty note";
+      empty.textContent = "No speech heard in this recording.";
+      rows.push(empty);
+    }
     this.ui.segments.replaceChildren(...rows);
+    this.rovingWords();
     this.highlightPlaying();
+  }
+
+  // The words are one tab stop, as a composite widget's items are (WAI-ARIA's roving
+  // tabindex): the focused word (else the first) takes it; the arrow keys move between words.
+  rovingWords() {
+    const words = this.ui.segments.querySelectorAll("span.word");
+    if (words.length > 0 && !this.ui.segments.querySelector("span.word[tabindex='0']")) words[0].tabIndex = 0;
   }
 
   // The whole transcript of an entry: its segments, and its stats and exports once done.
@@ -89,6 +107,7 @@ export class TranscriptView {
     item.segments.push(segment);
     if (this.state.clip === item && segment.text.trim()) {
       this.ui.segments.append(segmentElement(segment, false));
+      this.rovingWords();
       this.highlightPlaying();
     }
   }
@@ -102,6 +121,29 @@ export class TranscriptView {
     const { $ } = this;
     const { result } = item;
     const { timings } = result;
+    // A cancelled transcription's kept segments (result.partial) have exports but no timings.
+    this.ui.stats.hidden = !timings;
+    if (timings) this.showStats(item);
+    this.clearExports();
+    const heard = result.segments.some((segment) => segment.text.trim());
+    this.ui.exports.hidden = !heard; // nothing to export when no speech was heard
+    if (!heard) return;
+    const base = result.partial ? `${fileBase(item.name)}-partial` : fileBase(item.name);
+    const what = result.partial ? `the ${result.segments.length} kept segments of ${item.name}` : `the transcript of ${item.name}`;
+    for (const format of EXPORT_FORMATS) {
+      const link = $(`download-${format}`);
+      const url = URL.createObjectURL(new Blob([result.exports[format]], { type: EXPORT_TYPES[format] }));
+      this.exportUrls.push(url);
+      link.href = url;
+      link.download = `${base}.${format}`;
+      link.setAttribute("aria-label", `Download ${what} as ${format.toUpperCase()}`);
+    }
+  }
+
+  showStats(item) {
+    const { $ } = this;
+    const { result } = item;
+    const { timings } = result;
     $("stat-elapsed").textContent = formatSeconds(timings.elapsedMs / 1000);
     $("stat-audio").textContent = formatSeconds(timings.audioSeconds);
     $("stat-rtf").textContent = describeSpeed(timings.rtf);
@@ -111,17 +153,6 @@ export class TranscriptView {
     $("stat-language").textContent = language || "";
     $("stat-memory").textContent = result.heap ? formatBytes(result.heap.endBytes) : "–";
     $("stat-memory").title = "the memory of this tab's Python worker (its WebAssembly heap) when the transcription ended";
-    this.ui.stats.hidden = false;
-    this.clearExports();
-    for (const format of EXPORT_FORMATS) {
-      const link = $(`download-${format}`);
-      const url = URL.createObjectURL(new Blob([result.exports[format]], { type: EXPORT_TYPES[format] }));
-      this.exportUrls.push(url);
-      link.href = url;
-      link.download = `${fileBase(item.name)}.${format}`;
-      link.setAttribute("aria-label", `Download the transcript of ${item.name} as ${format.toUpperCase()}`);
-    }
-    this.ui.exports.hidden = false;
   }
 
   // Highlights the segment at the player's position once the audio has been played or sought
@@ -154,14 +185,32 @@ export class TranscriptView {
   // Audio you can follow: click a segment to play from it; the playing one is highlighted.
   #followPlayer() {
     const { ui, state } = this;
-    ui.segments.addEventListener("click", (event) => {
-      const row = event.target.closest("li.segment");
+    const playFrom = (target) => {
+      const row = target.closest("li.segment");
       if (!row || row.classList.contains("partial") || !state.clip?.url) return;
       this.following = true;
-      const word = event.target.closest("span.word");
+      const word = target.closest("span.word");
       ui.player.currentTime = Number((word ?? row).dataset.start);
       this.highlightPlaying();
       ui.player.play().catch(() => {}); // a browser may refuse to start sound; the seek stands
+    };
+    ui.segments.addEventListener("click", (event) => playFrom(event.target));
+    ui.segments.addEventListener("keydown", (event) => {
+      const word = event.target.closest?.("span.word");
+      if (!word) return;
+      const words = [...ui.segments.querySelectorAll("span.word")];
+      const index = words.indexOf(word);
+      const moves = { ArrowRight: index + 1, ArrowDown: index + 1, ArrowLeft: index - 1, ArrowUp: index - 1, Home: 0, End: words.length - 1 };
+      if (event.key === "Enter" || event.key === " ") {
+        event.preventDefault();
+        playFrom(word);
+      } else if (event.key in moves) {
+        event.preventDefault();
+        const next = words[Math.min(Math.max(moves[event.key], 0), words.length - 1)];
+        word.tabIndex = -1;
+        next.tabIndex = 0;
+        next.focus();
+      }
     });
     for (const type of ["play", "seeking"]) {
       ui.player.addEventListener(type, () => { this.following = true; });

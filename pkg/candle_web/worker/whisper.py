@@ -68,17 +68,21 @@ class WhisperSession(Session):
         return np.empty(int(count), dtype=np.float32)
 
     def compute(self, model, samples=None, options=None, profile: bool = False,
-                offset=None, prior=None, live=None, on_event=None) -> dict:
+                offset=None, prior=None, live=None, kept=None, on_event=None) -> dict:
         """Transcribe the samples (bytes-like, float32). on_event(kind, payload) sees
         "language", "window", "token" (with the token's text) and "segment" events.
         profile=True runs under cProfile (slower) and adds the top functions by own time
         (bench/browser.py). offset (seconds) and prior (segment payloads) place the samples
         in a longer recording (see the module doc). live: a step of a live recording (the
-        page's `live` command, see live_step)."""
+        page's `live` command, see live_step). kept: {segments, duration, language} of a
+        transcription stopped part-way: their transcript and exports, nothing decoded (the
+        page offers what was heard before Cancel)."""
         from candle_web.pipelines.transcribe import transcribe
 
         if live is not None:
             return self.live_step(model, live, samples, options, offset, on_event)
+        if kept is not None:
+            return kept_payload(kept, model[0].config.n_vocab)
         whisper, tokenizer = model
         opts = transcribe_options(options)
         offset = checked_offset(offset)
@@ -276,20 +280,20 @@ def live_payload(state: dict, done) -> dict:
             "partial": [segment_payload(s) for s in live.partial],
             "ran": done is not None, "history": None if done is None else done.history_entry()}
 
-def prior_segments(prior, n_vocab: int) -> list:
+def prior_segments(prior, n_vocab: int, name: str = "prior") -> list:
     """Segments from the page (segment_payload's fields) as pipelines.transcribe Segments, each
-    field checked and named in the error."""
+    field checked and named in the error (as `name`[i].field)."""
     from candle_web.pipelines.transcribe import Segment
 
     prior = python_value(prior)
     if prior is None:
         return []
     if not isinstance(prior, (list, tuple)) or len(prior) > MAX_PRIOR_SEGMENTS:
-        raise FormatError(f"transcribe: prior must be a list of at most {MAX_PRIOR_SEGMENTS} "
+        raise FormatError(f"transcribe: {name} must be a list of at most {MAX_PRIOR_SEGMENTS} "
                           "segments")
     segments = []
     for index, item in enumerate(prior):
-        where = f"transcribe: prior[{index}]"
+        where = f"transcribe: {name}[{index}]"
         if not isinstance(item, dict):
             raise FormatError(f"{where} must be a segment object, got {type(item).__name__}")
 
@@ -412,6 +416,27 @@ def transcript_payload(transcript) -> dict:
             "duration": transcript.duration,
             "segments": [segment_payload(s) for s in transcript.segments],
             "exports": {fmt: subtitles.render(transcript, fmt) for fmt in EXPORT_FORMATS}}
+
+
+def kept_payload(kept, n_vocab: int) -> dict:
+    """transcript_payload of the segments a cancelled transcription had finished ({segments,
+    duration, language}, each checked as `prior` is)."""
+    from candle_web.pipelines.transcribe import Transcript
+
+    kept = python_value(kept)
+    if not isinstance(kept, dict):
+        raise FormatError(f"transcribe: kept must be {{segments, duration, language}}, got {kept!r}")
+    segments = prior_segments(kept.get("segments"), n_vocab, "kept.segments")
+    duration = kept.get("duration")
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) \
+            or not 0 <= duration < float("inf"):
+        raise FormatError(f"transcribe: kept.duration must be a number of seconds, got {duration!r}")
+    language = kept.get("language")
+    if language is not None and not isinstance(language, str):
+        raise FormatError(f"transcribe: kept.language must be a string or null, got {language!r}")
+    text = "".join(segment.text for segment in segments)
+    return transcript_payload(Transcript(text=text, segments=segments, language=language,
+                                         duration=float(duration)))
 
 
 def profile_report(profiler) -> list:
