@@ -240,11 +240,11 @@ def cmd_embed(args) -> int:
 def cmd_faces(args) -> int:
     import json
 
-    from .models.face_detector import DetectorOptions
-    from .pipelines.faces import find_faces, load_face_detector, load_landmark_net
+    from .pipelines.faces import (detector_options, find_faces, load_face_detector,
+                                  load_landmark_net)
 
-    options = DetectorOptions(score_threshold=args.score_threshold)
     detector = load_face_detector(args.model, args.detector, progress=_download_progress())
+    options = detector_options(detector, args.score_threshold)
     landmark_net = (load_landmark_net(args.model, progress=_download_progress())
                     if args.landmarks else None)
     for photo in args.photos:
@@ -420,8 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("faces", help="find faces in photos (face-api's networks)")
     f.add_argument("photos", nargs="+", help="photo files (JPEG, PNG, WebP...)")
-    f.add_argument("--detector", default="tiny", choices=("tiny",),
-                   help="tiny: face-api's tiny face detector at 416 px")
+    f.add_argument("--detector", default="tiny", choices=("tiny", "ssd"),
+                   help="tiny: face-api's tiny face detector at 416 px; ssd: SSD MobileNet v1 "
+                        "at 512 px (slower, finds smaller faces)")
     f.add_argument("--score-threshold", type=float, default=0.5,
                    help="the score a box needs to count as a face (0..1, default 0.5)")
     f.add_argument("--landmarks", action="store_true",

@@ -108,6 +108,7 @@ class FaceApiPeer:
         self.page.evaluate("""async () => {
             await faceapi.nets.tinyFaceDetector.loadFromUri('/model');
             await faceapi.nets.faceLandmark68Net.loadFromUri('/model');
+            await faceapi.nets.ssdMobilenetv1.loadFromUri('/model');
         }""")
 
     def _guard(self, route):
@@ -139,6 +140,20 @@ class FaceApiPeer:
             tensor.dispose();
             return faces.map((f) => [f.box.x, f.box.y, f.box.width, f.box.height, f.score]);
         }""", [data, list(image.shape), score_threshold])
+
+    def ssd_mobilenetv1(self, image: np.ndarray, min_confidence: float = 0.5) -> list:
+        """face-api's SSD MobileNet v1 on one [512, 512, 3] float32 tensor: [(x, y, w, h,
+        score)] in the tensor's pixels (not padded nor resized: square, at the input size)."""
+        data = base64.b64encode(np.ascontiguousarray(image, dtype="<f4").tobytes()).decode()
+        return self.page.evaluate("""async ([data, shape, confidence]) => {
+            const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+            const tensor = faceapi.tf.tensor3d(new Float32Array(bytes.buffer), shape, 'float32');
+            const options = new faceapi.SsdMobilenetv1Options({ minConfidence: confidence,
+                                                                maxResults: 100 });
+            const faces = await faceapi.detectAllFaces(tensor, options);
+            tensor.dispose();
+            return faces.map((f) => [f.box.x, f.box.y, f.box.width, f.box.height, f.score]);
+        }""", [data, list(image.shape), min_confidence])
 
     def landmarks_68(self, face: np.ndarray) -> np.ndarray:
         """face-api's 68-point landmark net on one [112, 112, 3] float32 crop: [68, 2] in the

@@ -74,6 +74,18 @@ def test_landmarks_only_when_asked_in_the_photo_pixels(photo, capsys):
         assert points[0, 0] < points[16, 0]
 
 
+def test_ssd_detector_in_the_same_shape(photo, capsys):
+    assert main(["faces", str(photo), "--detector", "ssd"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    # sample1.jpg's three people (face-api's SSD finds the same three: peer test).
+    assert len(result["faces"]) == 3
+    for face in result["faces"]:
+        assert set(face) == {"box", "score"}
+        x, y, width, height = face["box"]
+        assert 0 <= x and x + width <= 1920 and 0 <= y and y + height <= 1280
+        assert 0.5 < face["score"] <= 1
+
+
 def test_table_and_refusals(photo, tmp_path, capsys):
     assert main(["faces", str(photo), "--format", "table"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -83,6 +83,8 @@ def _bias(weights, name: str, channels: int) -> Tensor:
 
 
 class TinyFaceDetector:
+    input_size = INPUT_SIZE
+
     def __init__(self, weights):
         """weights: the TfjsWeights of tiny_face_detector."""
         outputs = len(ANCHORS) * BOX_FIELDS

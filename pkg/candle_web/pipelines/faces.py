@@ -7,8 +7,9 @@ resized by the package (io/image.py), with answers in face-api's names and units
     find_faces("group.jpg", detector, landmark_net=load_landmark_net())  # + "landmarks"
 
 Boxes are in the photo's own pixels (top-left corner, width, height), as face-api's
-`detection.box`. The photo is padded to a square below/right and resized to 416 (face-api's
-TinyFaceDetectorOptions default input size), so a box comes back by one scale factor.
+`detection.box`. The photo is padded to a square below/right and resized to the detector's
+input size (416 for the tiny detector, face-api's TinyFaceDetectorOptions default; 512 for SSD
+MobileNet v1), so a box comes back by one scale factor.
 Landmarks (68 [x, y] points, face-api's `landmarks.positions`) come from each face's box cut
 from the photo, padded to a square around its centre and resized to 112; they are placed back
 where that crop lies in the photo (face-api shifts them by the unfloored box corner instead, up
@@ -25,12 +26,16 @@ from pathlib import Path
 from .. import hub
 from ..core.errors import InvalidOption, ModelNotFound
 from ..io.image import load_rgb, square_input
-from ..models.face_detector import INPUT_SIZE, DetectorOptions, TinyFaceDetector
+from ..models.face_detector import DetectorOptions, TinyFaceDetector
 from ..models.face_landmarks import FaceLandmark68Net, face_input
+from ..models.face_ssd import SsdMobilenetV1, SsdOptions
 
 DEFAULT_FACE_MODELS = "face-api"
 DETECTOR_FILES = {"tiny": ("tiny_face_detector_model-weights_manifest.json",
-                           "tiny_face_detector_model.bin")}
+                           "tiny_face_detector_model.bin"),
+                  "ssd": ("ssd_mobilenetv1_model-weights_manifest.json",
+                          "ssd_mobilenetv1_model.bin")}
+DETECTOR_CLASSES = {"tiny": TinyFaceDetector, "ssd": SsdMobilenetV1}
 DETECTORS = tuple(DETECTOR_FILES)
 LANDMARK_FILES = ("face_landmark_68_model-weights_manifest.json", "face_landmark_68_model.bin")
 
@@ -71,15 +76,22 @@ def _model_file(source, filename: str, progress) -> Path:
     return hub.fetch(str(source), filename, progress=progress)
 
 
-def load_face_detector(source=DEFAULT_FACE_MODELS, detector: str = "tiny",
-                       progress=None) -> TinyFaceDetector:
-    """The face detector `detector` from a registry name (default: face-api) or a folder of
-    face-api's model files."""
+def load_face_detector(source=DEFAULT_FACE_MODELS, detector: str = "tiny", progress=None):
+    """The face detector `detector` (tiny or ssd) from a registry name (default: face-api) or
+    a folder of face-api's model files."""
     if detector not in DETECTOR_FILES:
         raise InvalidOption(f"faces: detector {detector!r} is not one of {', '.join(DETECTORS)}")
     manifest, shard = DETECTOR_FILES[detector]
     _model_file(source, shard, progress)  # fetched (and verified) next to its manifest
-    return TinyFaceDetector.load(_model_file(source, manifest, progress))
+    return DETECTOR_CLASSES[detector].load(_model_file(source, manifest, progress))
+
+
+def detector_options(detector, score_threshold: float = 0.5):
+    """The detector's own options with the score a face needs (face-api's scoreThreshold of
+    the tiny detector, minConfidence of SSD)."""
+    if isinstance(detector, SsdMobilenetV1):
+        return SsdOptions(min_confidence=score_threshold)
+    return DetectorOptions(score_threshold=score_threshold)
 
 
 def load_landmark_net(source=DEFAULT_FACE_MODELS, progress=None) -> FaceLandmark68Net:
@@ -95,11 +107,13 @@ def face_landmarks(net: FaceLandmark68Net, rgb, box) -> list:
     return [(left + u * side, top + v * side) for u, v in net.forward(crop).tolist()]
 
 
-def detect_faces(detector: TinyFaceDetector, rgb, options: DetectorOptions = DetectorOptions(),
-                 landmark_net: FaceLandmark68Net | None = None) -> list:
-    """The faces in an [h, w, 3] RGB photo, highest score first, boxes in its pixels."""
-    tensor, factor = square_input(rgb, INPUT_SIZE)
-    side = factor * INPUT_SIZE  # the padded square's side, in the photo's pixels
+def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | None = None
+                 ) -> list:
+    """The faces in an [h, w, 3] RGB photo, highest score first, boxes in its pixels.
+    `options`: the detector's own (default: detector_options(detector))."""
+    tensor, factor = square_input(rgb, detector.input_size)
+    side = factor * detector.input_size  # the padded square's side, in the photo's pixels
+    options = detector_options(detector) if options is None else options
     faces = [Face((box.x * side, box.y * side, box.width * side, box.height * side), box.score)
              for box in detector.detect(tensor, options)]
     if landmark_net is not None:
@@ -108,8 +122,8 @@ def detect_faces(detector: TinyFaceDetector, rgb, options: DetectorOptions = Det
     return faces
 
 
-def find_faces(photo, detector: TinyFaceDetector, options: DetectorOptions = DetectorOptions(),
-               landmark_net: FaceLandmark68Net | None = None) -> PhotoFaces:
+def find_faces(photo, detector, options=None, landmark_net: FaceLandmark68Net | None = None
+               ) -> PhotoFaces:
     """Decode one photo (path or bytes) and find its faces (with their landmarks when given
     the landmark net)."""
     rgb = load_rgb(photo)
