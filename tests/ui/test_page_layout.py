@@ -55,6 +55,19 @@ IN_VIEWPORT_JS = """(selector) => {
             window: [window.innerWidth, window.innerHeight], scrollY: Math.round(scrollY)};
 }"""
 
+# Where the status box was when its line first changed after the run button (the same task
+# that changed it; a short run may end before a poll would see it start).
+WATCH_FIRST_STATUS_JS = """([phaseSelector, statusSelector]) => {
+    const where = %s;
+    window.firstStatus = null;
+    const phase = document.querySelector(phaseSelector);
+    const observer = new MutationObserver(() => {
+        observer.disconnect();
+        window.firstStatus = {text: phase.textContent, where: where(statusSelector)};
+    });
+    observer.observe(phase, {childList: true, characterData: true, subtree: true});
+}""" % IN_VIEWPORT_JS
+
 # The page's width against the window's, and the first elements that stick out (to say why).
 OVERFLOW_JS = """() => {
     const width = document.documentElement.clientWidth;
@@ -104,7 +117,7 @@ def show_view(page, view: str, size: str) -> None:
 def prepare_job(page, view: str) -> None:
     """What a person does before pressing the view's run button."""
     if view == "transcribe":
-        page.get_by_role("button", name="clip 2", exact=False).click()
+        page.locator("#sample-list button", has_text="clip 2").click()
         page.wait_for_function("() => { const s = window.candleWeb.transcribe;"
                                " return s.clip !== null && s.clip.samples !== null; }")
     elif view == "generate":
@@ -142,12 +155,11 @@ def test_a_started_job_shows_its_status_on_screen(layout_page, size):
         show_view(page, view, size)
         prepare_job(page, view)
         job = JOBS[view]
-        before = page.text_content(job["phase"])
+        page.evaluate(WATCH_FIRST_STATUS_JS, [job["phase"], job["status"]])
         page.click(job["run"])  # Playwright scrolls the button into view first, as a person does
-        page.wait_for_function("([selector, before]) => document.querySelector(selector)"
-                               ".textContent !== before", arg=[job["phase"], before])
-        where = page.evaluate(IN_VIEWPORT_JS, job["status"])
-        assert where["inside"], (view, size, page.text_content(job["phase"]), where)
+        page.wait_for_function("() => window.firstStatus !== null")
+        first = page.evaluate("() => window.firstStatus")
+        assert first["where"]["inside"], (view, size, first)
         if page.is_visible(job["error"]):  # a run that failed at once: its error too
             assert page.evaluate(IN_VIEWPORT_JS, job["error"])["inside"], (view, size)
         finish_job(page, view)
