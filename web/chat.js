@@ -65,6 +65,7 @@ class ChatView {
     this.status = new JobStatus({ job: $("chat-job"), progress: $("chat-progress"), phase: $("chat-phase"), error: $("chat-error") });
     this.store = new ChatStore();
     this.json = jsonOption = new JsonOption($("chat-json-slot"), "chat"); // "Answer as JSON"
+    this.modelNoteText = this.ui.modelNote.textContent; // what the note says before a load
     this.editing = null; // the index of the user message being edited, or null
     // What Undo brings back: {kind: "clear", id, messages} or {kind: "delete", ...store.remove's answer}.
     this.undo = null;
@@ -140,10 +141,14 @@ class ChatView {
     }
     this.json.restore(conversation.settings?.[JSON_SETTING]); // off for a chat kept without it
     if (!conversation.model) return;
-    if (!selectModel(ui.modelSelect, conversation.model)) {
+    if (selectModel(ui.modelSelect, conversation.model)) {
+      if (ui.modelNote.dataset.notOffered) ui.modelNote.textContent = this.modelNoteText;
+      delete ui.modelNote.dataset.notOffered;
+    } else if (ui.modelSelect.querySelector("option[data-registry]")) { // the list is the registry's, not the page's first guess
       const wanted = MODEL_LABELS[conversation.model] || conversation.model;
       const current = MODEL_LABELS[ui.modelSelect.value] || ui.modelSelect.value;
       ui.modelNote.textContent = `This chat ran on ${wanted}, which this page does not offer; the next turn runs on ${current}.`;
+      ui.modelNote.dataset.notOffered = "true";
     }
   }
 
@@ -196,6 +201,7 @@ class ChatView {
     const reply = await loadModel(this.client, KIND, { model }, this.status, { label, track, events: state.events });
     state.lastLoad = reply;
     state.loadedModel = reply.key;
+    delete this.ui.modelNote.dataset.notOffered;
     // Without the vendored jinja2 the prompts use a built-in format: say so (chatTemplateNote).
     const templateNote = reply.model.chatTemplateNote ? ` Note: ${reply.model.chatTemplateNote}.` : "";
     this.ui.modelNote.textContent = `${label} loaded (${describeLoad(reply)}); context ${reply.model.context} tokens.${templateNote}${describeNotKept(reply, label)}`;
@@ -388,7 +394,7 @@ export function setUpChat(client, ready) {
     view.conversation.system = ui.system.value;
     view.store.touch();
   });
-  sendOnEnter(ui.input, send);
+  sendOnEnter(ui.input, () => { if (!ui.send.disabled) send(); }); // as the button: not while busy or starting
   view.showConversation();
   // The saved chat's model can be chosen once the registry's models are listed.
   jobs.whenReady(ready, "chatted with", async () => {

@@ -198,4 +198,5 @@ def test_each_chat_keeps_its_model_and_settings_and_generate_its_model(page, pag
     reload(page, page_ready)
     assert page.locator("#chat-list li[aria-current='true'] .chat-open").inner_text() == qwen_title
     assert settings(page) == {"model": QWEN, "maxTokens": "77", "temperature": "0.7"}
+    assert "does not offer" not in page.locator("#chat-model-note").inner_text()
     assert page.locator("#generate-model").input_value() == QWEN
