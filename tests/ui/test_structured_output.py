@@ -93,6 +93,9 @@ def test_page_json_schema_answer_has_native_ids_and_validates(ready_page, native
     # Every step was masked by the page's engine: each answer token and the end token.
     grammar = got["grammar"]
     assert grammar["steps"] == len(got["tokenIds"]) + 1
+    # Each mask is read in place from web-xgrammar's memory (checked word by word against its
+    # binding's own reads at the first mask), not one JS call per word.
+    assert grammar["maskInPlace"] is True
     step_ms = got["timings"]["decodeMs"] / len(got["tokenIds"])
     report(f"[ui] Answer as JSON (SmolLM2 Q4_1, greedy, 3-field schema): {len(got['tokenIds'])} "
            f"ids equal native xgrammar's; web-xgrammar load + compile {grammar['compileMs']:.0f} "
