@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.errors import (Cancelled, CandleError, FormatError, InvalidOption, ModelNotFound,
                            UnsupportedError)
-from . import audio_fields, embedding_fields, sampling_fields
+from . import audio_fields, embedding_fields, sampling_fields, tool_fields
 from . import validation as check
 from .errors import AUTHENTICATION, NOT_FOUND, ApiError, bad_request, internal_error
 from .model_pool import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
@@ -151,7 +151,7 @@ class _Choice:
         if "logprob" in payload:
             self.logprobs.append(payload["logprob"])
 
-    def shaped(self, index: int, chat: bool, tokenizer, top_logprobs) -> dict:
+    def shaped(self, index: int, chat: bool, tokenizer, top_logprobs, tools=None) -> dict:
         text = "".join(self.pieces)
         finish = FINISH_REASONS.get(self.done["reason"], "stop")
         logprobs = None
@@ -160,9 +160,10 @@ class _Choice:
                                      for lp in self.logprobs], "refusal": None} if chat
                         else sampling_fields.completion_logprobs(tokenizer, self.logprobs))
         if chat:
-            return {"index": index, "message": {"role": "assistant", "content": text,
-                                                "refusal": None},
-                    "logprobs": logprobs, "finish_reason": finish,
+            fields, called = tool_fields.message(text, tools)
+            return {"index": index, "message": {"role": "assistant", **fields, "refusal": None},
+                    "logprobs": logprobs,
+                    "finish_reason": called if called and finish == "stop" else finish,
                     "token_ids": self.done["token_ids"]}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
                 "token_ids": self.done["token_ids"]}
@@ -317,8 +318,9 @@ class OpenAiApi:
                    for seed in sampling.choice_seeds()]
         return sampling, options
 
-    async def _run_text(self, request, body, served, prompt_ids, chat: bool):
+    async def _run_text(self, request, body, served, prompt_ids, chat: bool, tools=None):
         sampling, options = self._generation(body, served.scheduler, prompt_ids, chat)
+        options = tool_fields.with_constraint(options, tools)
         if options[0].constraint is not None:  # compiled here, not on the scheduler thread
             config = served.loaded.model.config
             await asyncio.get_running_loop().run_in_executor(
@@ -350,7 +352,7 @@ class OpenAiApi:
         tokenizer = served.loaded.tokenizer
         if stream:
             return self._stream_text(request, queue, jobs, served.name, ident, created, chat,
-                                     include_usage, tokenizer, headers)
+                                     include_usage, tokenizer, headers, tools)
         choices = [_Choice() for _ in jobs]
         try:
             while not all(choice.done for choice in choices):
@@ -378,7 +380,7 @@ class OpenAiApi:
                                else "text_completion", "created": created,
                                "model": served.name, "system_fingerprint": None,
                                "choices": [choice.shaped(index, chat, tokenizer,
-                                                         sampling.top_logprobs)
+                                                         sampling.top_logprobs, tools)
                                            for index, choice in enumerate(choices)],
                                "usage": usage,
                                # candle-web's own: the generated ids (equal to the CLI's) and
@@ -387,7 +389,7 @@ class OpenAiApi:
                               headers=headers)
 
     def _stream_text(self, request, queue, jobs, model, ident, created, chat, include_usage,
-                     tokenizer, headers):
+                     tokenizer, headers, tools=None):
         from starlette.responses import StreamingResponse  # noqa: PLC0415
 
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -400,7 +402,10 @@ class OpenAiApi:
             return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode("utf-8")
 
         def piece(index: int, text: str = None, finish: str = None, role: bool = False,
-                  logprobs: dict = None) -> dict:
+                  logprobs: dict = None, delta: dict = None) -> dict:
+            if chat and delta is not None:  # a tool call's piece (tool_fields.stream_reader)
+                return {"index": index, "delta": delta, "logprobs": logprobs,
+                        "finish_reason": finish}
             if chat:
                 delta = {}
                 if role:
@@ -414,6 +419,7 @@ class OpenAiApi:
 
         async def events():
             finished, offsets, completion = {}, [0] * len(jobs), 0
+            readers = [tool_fields.stream_reader(tools) for _ in jobs]
             try:
                 if chat:
                     for index in range(len(jobs)):
@@ -431,7 +437,15 @@ class OpenAiApi:
                                 else sampling_fields.completion_logprobs(
                                     tokenizer, [payload["logprob"]], offsets[index]))
                         offsets[index] += len(payload["text"])
-                        yield chunk([piece(index, payload["text"], logprobs=logprobs)])
+                        if readers[index] is None:
+                            yield chunk([piece(index, payload["text"], logprobs=logprobs)])
+                            continue
+                        # Text, or a tool call's pieces once the model writes one.
+                        deltas = readers[index].feed(payload["text"]) or (
+                            [{}] if logprobs else [])
+                        for number, delta in enumerate(deltas):
+                            yield chunk([piece(index, delta=delta,
+                                               logprobs=None if number else logprobs)])
                     elif kind == "error":
                         error = internal_error(payload)
                         yield f"data: {error.body().decode('utf-8')}\n\n".encode("utf-8")
@@ -440,6 +454,11 @@ class OpenAiApi:
                         finished[index] = payload
                         completion += len(payload["token_ids"])
                         finish = FINISH_REASONS.get(payload["reason"], "stop")
+                        if readers[index] is not None:
+                            for delta in readers[index].finish():
+                                yield chunk([piece(index, delta=delta)])
+                            if readers[index].calls and finish == "stop":
+                                finish = "tool_calls"
                         yield chunk([piece(index, finish=finish)])
                 if include_usage and len(finished) == len(jobs):
                     first = finished[0]
@@ -462,7 +481,7 @@ class OpenAiApi:
         served = await self.loaded(check.string(body, "model", required=True), (TEXT_KIND,))
         messages = check.messages(body)
         for index, message in enumerate(messages):
-            if len(message["content"]) > self.limits.max_input_chars:
+            if len(message["content"] or "") > self.limits.max_input_chars:
                 raise bad_request(f"messages[{index}].content: longer than "
                                   f"{self.limits.max_input_chars} characters",
                                   f"messages[{index}].content", "string_above_max_length")
@@ -471,13 +490,15 @@ class OpenAiApi:
             raise bad_request(f"model: {served.name} has no usable chat template ({template}); "
                               "use /v1/completions", "model", "model_not_supported")
         tokenizer = served.loaded.tokenizer
+        tools = tool_fields.parse(body, messages, template, served.name)
 
         def encode() -> list:
-            return list(tokenizer.encode(template.render(messages), add_special_tokens=False).ids)
+            prompt = tool_fields.render(template, messages, tools)
+            return list(tokenizer.encode(prompt, add_special_tokens=False).ids)
 
         # In a thread: a long prompt must not stall the event loop (and every other stream).
         prompt_ids = await asyncio.get_running_loop().run_in_executor(None, encode)
-        return await self._run_text(request, body, served, prompt_ids, chat=True)
+        return await self._run_text(request, body, served, prompt_ids, chat=True, tools=tools)
 
     # -- POST /v1/completions --
     async def completions(self, request):

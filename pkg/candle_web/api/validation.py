@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from .errors import ApiError, bad_request
@@ -141,7 +142,48 @@ def text_content(content, param: str) -> str:
                       f"{_describe(content)}", param, "invalid_type")
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _nested_string(obj: dict, key: str, where: str, **options):
+    """`string` for a field inside the body: errors name its whole path."""
+    return string({f"{where}.{key}": obj.get(key)}, f"{where}.{key}", **options)
+
+
+def _tool_calls(message: dict, where: str) -> list:
+    """An assistant message's `tool_calls` as OpenAI sends them back: [{"id", "type":
+    "function", "function": {"name", "arguments": JSON text of an object}}]."""
+    value = message.get("tool_calls")
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_request(f"{where}.tool_calls: expected an array, got {_describe(value)}",
+                          f"{where}.tool_calls", "invalid_type")
+    calls = []
+    for index, call in enumerate(value):
+        here = f"{where}.tool_calls[{index}]"
+        if not isinstance(call, dict):
+            raise bad_request(f"{here}: expected an object, got {_describe(call)}", here,
+                              "invalid_type")
+        _nested_string(call, "type", here, choices=("function",))
+        call_id = _nested_string(call, "id", here, required=True)
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise bad_request(f"{here}.function: expected an object with name and arguments",
+                              f"{here}.function", "invalid_type")
+        name = _nested_string(function, "name", f"{here}.function", required=True)
+        arguments = _nested_string(function, "arguments", f"{here}.function", required=True)
+        try:
+            decoded = json.loads(arguments)
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            raise bad_request(f"{here}.function.arguments: expected the JSON text of an object, "
+                              f"got {arguments[:40]!r}", f"{here}.function.arguments",
+                              "invalid_value")
+        calls.append({"id": call_id, "type": "function",
+                      "function": {"name": name, "arguments": arguments}})
+    return calls
 
 
 def messages(body: dict, max_count: int = 1024) -> list:
@@ -166,9 +208,20 @@ def messages(body: dict, max_count: int = 1024) -> list:
         if role not in ROLES:
             raise bad_request(f"{where}.role: expected one of {', '.join(ROLES)}, got "
                               f"{_describe(role)}", f"{where}.role")
+        calls = _tool_calls(message, where) if role == "assistant" else []
+        # An assistant turn that only called tools has no content (OpenAI sends null).
+        content = message.get("content")
+        content = (None if content is None and calls
+                   else text_content(content, f"{where}.content"))
         # "developer" is OpenAI's newer name for the system message.
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": text_content(message.get("content"), f"{where}.content")})
+        item = {"role": "system" if role == "developer" else role, "content": content}
+        if calls:
+            item["tool_calls"] = calls
+        if role == "tool":
+            item["tool_call_id"] = _nested_string(message, "tool_call_id", where, required=True)
+        if isinstance(message.get("name"), str) and role in ("tool", "user", "assistant"):
+            item["name"] = message["name"]
+        out.append(item)
     return out
 
 

@@ -67,7 +67,9 @@ def _normalise_messages(messages) -> list:
         else:
             raise CandleError(f"chat message {index}: expected {{'role', 'content'}} or a "
                               f"(role, content) pair, got {message!r}")
-        if not isinstance(role, str) or not isinstance(content, str):
+        # An assistant turn that only called tools has no content (OpenAI's null).
+        calls_only = content is None and isinstance(message, dict) and message.get("tool_calls")
+        if not isinstance(role, str) or not (isinstance(content, str) or calls_only):
             raise CandleError(f"chat message {index}: role and content must be strings, got "
                               f"role={role!r} content={type(content).__name__}")
         out.append((role, content))
