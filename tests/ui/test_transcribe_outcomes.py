@@ -110,3 +110,34 @@ def test_a_cancelled_transcription_keeps_and_exports_its_segments(page):
     # The shown transcript is the kept one, and the stats (no timings for it) are hidden.
     assert page.locator("#segments li.segment").count() == len(kept)
     assert page.locator("#stats").is_hidden()
+
+
+def test_time_left_counts_windows_not_seconds_of_audio(ready_page):
+    """The issue's 60.64 s file: two 30 s windows took 10 s each, then the 0.64 s tail window
+    (a window's work: the encoder reads it padded to 30 s, the decoder writes up to ~450
+    tokens). Seconds of audio set the pace only until a window has ended."""
+    left = ready_page.evaluate("""async () => {
+        const { WindowClock } = await import('./transcribe/time_left.js');
+        const clock = new WindowClock();
+        const total = 60.64;
+        const at = (now, reached) => clock.left(now, reached, total);
+        const seen = {};
+        clock.window(0, 0);
+        seen.firstWindow = at(4000, 0);           // nothing measured yet
+        seen.firstSegments = at(8000, 20);        // 20 s of audio in 8 s: the audio pace
+        clock.window(30, 10000);
+        seen.secondWindow = at(12000, 30);
+        clock.window(60, 20000);
+        seen.tailStarts = at(20000, 60);
+        seen.tailHalfway = at(25000, 60);
+        seen.tailOverdue = at(36000, 60);
+        return seen;
+    }""")
+    assert left["firstWindow"] == {"seconds": None, "finishing": False}
+    assert left["firstSegments"]["seconds"] == pytest.approx(8 / 20 * 40.64)
+    # One window (10 s) after this one, and 8 s of this one.
+    assert left["secondWindow"] == {"seconds": pytest.approx(18.0), "finishing": False}
+    # The tail window is a whole window's time, not 0.64 s of audio at the audio pace (0.26 s).
+    assert left["tailStarts"] == {"seconds": pytest.approx(10.0), "finishing": False}
+    assert left["tailHalfway"] == {"seconds": pytest.approx(5.0), "finishing": False}
+    assert left["tailOverdue"] == {"seconds": 0, "finishing": True}

@@ -3,6 +3,7 @@
 // a running transcription, all rendered from what the worker sends.
 
 import { formatBytes, formatSeconds } from "../view_common.js";
+import { WindowClock } from "./time_left.js";
 import {
   EXPORT_FORMATS, EXPORT_TYPES, WINDOW_SECONDS, describeSpeed, fileBase, formatAmount, formatClock, formatLeft, languageName,
 } from "./format.js";
@@ -243,15 +244,15 @@ export function transcribeProgress({ ui, state, transcript }, item, totalSeconds
   let reached = 0;
   let tokens = 0;
   let windowText = "";
-  let firstWindowAt = null;
+  const clock = new WindowClock();
   state.progress = { doneSeconds: 0, totalSeconds, leftSeconds: null };
   const shown = () => state.clip === item;
   const line = (what) => {
     let left = "";
-    if (firstWindowAt !== null && reached > 0 && reached < totalSeconds) {
-      const rate = (performance.now() - firstWindowAt) / 1000 / reached;
-      state.progress.leftSeconds = rate * (totalSeconds - reached);
-      left = ` · ${formatLeft(state.progress.leftSeconds)}`;
+    const { seconds, finishing } = clock.left(performance.now(), reached, totalSeconds);
+    if (seconds !== null) {
+      state.progress.leftSeconds = seconds;
+      left = finishing ? " · finishing the last window" : ` · ${formatLeft(seconds)}`;
     }
     state.progress.doneSeconds = reached;
     ui.phase.textContent = `${formatAmount(reached, totalSeconds)} transcribed${left} — ${windowText}: ${what}`;
@@ -263,8 +264,8 @@ export function transcribeProgress({ ui, state, transcript }, item, totalSeconds
       ui.phase.textContent = `Detected language: ${languageName(data.language)} (${data.language}, ${(data.probability * 100).toFixed(0)}%)`;
     },
     window: (data) => {
-      if (firstWindowAt === null) firstWindowAt = performance.now();
       const start = data.seek_seconds;
+      clock.window(start, performance.now());
       reached = Math.max(reached, start);
       const end = Math.min(start + WINDOW_SECONDS, totalSeconds);
       windowText = `window ${formatClock(offset + start)}–${formatClock(offset + end)}`;
