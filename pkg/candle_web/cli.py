@@ -240,15 +240,17 @@ def cmd_embed(args) -> int:
 def cmd_faces(args) -> int:
     import json
 
-    from .pipelines.faces import (detector_options, find_faces, load_face_detector,
-                                  load_landmark_net)
+    from .pipelines.faces import (detector_options, find_faces, load_expression_net,
+                                  load_face_detector, load_landmark_net)
 
     detector = load_face_detector(args.model, args.detector, progress=_download_progress())
     options = detector_options(detector, args.score_threshold)
     landmark_net = (load_landmark_net(args.model, progress=_download_progress())
                     if args.landmarks else None)
+    expression_net = (load_expression_net(args.model, progress=_download_progress())
+                      if args.expressions else None)
     for photo in args.photos:
-        result = find_faces(photo, detector, options, landmark_net)
+        result = find_faces(photo, detector, options, landmark_net, expression_net)
         if args.format == "json":
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
             continue
@@ -256,8 +258,12 @@ def cmd_faces(args) -> int:
               f"face{'' if len(result.faces) == 1 else 's'}")
         for index, face in enumerate(result.faces, start=1):
             x, y, width, height = face.box
+            mood = ""
+            if face.expressions:
+                top = max(face.expressions, key=face.expressions.get)
+                mood = f"  {top} {face.expressions[top]:.2f}"
             print(f"  {index:>3}  x {x:7.1f}  y {y:7.1f}  w {width:7.1f}  h {height:7.1f}  "
-                  f"score {face.score:.3f}", flush=True)
+                  f"score {face.score:.3f}{mood}", flush=True)
     return 0
 
 
@@ -427,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the score a box needs to count as a face (0..1, default 0.5)")
     f.add_argument("--landmarks", action="store_true",
                    help="add each face's 68 landmarks (face-api's face_landmark_68 net)")
+    f.add_argument("--expressions", action="store_true",
+                   help="add each face's expression probabilities (neutral, happy, sad, angry, "
+                        "fearful, disgusted, surprised)")
     f.add_argument("--model", default="face-api",
                    help="registry name or a folder of face-api's model files")
     f.add_argument("--format", default="json", choices=("json", "table"),

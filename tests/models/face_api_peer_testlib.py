@@ -109,6 +109,7 @@ class FaceApiPeer:
             await faceapi.nets.tinyFaceDetector.loadFromUri('/model');
             await faceapi.nets.faceLandmark68Net.loadFromUri('/model');
             await faceapi.nets.ssdMobilenetv1.loadFromUri('/model');
+            await faceapi.nets.faceExpressionNet.loadFromUri('/model');
         }""")
 
     def _guard(self, route):
@@ -167,6 +168,18 @@ class FaceApiPeer:
             return landmarks.relativePositions.map((p) => [p.x, p.y]);
         }""", [data, list(face.shape)])
         return np.array(points, dtype=np.float64)
+
+    def expressions(self, face: np.ndarray) -> dict:
+        """face-api's expression net on one [112, 112, 3] float32 crop: {label: probability}."""
+        data = base64.b64encode(np.ascontiguousarray(face, dtype="<f4").tobytes()).decode()
+        return self.page.evaluate("""async ([data, shape]) => {
+            const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+            const tensor = faceapi.tf.tensor3d(new Float32Array(bytes.buffer), shape, 'float32');
+            const found = await faceapi.nets.faceExpressionNet.predictExpressions(tensor);
+            tensor.dispose();
+            return Object.fromEntries(found.asSortedArray().map((e) => [e.expression,
+                                                                        e.probability]));
+        }""", [data, list(face.shape)])
 
     def tiny_face_detector_on_photo(self, name: str, score_threshold: float = 0.5) -> list:
         """face-api's tiny detector given the photo itself (an <img>: face-api's own canvas

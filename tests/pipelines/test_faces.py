@@ -74,6 +74,21 @@ def test_landmarks_only_when_asked_in_the_photo_pixels(photo, capsys):
         assert points[0, 0] < points[16, 0]
 
 
+def test_expressions_only_when_asked(photo, capsys):
+    assert main(["faces", str(photo), "--expressions"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for face in result["faces"]:
+        assert set(face) == {"box", "score", "expressions"}
+        assert list(face["expressions"]) == ["neutral", "happy", "sad", "angry", "fearful",
+                                             "disgusted", "surprised"]
+        # Probabilities (rounded to 6 places each, so the sum may miss 1 by 7 * 5e-7).
+        assert abs(sum(face["expressions"].values()) - 1) <= 4e-6
+    assert main(["faces", str(photo), "--expressions", "--format", "table"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert all(line.split()[-2] in ("neutral", "happy", "sad", "angry", "fearful", "disgusted",
+                                    "surprised") for line in lines)
+
+
 def test_ssd_detector_in_the_same_shape(photo, capsys):
     assert main(["faces", str(photo), "--detector", "ssd"]) == 0
     result = json.loads(capsys.readouterr().out)

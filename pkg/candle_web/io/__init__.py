@@ -10,5 +10,6 @@ from ..core._lazy import lazy_submodules
 
 __getattr__, __dir__ = lazy_submodules(__name__, ("safetensors", "npz", "gguf", "ct2", "wav",
                                                   "audio", "resample", "weights", "checkpoint",
-                                                  "pytorch", "pickle_vm", "pickle_values", "tfjs", "image"),
+                                                  "pytorch", "pickle_vm", "pickle_values", "tfjs",
+                                                  "image"),
                                        globals())

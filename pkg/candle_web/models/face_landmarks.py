@@ -1,6 +1,8 @@
 """face-api's 68-point face landmark net (face-api 1.7.15, `face_landmark_68_model`, MIT; 357 KB
 of uint8-quantized TensorFlow.js weights): where the jaw, brows, nose, eyes and mouth are in a
-face crop, the 68 points of the iBUG 300-W scheme.
+face crop, the 68 points of the iBUG 300-W scheme. Its expression net (`face_expression_model`,
+329 KB) is the same network with other weights and a 7-way fc layer, softmaxed over neutral,
+happy, sad, angry, fearful, disgusted and surprised.
 
 The network, on a 112x112 face crop (padded to a square around its centre, then resized:
 `face_input`), channels first:
@@ -31,6 +33,7 @@ MODEL = "face landmark net"
 INPUT_SIZE = 112
 MEAN_RGB = (122.782, 117.001, 104.298)
 POINTS = 68
+EXPRESSIONS = ("neutral", "happy", "sad", "angry", "fearful", "disgusted", "surprised")
 # (input, output) channels of the four dense blocks.
 BLOCKS = ((3, 32), (32, 64), (64, 128), (128, 256))
 LAYERS_PER_BLOCK = 4
@@ -90,35 +93,64 @@ def _same_padding(x: Tensor, stride: int) -> Tensor:
     return x.pad_with_zeros(2, 0, 1).pad_with_zeros(3, 0, 1)
 
 
-class FaceLandmark68Net:
+class _FaceFeatureNet:
+    """The four dense blocks, the average pool and an fc layer of `outputs` values: the
+    landmark net and the expression net differ only in their weights and that layer."""
+
+    outputs = 0
+    model = ""
+
     def __init__(self, weights):
-        """weights: the TfjsWeights of face_landmark_68."""
         self.blocks = [_DenseBlock(weights, f"dense{index}", c_in, c_out, first=index == 0)
                        for index, (c_in, c_out) in enumerate(BLOCKS)]
-        self.fc_weights = Tensor.from_numpy(weights.get_shaped("fc/weights", (256, 2 * POINTS),
-                                                               MODEL))
-        self.fc_bias = Tensor.from_numpy(weights.get_shaped("fc/bias", (2 * POINTS,), MODEL))
+        self.fc_weights = Tensor.from_numpy(weights.get_shaped(
+            "fc/weights", (BLOCKS[-1][1], self.outputs), self.model))
+        self.fc_bias = Tensor.from_numpy(weights.get_shaped("fc/bias", (self.outputs,),
+                                                            self.model))
 
-    @staticmethod
-    def load(manifest_path) -> "FaceLandmark68Net":
-        """From `face_landmark_68_model-weights_manifest.json` (its .bin next to it)."""
+    @classmethod
+    def load(cls, manifest_path):
+        """From the model's `*-weights_manifest.json` (its .bin next to it)."""
         from ..io.tfjs import TfjsWeights
 
-        return FaceLandmark68Net(TfjsWeights.load(manifest_path))
+        return cls(TfjsWeights.load(manifest_path))
 
-    def forward(self, face: np.ndarray) -> np.ndarray:
-        """[68, 2] (x, y) in units of the crop, for one [112, 112, 3] float crop (RGB,
-        0..255)."""
+    def features(self, face: np.ndarray) -> np.ndarray:
+        """The fc layer's [outputs] for one [112, 112, 3] float crop (RGB, 0..255)."""
         if face.shape != (INPUT_SIZE, INPUT_SIZE, 3):
-            raise InvalidOption(f"face landmark net: expected a [{INPUT_SIZE}, {INPUT_SIZE}, 3] "
+            raise InvalidOption(f"{self.model}: expected a [{INPUT_SIZE}, {INPUT_SIZE}, 3] "
                                 f"crop, got {list(face.shape)}")
         normalized = (np.asarray(face, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
         x = Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
         for block in self.blocks:
             x = block(x)  # ... [1, 256, 7, 7]
         pooled = x.mean((2, 3))  # [1, 256]: the 7x7 average pool over the whole map
-        out = pooled.matmul(self.fc_weights).broadcast_add(self.fc_bias)  # [1, 136]
-        return out.to_numpy().reshape(POINTS, 2)
+        return pooled.matmul(self.fc_weights).broadcast_add(self.fc_bias).to_numpy()[0]
+
+
+class FaceLandmark68Net(_FaceFeatureNet):
+    """weights: the TfjsWeights of face_landmark_68."""
+
+    outputs = 2 * POINTS
+    model = MODEL
+
+    def forward(self, face: np.ndarray) -> np.ndarray:
+        """[68, 2] (x, y) in units of the crop, for one [112, 112, 3] float crop."""
+        return self.features(face).reshape(POINTS, 2)
+
+
+class FaceExpressionNet(_FaceFeatureNet):
+    """weights: the TfjsWeights of face_expression: the same trunk, fc 256 -> 7, softmax."""
+
+    outputs = len(EXPRESSIONS)
+    model = "face expression net"
+
+    def forward(self, face: np.ndarray) -> dict:
+        """{expression: probability} for one [112, 112, 3] float crop (face-api's labels)."""
+        logits = self.features(face).astype(np.float64)
+        probabilities = np.exp(logits - logits.max())
+        probabilities /= probabilities.sum()
+        return {label: float(value) for label, value in zip(EXPRESSIONS, probabilities)}
 
 
 def face_input(rgb: np.ndarray, box) -> tuple[np.ndarray, tuple]:

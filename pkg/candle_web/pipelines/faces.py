@@ -13,8 +13,8 @@ MobileNet v1), so a box comes back by one scale factor.
 Landmarks (68 [x, y] points, face-api's `landmarks.positions`) come from each face's box cut
 from the photo, padded to a square around its centre and resized to 112; they are placed back
 where that crop lies in the photo (face-api shifts them by the unfloored box corner instead, up
-to a pixel away from the crop it read). Descriptors, age/gender and expressions (issue 34) are
-not built yet.
+to a pixel away from the crop it read). Expressions (face-api's seven probabilities) read the
+same crop. Descriptors and age/gender (issue 34) are not built yet.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .. import hub
 from ..core.errors import InvalidOption, ModelNotFound
 from ..io.image import load_rgb, square_input
 from ..models.face_detector import DetectorOptions, TinyFaceDetector
-from ..models.face_landmarks import FaceLandmark68Net, face_input
+from ..models.face_landmarks import FaceExpressionNet, FaceLandmark68Net, face_input
 from ..models.face_ssd import SsdMobilenetV1, SsdOptions
 
 DEFAULT_FACE_MODELS = "face-api"
@@ -38,6 +38,7 @@ DETECTOR_FILES = {"tiny": ("tiny_face_detector_model-weights_manifest.json",
 DETECTOR_CLASSES = {"tiny": TinyFaceDetector, "ssd": SsdMobilenetV1}
 DETECTORS = tuple(DETECTOR_FILES)
 LANDMARK_FILES = ("face_landmark_68_model-weights_manifest.json", "face_landmark_68_model.bin")
+EXPRESSION_FILES = ("face_expression_model-weights_manifest.json", "face_expression_model.bin")
 
 
 @dataclass
@@ -45,11 +46,15 @@ class Face:
     box: tuple  # (x, y, width, height) in the photo's pixels
     score: float
     landmarks: list | None = None  # 68 (x, y) in the photo's pixels, when asked for
+    expressions: dict | None = None  # expression -> probability, when asked for
 
     def to_json(self) -> dict:
         out = {"box": [round(value, 2) for value in self.box], "score": round(self.score, 6)}
         if self.landmarks is not None:
             out["landmarks"] = [[round(x, 2), round(y, 2)] for x, y in self.landmarks]
+        if self.expressions is not None:
+            out["expressions"] = {name: round(value, 6)
+                                  for name, value in self.expressions.items()}
         return out
 
 
@@ -81,9 +86,7 @@ def load_face_detector(source=DEFAULT_FACE_MODELS, detector: str = "tiny", progr
     a folder of face-api's model files."""
     if detector not in DETECTOR_FILES:
         raise InvalidOption(f"faces: detector {detector!r} is not one of {', '.join(DETECTORS)}")
-    manifest, shard = DETECTOR_FILES[detector]
-    _model_file(source, shard, progress)  # fetched (and verified) next to its manifest
-    return DETECTOR_CLASSES[detector].load(_model_file(source, manifest, progress))
+    return _load(DETECTOR_CLASSES[detector], DETECTOR_FILES[detector], source, progress)
 
 
 def detector_options(detector, score_threshold: float = 0.5):
@@ -94,11 +97,20 @@ def detector_options(detector, score_threshold: float = 0.5):
     return DetectorOptions(score_threshold=score_threshold)
 
 
+def _load(model_class, files, source, progress):
+    manifest, shard = files
+    _model_file(source, shard, progress)  # fetched (and verified) next to its manifest
+    return model_class.load(_model_file(source, manifest, progress))
+
+
 def load_landmark_net(source=DEFAULT_FACE_MODELS, progress=None) -> FaceLandmark68Net:
     """face-api's 68-point landmark net from a registry name or a folder."""
-    manifest, shard = LANDMARK_FILES
-    _model_file(source, shard, progress)
-    return FaceLandmark68Net.load(_model_file(source, manifest, progress))
+    return _load(FaceLandmark68Net, LANDMARK_FILES, source, progress)
+
+
+def load_expression_net(source=DEFAULT_FACE_MODELS, progress=None) -> FaceExpressionNet:
+    """face-api's expression net from a registry name or a folder."""
+    return _load(FaceExpressionNet, EXPRESSION_FILES, source, progress)
 
 
 def face_landmarks(net: FaceLandmark68Net, rgb, box) -> list:
@@ -107,8 +119,8 @@ def face_landmarks(net: FaceLandmark68Net, rgb, box) -> list:
     return [(left + u * side, top + v * side) for u, v in net.forward(crop).tolist()]
 
 
-def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | None = None
-                 ) -> list:
+def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | None = None,
+                 expression_net: FaceExpressionNet | None = None) -> list:
     """The faces in an [h, w, 3] RGB photo, highest score first, boxes in its pixels.
     `options`: the detector's own (default: detector_options(detector))."""
     tensor, factor = square_input(rgb, detector.input_size)
@@ -119,14 +131,17 @@ def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | 
     if landmark_net is not None:
         for face in faces:
             face.landmarks = face_landmarks(landmark_net, rgb, face.box)
+    if expression_net is not None:
+        for face in faces:
+            face.expressions = expression_net.forward(face_input(rgb, face.box)[0])
     return faces
 
 
-def find_faces(photo, detector, options=None, landmark_net: FaceLandmark68Net | None = None
-               ) -> PhotoFaces:
-    """Decode one photo (path or bytes) and find its faces (with their landmarks when given
-    the landmark net)."""
+def find_faces(photo, detector, options=None, landmark_net: FaceLandmark68Net | None = None,
+               expression_net: FaceExpressionNet | None = None) -> PhotoFaces:
+    """Decode one photo (path or bytes) and find its faces (with their landmarks and
+    expressions when given those nets)."""
     rgb = load_rgb(photo)
     name = "<bytes>" if isinstance(photo, (bytes, bytearray, memoryview)) else os.fspath(photo)
     return PhotoFaces(name, int(rgb.shape[1]), int(rgb.shape[0]),
-                      detect_faces(detector, rgb, options, landmark_net))
+                      detect_faces(detector, rgb, options, landmark_net, expression_net))
