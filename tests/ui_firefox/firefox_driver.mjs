@@ -115,6 +115,7 @@ const COMMANDS = {
   click: ({ page, selector, timeoutMs }) => page.locator(selector).setTimeout(timeoutMs).click(),
   select: ({ page, selector, value }) => page.select(selector, value),
   reload: ({ page }) => page.reload({ waitUntil: "load" }),
+  viewport: ({ page, width, height }) => page.setViewport({ width, height }),
   screenshot: ({ page, path }) => page.screenshot({ path, fullPage: true }).then(() => path),
   log: ({ entry }) => entry.log,
   close: async ({ entry, pageId }) => {

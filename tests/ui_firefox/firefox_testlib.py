@@ -218,6 +218,10 @@ class FirefoxPage:
     def reload(self) -> None:
         self._command("reload", timeout=120_000)
 
+    def set_viewport_size(self, size: dict) -> None:
+        """As Playwright's: {"width": ..., "height": ...} CSS pixels."""
+        self._command("viewport", width=size["width"], height=size["height"])
+
     def screenshot(self, path: str) -> str:
         return self._command("screenshot", path=str(path))
 
