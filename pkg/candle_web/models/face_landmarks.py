@@ -153,8 +153,9 @@ class FaceExpressionNet(_FaceFeatureNet):
         return {label: float(value) for label, value in zip(EXPRESSIONS, probabilities)}
 
 
-def face_input(rgb: np.ndarray, box) -> tuple[np.ndarray, tuple]:
-    """The [112, 112, 3] float crop of `box` (x, y, width, height in the photo's pixels) and
+def face_input(rgb: np.ndarray, box, size: int = INPUT_SIZE) -> tuple[np.ndarray, tuple]:
+    """The [size, size, 3] float crop of `box` (x, y, width, height in the photo's pixels;
+    size 112 for the landmark, expression and age/gender nets, 150 for the descriptor) and
     (left, top, side): where that crop's square lies in the photo, so that a point (u, v) in
     crop units is at (left + u * side, top + v * side).
 
@@ -176,4 +177,4 @@ def face_input(rgb: np.ndarray, box) -> tuple[np.ndarray, tuple]:
     before_y, before_x = side - crop_h - after_y, side - crop_w - after_x
     square = np.zeros((side, side, 3), dtype=np.float32)
     square[before_y:before_y + crop_h, before_x:before_x + crop_w] = crop
-    return resize(square, INPUT_SIZE, INPUT_SIZE), (left - before_x, top - before_y, side)
+    return resize(square, size, size), (left - before_x, top - before_y, side)

@@ -127,3 +127,47 @@ def causal_mask(seq_len: int, offset: int = 0, dtype=None, device=None) -> Tenso
     mask = np.where(cols > rows, -np.inf, 0.0).astype(np.float32)
     t = Tensor.from_numpy(mask, device=device)
     return t if dtype is None else t.to_dtype(dtype)
+
+
+def _every_stride(x: Tensor, dim: int, count: int, stride: int) -> Tensor:
+    """Positions 0, stride, ..., (count - 1) * stride of `dim`."""
+    if stride == 1:
+        return x.narrow(dim, 0, count)
+    size = x.dims()[dim]
+    wanted = count * stride
+    # Whole strides only: cut the tail, or repeat the edge where the last one runs short
+    # (those rows are dropped with the rest of the stride).
+    x = x.narrow(dim, 0, wanted) if size >= wanted else x.pad_with_same(dim, 0, wanted - size)
+    dims = x.dims()
+    strided = x.reshape(dims[:dim] + (count, stride) + dims[dim + 1:])
+    return strided.narrow(dim + 1, 0, 1).squeeze(dim + 1)
+
+
+def max_pool2d(x: Tensor, kernel: int, stride: int, pad_end: int = 0) -> Tensor:
+    """The max over kernel x kernel windows of [b, c, h, w], one every `stride` pixels.
+    `pad_end` rows and columns added at the bottom/right repeat the edge, so they never win a
+    max: TensorFlow's "same" pooling where its padding falls after the image only."""
+    if kernel < 1 or stride < 1:
+        raise CandleError(f"max_pool2d: kernel {kernel} and stride {stride} must be >= 1")
+    for dim in (2, 3):
+        x = x.pad_with_same(dim, 0, pad_end) if pad_end else x
+        span = x.dims()[dim] - kernel + 1
+        if span < 1:
+            raise ShapeMismatch(f"max_pool2d: a {kernel}-wide window does not fit dim {dim} of "
+                                f"{list(x.shape)}")
+        window_max = x.narrow(dim, 0, span)
+        for offset in range(1, kernel):
+            window_max = window_max.maximum(x.narrow(dim, offset, span))
+        x = _every_stride(window_max, dim, (span - 1) // stride + 1, stride)
+    return x
+
+
+def avg_pool2d(x: Tensor, kernel: int) -> Tensor:
+    """The mean of each kernel x kernel tile of [b, c, h, w] (stride = kernel); a partial tile
+    at the bottom/right is dropped, as TensorFlow's "valid" pooling does."""
+    batch, channels, height, width = x.dims()
+    rows, cols = height // kernel, width // kernel
+    if rows < 1 or cols < 1:
+        raise ShapeMismatch(f"avg_pool2d: a {kernel}x{kernel} tile does not fit {list(x.shape)}")
+    x = x.narrow(2, 0, rows * kernel).narrow(3, 0, cols * kernel)
+    return x.reshape((batch, channels, rows, kernel, cols, kernel)).mean((3, 5))
