@@ -147,8 +147,8 @@ def test_three_turns_recall_reuse_regenerate_edit_and_reload(page, native, page_
     assert_whole_prompt_ran(first, second, third)
     assert second["promptTokens"] > first["promptTokens"] + len(first["tokenIds"])
     reuse = page.locator("#chat-reuse")
-    assert reuse.inner_text() == (f"Prompt: {third['promptTokens']} tokens, all run "
-                                  "(no cache reuse on this backend).")
+    assert reuse.inner_text() == (f"Prompt: {third['promptTokens']} tokens, all read again "
+                                  "(no reuse on this backend).")
     assert reuse.get_attribute("title") == third["reuseNote"]
     speed = page.locator("#chat-speed").inner_text()
     assert speed.startswith(f"Answer: {len(third['tokenIds'])} tokens · ") and "tok/s" in speed

@@ -131,7 +131,7 @@ def test_the_status_line_reads_as_two_sentences(ready_page):
                 describeAnswer(24, 11.96)];
     }""")
     assert said == ["Prompt: 326 tokens: 14 new, 312 reused from the cache.",
-                    "Prompt: 48 tokens, all run (no cache reuse on this backend).",
+                    "Prompt: 48 tokens, all read again (no reuse on this backend).",
                     "Answer: 24 tokens · 12.0 tok/s"]
 
 
