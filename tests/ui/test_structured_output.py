@@ -171,6 +171,8 @@ def test_chat_json_option_answers_json_and_stays_with_its_chat(ready_page, nativ
     assert got["grammar"]["engine"] == "web-xgrammar"
     jsonschema.validate(json.loads(got["text"]), SCHEMA)
     assert got["tokenIds"] == native_twin.result()["results"][0]["tokenIds"]
+    shown = page.locator("#chat-turns .chat-assistant").last.locator("pre.json-answer")
+    assert json.loads(shown.inner_text()) == json.loads(got["text"])  # shown formatted
 
     # A new chat starts with the open one's settings; turned off there, it stays off there,
     # and the first chat opens again with its schema on.

@@ -3,6 +3,7 @@
 // last one). Nothing here runs a job: the buttons call the handlers the view passes in.
 
 import { countOf } from "../view_common.js";
+import { formattedJson, showJsonAnswer } from "../structured_output.js";
 import { renderMarkdown } from "./markdown.js";
 
 const ROLE_LABELS = { user: "You", assistant: "Assistant" };
@@ -56,8 +57,13 @@ export function messageNode(message, index, { canEdit, canRegenerate, onEdit, on
   role.textContent = ROLE_LABELS[message.role] || message.role;
   const body = document.createElement("div");
   body.className = "chat-body";
-  if (message.role === "assistant") renderMarkdown(body, message.content);
-  else body.textContent = message.content;
+  if (message.role === "assistant") {
+    // An answer that is a JSON object (Answer as JSON) is shown formatted, the rest as Markdown.
+    if (message.content.trimStart().startsWith("{") && formattedJson(message.content) !== null) showJsonAnswer(body, message.content);
+    else renderMarkdown(body, message.content);
+  } else {
+    body.textContent = message.content;
+  }
   li.append(role, body);
   const actions = document.createElement("div");
   actions.className = "chat-actions";
