@@ -20,9 +20,10 @@ writes), and confirmed by rendering a probe tool: a template that never shows it
 tool format, and asking it for tools is refused naming the model (`ToolsUnsupported`).
 
 `ToolCallStream` reads an answer token by token for a streamed response: text streams as text
-until a call may be starting, then each call goes out as OpenAI streams it (its id, type and
-name with arguments "", then pieces of the arguments as they are generated); at the end the
-whole answer is read again by `ToolFormat.parse` so the stream and the plain answer agree.
+until a call may be starting; a call behind its format's marker goes out as OpenAI streams it
+(its id, type and name with arguments "", then pieces of the arguments as they are generated);
+a bare object is held to the end (text after it may make the whole answer text), when the
+whole answer is read again by `ToolFormat.parse`, so the stream and the plain answer agree.
 """
 
 from __future__ import annotations
@@ -92,18 +93,18 @@ class ToolFormat:
         none), and the ToolCalls naming one of `names`."""
         names = frozenset(names)
         if self.start and self.start in text:
+            # Each marked call on its own: one that does not read stays text where it was.
             before, _, rest = text.partition(self.start)
-            calls, leftover = [], []
-            bodies = rest.split(self.start)
-            for body in bodies:
-                if self.end:
-                    body, _, after = body.partition(self.end)
-                    leftover.append(after)
+            calls, kept = [], [before]
+            for block in rest.split(self.start):
+                body, _, after = block.partition(self.end) if self.end else (block, "", "")
                 found = _calls_in(body, names)
                 if found is None:
-                    return _content(text), []  # a malformed call: the text stays text
-                calls.extend(found)
-            return _content((before + "".join(leftover)).strip()), calls
+                    kept.append(self.start + block)
+                else:
+                    calls.extend(found)
+                    kept.append(after)
+            return _content("".join(kept).strip() if calls else text), calls
         found = _calls_in(text, names)
         if found:
             return None, found
@@ -331,6 +332,10 @@ class ToolCallStream:
                 return []
             return self._content_upto(len(self.text))  # what was held back is text
         deltas = []
+        # Text beside the calls that has not gone out (after them, or a call that did not read).
+        sent_text = self.text[:self.sent_content].strip()
+        if content and content.startswith(sent_text) and content[len(sent_text):].strip():
+            deltas.append({"content": content[len(sent_text):]})
         for index, call in enumerate(calls):
             if index == len(self.sent):
                 deltas.append(self._head(index, call.name))
@@ -354,12 +359,7 @@ class ToolCallStream:
         """Text may go out up to here: not a start that may still become a call."""
         if self.sent_content == 0 and self.format.may_open_call(self.text):
             return 0
-        marker = self.format.start
-        if marker:
-            for keep in range(min(len(marker) - 1, len(self.text)), 0, -1):
-                if marker.startswith(self.text[-keep:]):
-                    return len(self.text) - keep
-        return len(self.text)
+        return _before_partial(self.text, self.format.start)
 
     def _content_upto(self, end: int) -> list:
         piece = self.text[self.sent_content:end]
@@ -367,9 +367,15 @@ class ToolCallStream:
         return [{"content": piece}] if piece else []
 
     def _stream_calls(self) -> list:
-        """Heads and argument pieces of the calls written so far (an arguments object that is
-        not closed yet is all arguments: nothing to hold back)."""
-        deltas, region, position, index = [], self.text[self.calls_from:], 0, 0
+        """Heads and argument pieces of the marked calls written so far (an arguments object
+        that is not closed yet is all arguments: nothing to hold back). A marked call whose
+        JSON then breaks off has gone out as a call: the stream cannot take it back."""
+        region = self.text[self.calls_from:]
+        if not (self.format.start and region.startswith(self.format.start)):
+            # A bare object may yet be followed by text that makes the answer text (a small
+            # model's call, then the result it imagines): it is read once the answer ends.
+            return []
+        deltas, position, index = [], 0, 0
         while True:
             head = _CALL_HEAD.search(region, position)
             if head is None or head.group(1) not in self.names or index == self.max_calls:
@@ -378,7 +384,7 @@ class ToolCallStream:
                 _, end = _DECODER.raw_decode(region, head.end())
                 arguments, closed = region[head.end():end], True
             except ValueError:
-                arguments, closed, end = region[head.end():].rstrip(), False, len(region)
+                arguments, closed, end = self._open_arguments(region, head.end())
             if index == len(self.sent):
                 deltas.append(self._head(index, head.group(1)))
             sent = self.sent[index][2]
@@ -390,6 +396,16 @@ class ToolCallStream:
             position, index = end, index + 1
         return deltas
 
+    def _open_arguments(self, region: str, start: int) -> tuple:
+        """(the arguments so far, whether the call is over, where it ends) of a call whose
+        arguments object is not closed: over, broken, at its end marker; else going on, less
+        a tail that may be the start of the end marker."""
+        rest, marker = region[start:], self.format.end
+        if marker and marker in rest:
+            cut = rest.index(marker)
+            return rest[:cut].rstrip(), True, start + cut + len(marker)
+        return rest[:_before_partial(rest, marker)].rstrip(), False, len(region)
+
     def _head(self, index: int, name: str) -> dict:
         self.sent.append([self.new_id(), name, ""])
         return {"tool_calls": [{"index": index, "id": self.sent[index][0], "type": "function",
@@ -398,3 +414,12 @@ class ToolCallStream:
     @staticmethod
     def _arguments(index: int, piece: str) -> dict:
         return {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+
+
+def _before_partial(text: str, marker: str) -> int:
+    """Where a tail of `text` that may be the start of `marker` begins (len(text) if none)."""
+    if marker:
+        for keep in range(min(len(marker) - 1, len(text)), 0, -1):
+            if marker.startswith(text[-keep:]):
+                return len(text) - keep
+    return len(text)
