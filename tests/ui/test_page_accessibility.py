@@ -44,14 +44,21 @@ def violations(page) -> list[dict]:
     }""", list(BLOCKING))
 
 
-@pytest.mark.parametrize("size", SIZES)
-def test_no_serious_or_critical_axe_violation_on_any_view(page, size, report):
+def on_each_view(page, size: str, check) -> dict:
+    """{view: check(page)} with each view open in turn at SIZES[size] (Playwright's page, or
+    tests/ui_firefox's, which has the same methods)."""
     page.set_viewport_size(dict(zip(("width", "height"), SIZES[size])))
     found = {}
     for view in VIEWS:
         page.click(f"#tab-{view}")
         page.wait_for_function(f"() => !document.getElementById('panel-{view}').hidden")
-        found[view] = violations(page)
+        found[view] = check(page)
+    return found
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_no_serious_or_critical_axe_violation_on_any_view(page, size, report):
+    found = on_each_view(page, size, violations)
     assert found == {view: [] for view in VIEWS}
     report(f"[ui] axe-core {page.evaluate('() => axe.version')}: no serious or critical "
            f"violation on {len(VIEWS)} views at {SIZES[size][0]}x{SIZES[size][1]}")
