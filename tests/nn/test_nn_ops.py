@@ -242,3 +242,35 @@ def test_causal_mask_dtype_conversion():
     mask = ops.causal_mask(3, dtype=f16)
     assert mask.dtype is f16
     assert np.isneginf(mask.to_numpy()[0, 2]) and mask.to_numpy()[2, 0] == 0.0
+
+
+# -- pooling (the face models) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [(72, 73), (56, 56), (35, 17), (7, 8)])
+def test_max_pool2d_matches_torch(rng, size):
+    x = randn(rng, 2, 3, *size)
+    # Exact: a max picks one of the inputs.
+    np.testing.assert_array_equal(ops.max_pool2d(Tensor.from_numpy(x), 3, 2).to_numpy(),
+                                  F.max_pool2d(torch.from_numpy(x), 3, 2).numpy())
+    # TensorFlow's "same" pooling: the padding after the image never wins a max (as -inf).
+    padded = F.pad(torch.from_numpy(x), (0, 1, 0, 1), value=-float("inf"))
+    np.testing.assert_array_equal(ops.max_pool2d(Tensor.from_numpy(x), 3, 2, 1).to_numpy(),
+                                  F.max_pool2d(padded, 3, 2).numpy())
+    np.testing.assert_array_equal(ops.max_pool2d(Tensor.from_numpy(x), 2, 1).to_numpy(),
+                                  F.max_pool2d(torch.from_numpy(x), 2, 1).numpy())
+
+
+@pytest.mark.parametrize("size", [(8, 8), (35, 17), (3, 4)])
+def test_avg_pool2d_matches_torch(rng, size):
+    x, tx = pair(randn(rng, 2, 3, *size))
+    assert_close(ops.avg_pool2d(x, 2), F.avg_pool2d(tx, 2), what="avg_pool2d")
+
+
+def test_pooling_refuses_a_window_larger_than_the_map():
+    x = Tensor.from_numpy(np.zeros((1, 1, 2, 2), dtype=np.float32))
+    with pytest.raises(ShapeMismatch, match="max_pool2d"):
+        ops.max_pool2d(x, 3, 2)
+    with pytest.raises(ShapeMismatch, match="avg_pool2d"):
+        ops.avg_pool2d(x, 3)
+    with pytest.raises(CandleError, match="kernel 0"):
+        ops.max_pool2d(x, 0, 1)
