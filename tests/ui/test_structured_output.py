@@ -42,9 +42,11 @@ def page_left_as_found(ready_page):
 
 @pytest.fixture(scope="module")
 def native_twin(model_file):
-    run = NativeTextJobs([{"task": "generate", "gguf": str(model_file(MODEL, GGUF)),
-                           "prompt": PROMPT, "chat": True, "options": OPTIONS,
-                           "responseFormat": RESPONSE_FORMAT}])
+    gguf = str(model_file(MODEL, GGUF))
+    run = NativeTextJobs([{"task": "generate", "gguf": gguf, "prompt": PROMPT, "chat": True,
+                           "options": OPTIONS, "responseFormat": RESPONSE_FORMAT},
+                          {"task": "generate", "gguf": gguf, "prompt": PROMPT, "chat": True,
+                           "options": OPTIONS, "responseFormat": {"type": "json_object"}}])
     yield run
     run.stop()
 
@@ -102,6 +104,25 @@ def test_page_json_schema_answer_has_native_ids_and_validates(ready_page, native
            f"ms; per step: mask {grammar['fillMsPerStep']:.2f} ms + accept "
            f"{grammar['acceptMsPerStep']:.2f} ms in JS calls, of a {step_ms:.0f} ms decode step "
            f"({got['timings']['tokensPerSecond']:.2f} tok/s): {got['text']!r}")
+
+
+def test_page_any_json_object_answer_has_native_ids(ready_page, native_twin, report):
+    page = ready_page
+    open_view(page, "generate")
+    page.select_option("#generate-model", MODEL)
+    fill_form(page, PROMPT, True, OPTIONS)
+    set_json_option(page, None)
+    state = run_and_wait(page, "generate", "#generate-button", GENERATE_TIMEOUT_MS)
+    assert state["error"] is None, state["error"]
+    got = state["result"]
+    assert got["grammar"]["kind"] == "json_schema"  # json_object compiles as {"type": "object"}
+    assert state["result"]["responseFormat"] == {"type": "json_object"}
+    want = native_twin.result()["results"][1]
+    assert got["tokenIds"] == want["tokenIds"], (got["text"], want["text"])
+    if got["stopReason"] == "eos":  # closed within maxTokens: a JSON object
+        assert isinstance(json.loads(got["text"]), dict)
+    report(f"[ui] Answer as JSON, any object: {len(got['tokenIds'])} ids equal native's "
+           f"({got['stopReason']}): {got['text']!r}")
 
 
 def test_bad_schema_is_shown_by_the_field_naming_the_bad_part(ready_page):
