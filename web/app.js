@@ -226,7 +226,7 @@ class StartProgress {
     const label = PHASE_LABELS[message.phase] || message.phase;
     this.heardAt ??= performance.now();
     if (message.phase === "bytes") {
-      this.bytes = { loaded: message.loaded, since: this.bytes?.since ?? this.heardAt };
+      this.bytes = { loaded: message.loaded, file: message.file, since: this.bytes?.since ?? this.heardAt };
       this.show();
       return;
     }
@@ -269,14 +269,16 @@ class StartProgress {
     this.text.textContent = parts.filter((part) => part !== null).join(" · ");
   }
 
-  // "12.4 MB so far, 2.1 MB/s": the bytes received (from the network or this browser's HTTP
-  // cache), so a slow first visit shows movement; the speed once it means something.
+  // "12.4 MB so far (pyodide.asm.wasm: 5.1 of 10.1 MB), 2.1 MB/s": the bytes received (from
+  // the network or this browser's HTTP cache) and the largest file still arriving, so a slow
+  // first visit shows movement and sizes; the speed once it means something.
   #amount(now) {
     if (this.bytes === null) return null;
-    const { loaded, since } = this.bytes;
+    const { loaded, file, since } = this.bytes;
     const seconds = (now - since) / 1000;
+    const part = file ? ` (${file.name}: ${formatBytes(file.loaded)} of ${formatBytes(file.total)})` : "";
     const speed = seconds >= 1 ? `, ${formatBytes(loaded / seconds)}/s` : "";
-    return `${formatBytes(loaded)} so far${speed}`;
+    return `${formatBytes(loaded)} so far${part}${speed}`;
   }
 
   stop() {

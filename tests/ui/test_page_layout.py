@@ -204,6 +204,16 @@ def test_no_view_scrolls_sideways_from_360_px_to_1920_px(layout_page):
             page.screenshot(path=str(SCREENS_DIR / f"{view}-{size}.png"), full_page=True)
 
 
+VENDOR_DIR = REPO_ROOT / "web" / "vendor"
+
+
+def page_bytes(count: int) -> str:
+    """A size as the page writes it (formatBytes in web/view_common.js)."""
+    if count >= 1e6:
+        return f"{count / 1e6:.{0 if count >= 1e8 else 1}f} MB"
+    return f"{count / 1e3:.0f} kB" if count >= 1e3 else f"{count} B"
+
+
 # Every start fetches Pyodide's runtime (the largest file of the ~20-35 MB a first visit loads).
 RUNTIME_WASM = REPO_ROOT / "web" / "vendor" / "pyodide" / "pyodide.asm.wasm"
 SLOW_LINK_BYTES_PER_S = 16_000_000  # slow enough for several counts, quick enough for a test
@@ -248,6 +258,13 @@ def test_a_first_visit_on_a_slow_link_counts_what_it_loads(browser_context, netw
     # and each figure is rounded to 0.1 MB).
     assert max(counts) >= RUNTIME_WASM.stat().st_size * 0.9, (max(counts), texts[-5:])
     assert any("MB/s" in text for text in texts), texts
+    # The file a slow line waits on, named with its size as it lies in web/vendor/.
+    named = {match.groups() for text in texts
+             for match in re.finditer(r"\(([\w.+-]+): [\d.]+ k?M?B of ([\d.]+ k?M?B)\)", text)}
+    assert named, texts
+    for name, size in named:
+        files = list(VENDOR_DIR.rglob(name))
+        assert len(files) == 1 and size == page_bytes(files[0].stat().st_size), (name, size, files)
     assert texts[-1].startswith("Ready in "), texts[-3:]
     report(f"[ui] first visit at {SLOW_LINK_BYTES_PER_S / 1e6:.0f} MB/s, no HTTP cache: ready in "
            f"{summary['totalMs'] / 1000:.1f} s, {len(counts)} byte counts shown, up to "

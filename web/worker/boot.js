@@ -255,18 +255,23 @@ async function startThreads(downloads, backend, choice, threads) {
   }
 }
 
-// The bytes the start's requests have received so far, as progress {phase: "bytes", loaded}
-// at most every BYTES_REPORT_MS (a chunk arrives every few kB).
+// The bytes the start's requests have received so far, as progress {phase: "bytes", loaded,
+// file} at most every BYTES_REPORT_MS (a chunk arrives every few kB); `file`: the largest
+// file still arriving ({name, loaded, total}, or null), the one a slow line waits on.
 const BYTES_REPORT_MS = 250;
 function reportBytes(id) {
   let loaded = 0;
   let sentAt = -Infinity;
-  return (count) => {
+  const arriving = new Map(); // name -> {name, loaded, total}
+  return (count, file) => {
     loaded += count;
+    if (file.total !== null && file.loaded < file.total) arriving.set(file.name, file);
+    else arriving.delete(file.name);
     const now = performance.now();
     if (now - sentAt < BYTES_REPORT_MS) return;
     sentAt = now;
-    progress(id, { phase: "bytes", loaded });
+    const largest = [...arriving.values()].reduce((a, b) => (a === null || b.total > a.total ? b : a), null);
+    progress(id, { phase: "bytes", loaded, file: largest && { ...largest } });
   };
 }
 

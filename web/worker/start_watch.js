@@ -35,8 +35,9 @@ export function fileName(url) {
 // Wraps the worker's fetch while the start runs. Returns {stallFor(owns), stop()}:
 // stallFor(owns) is a promise that rejects with the StartStalled of the first request whose
 // URL `owns(url)` accepts that stalls from now on (and never resolves), with cancel() to stop
-// listening; stop() puts the original fetch back. `onBytes(count)`, when given, hears the
-// bytes of every answer's body as they arrive (read from a clone, so the caller's reading is
+// listening; stop() puts the original fetch back. `onBytes(count, file)`, when given, hears
+// the bytes of every answer's body as they arrive ({name, loaded, total} of the file they
+// belong to; total null without a Content-Length) (read from a clone, so the caller's reading is
 // untouched): on a slow line the page counts the runtime's ~35 MB rather than look stuck.
 export function watchStartRequests(onBytes = null) {
   const original = self.fetch;
@@ -57,7 +58,7 @@ export function watchStartRequests(onBytes = null) {
     // Registered before the caller's own handlers, so the clone is made before its body is read.
     answered.then((response) => {
       clearTimeout(timer);
-      if (onBytes !== null) countBody(response, onBytes);
+      if (onBytes !== null) countBody(response, fileName(url), onBytes);
     }, () => clearTimeout(timer));
     return answered;
   };
@@ -81,17 +82,21 @@ export function watchStartRequests(onBytes = null) {
 
 // Reads a clone of `response`'s body to its end, telling `onBytes` each chunk's size; a body
 // that fails or is cancelled simply stops counting (the caller's copy says why).
-async function countBody(response, onBytes) {
+async function countBody(response, name, onBytes) {
   if (!response.body) return;
+  const file = { name, loaded: 0, total: Number(response.headers.get("content-length")) || null };
   try {
     const reader = response.clone().body.getReader();
     for (;;) {
       const { done, value } = await reader.read();
-      if (done) return;
-      onBytes(value.byteLength);
+      if (done) break;
+      file.loaded += value.byteLength;
+      onBytes(value.byteLength, file);
     }
   } catch {
     // the caller sees the same failure on its own copy
+  } finally {
+    onBytes(0, { ...file, total: file.loaded }); // ended (or failed): no longer arriving
   }
 }
 
