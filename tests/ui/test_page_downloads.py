@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from .conftest import LOOPBACK_HOST, PageLog, wait_until_ready
+from .conftest import ARTIFACTS_DIR, LOOPBACK_HOST, PageLog, wait_until_ready
 
 MODEL = "smollm2-135m-instruct"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -191,6 +191,16 @@ def test_a_stopped_or_reloaded_download_resumes_from_the_bytes_it_kept(
         # 3. Reload in the middle of it: the page asks first (beforeunload), then the pieces
         # kept before the reload are still there.
         kept_bytes_when(page, after_stop["count"] + 2)
+        # Size, measured speed and time left, and what was kept before (a second in, the speed
+        # is known).
+        page.wait_for_function("() => document.getElementById('generate-phase').textContent"
+                               ".includes(' MB/s · ')")
+        line = page.text_content("#generate-phase")
+        assert re.fullmatch(rf"Downloading {re.escape(GGUF)}: [\d.]+ MB of 98\.4 MB · [\d.]+ MB/s"
+                            r" · about \d+ (s|min) left · continued from the [\d.]+ MB kept earlier",
+                            line), line
+        ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS_DIR / "download-resumed.png"))
         dialogs = []
 
         def accept(dialog):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from .conftest import ARTIFACTS_DIR
+
 PROMPT = "Count from 1 to 200, one number per line."
 
 
@@ -45,6 +47,8 @@ def test_a_job_waiting_for_another_views_job_names_it(page, report):
     generate_tab = tab_marker(page, "generate")
     similarity_tab = tab_marker(page, "similarity")
     transcribe_tab = tab_marker(page, "transcribe")
+    ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS_DIR / "job-waiting-for-another-view.png"))
     assert generating, "Generate finished before the check: make its answer longer"
     assert waiting_text == ("Waiting for Generate to finish "
                             "(generating with smollm2-135m-instruct)…"), waiting_text
