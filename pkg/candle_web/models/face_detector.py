@@ -33,6 +33,7 @@ import numpy as np
 
 from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
+from ..nn.ops import max_pool2d
 
 MODEL = "tiny face detector"
 INPUT_SIZE = 416
@@ -135,20 +136,9 @@ def _leaky(x: Tensor) -> Tensor:
 
 
 def _max_pool_2x2(x: Tensor, stride: int) -> Tensor:
-    """2x2 max pooling with TensorFlow's "same" padding. The rows/columns it adds at the
-    bottom/right copy the edge, which leaves every max as the max of the pixels inside."""
-    _, _, height, width = x.dims()
-    if stride == 1:
-        x = x.pad_with_same(2, 0, 1).pad_with_same(3, 0, 1)
-        rows = x.narrow(2, 0, height).maximum(x.narrow(2, 1, height))
-        return rows.narrow(3, 0, width).maximum(rows.narrow(3, 1, width))
-    if height % 2:
-        x = x.pad_with_same(2, 0, 1)
-    if width % 2:
-        x = x.pad_with_same(3, 0, 1)
-    batch, channels, height, width = x.dims()
-    windows = x.reshape((batch, channels, height // 2, 2, width // 2, 2))
-    return windows.max(5).max(3)
+    """2x2 max pooling with TensorFlow's "same" padding on a square map: one row and column
+    after the image when the size is odd at stride 2, and always at stride 1."""
+    return max_pool2d(x, 2, stride, pad_end=1 if stride == 1 else x.dims()[2] % 2)
 
 
 def _sigmoid(value):
