@@ -10,15 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from candle_web import hub
 from candle_web.core.errors import FormatError, ModelNotFound, UnsupportedError
 from candle_web.io.tfjs import TfjsWeights
 
-FACE_API_MODELS = Path(__file__).resolve().parents[2] / "node_modules/@vladmandic/face-api/model"
-MANIFESTS = sorted(FACE_API_MODELS.glob("*-weights_manifest.json"))
-TINY = FACE_API_MODELS / "tiny_face_detector_model-weights_manifest.json"
+# face-api's seven models, from the registry's npm source (models/fetch.py --default).
+FACE_API_FILES = [file.name for file in hub.default_registry()["face-api"].files]
+MANIFESTS = sorted(name for name in FACE_API_FILES if name.endswith("-weights_manifest.json"))
+TINY = "tiny_face_detector_model-weights_manifest.json"
 
-pytestmark = pytest.mark.skipif(not MANIFESTS, reason="node_modules/@vladmandic/face-api is not "
-                                "installed: run `make test` (it runs npm ci)")
+
+@pytest.fixture(scope="module")
+def face_api(model_file):
+    """name -> cached path of every face-api file (the shards sit next to their manifests)."""
+    return {name: model_file("face-api", name) for name in FACE_API_FILES}
 
 
 def decode_by_hand(manifest_path: Path) -> dict:
@@ -46,10 +51,10 @@ def decode_by_hand(manifest_path: Path) -> dict:
     return out
 
 
-@pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda path: path.name.split("-")[0])
-def test_real_face_api_weights_match_a_by_hand_decode(manifest):
-    weights = TfjsWeights.load(manifest)
-    expected = decode_by_hand(manifest)
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda name: name.split("-")[0])
+def test_real_face_api_weights_match_a_by_hand_decode(face_api, manifest):
+    weights = TfjsWeights.load(face_api[manifest])
+    expected = decode_by_hand(face_api[manifest])
     assert weights.names == list(expected)
     for name, value in expected.items():
         got = weights.get_numpy(name)
@@ -58,8 +63,8 @@ def test_real_face_api_weights_match_a_by_hand_decode(manifest):
         np.testing.assert_array_equal(got, value, err_msg=name)
 
 
-def test_uint8_quantized_values_are_on_the_grid():
-    weights = TfjsWeights.load(TINY)
+def test_uint8_quantized_values_are_on_the_grid(face_api):
+    weights = TfjsWeights.load(face_api[TINY])
     info = weights.info("conv0/filters")
     assert info.quantization.dtype == "uint8" and info.shape == (3, 3, 3, 16)
     steps = (weights.get_numpy("conv0/filters").astype(np.float64) - info.quantization.min) \
@@ -151,8 +156,8 @@ def test_missing_shard_and_unsupported_dtype(tmp_path):
         TfjsWeights.load(write_model(tmp_path, [GOOD], b"\0" * 16)).get_numpy("v")
 
 
-def test_a_model_names_a_missing_or_misshapen_weight():
-    weights = TfjsWeights.load(TINY)
+def test_a_model_names_a_missing_or_misshapen_weight(face_api):
+    weights = TfjsWeights.load(face_api[TINY])
     assert weights.conv_kernel("conv0/filters", (3, 3, 3, 16), "detector").shape == (16, 3, 3, 3)
     np.testing.assert_array_equal(weights.conv_kernel("conv0/filters", (3, 3, 3, 16), "d")[5, 2],
                                   weights.get_numpy("conv0/filters")[:, :, 2, 5])
