@@ -240,17 +240,41 @@ def cmd_embed(args) -> int:
 def cmd_faces(args) -> int:
     import json
 
-    from .pipelines.faces import (detector_options, find_faces, load_expression_net,
+    from .pipelines.faces import (compare_faces, detector_options, find_faces,
+                                  load_age_gender_net, load_descriptor_net, load_expression_net,
                                   load_face_detector, load_landmark_net)
 
+    if bool(args.photos) == bool(args.compare):
+        print("candle-web faces: give photos, or --compare A B (not both)", file=sys.stderr)
+        return 2
+    describe = args.describe or bool(args.compare)
     detector = load_face_detector(args.model, args.detector, progress=_download_progress())
     options = detector_options(detector, args.score_threshold)
+    # The descriptor reads the face aligned by its landmarks, as face-api's chain does.
     landmark_net = (load_landmark_net(args.model, progress=_download_progress())
-                    if args.landmarks else None)
+                    if args.landmarks or describe else None)
     expression_net = (load_expression_net(args.model, progress=_download_progress())
                       if args.expressions else None)
+    descriptor_net = (load_descriptor_net(args.model, progress=_download_progress())
+                      if describe else None)
+    age_gender_net = (load_age_gender_net(args.model, progress=_download_progress())
+                      if args.age_gender else None)
+    if args.compare:
+        verdict = compare_faces(*args.compare, detector, landmark_net, descriptor_net, options)
+        if args.format == "json":
+            print(json.dumps(verdict, ensure_ascii=False))
+        else:
+            relation = "<" if verdict["same_person"] else ">="
+            print(f"{verdict['a']} / {verdict['b']}: distance {verdict['distance']:.3f} "
+                  f"{relation} {verdict['threshold']}: "
+                  f"{'the same person' if verdict['same_person'] else 'different people'}")
+        return 0
     for photo in args.photos:
-        result = find_faces(photo, detector, options, landmark_net, expression_net)
+        result = find_faces(photo, detector, options, landmark_net, expression_net,
+                            descriptor_net, age_gender_net)
+        if not args.landmarks:  # found to align the descriptor's face, not asked for
+            for face in result.faces:
+                face.landmarks = None
         if args.format == "json":
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
             continue
@@ -259,9 +283,11 @@ def cmd_faces(args) -> int:
         for index, face in enumerate(result.faces, start=1):
             x, y, width, height = face.box
             mood = ""
+            if face.age is not None:
+                mood += f"  {face.gender} {face.gender_probability:.2f}  age {face.age:.0f}"
             if face.expressions:
                 top = max(face.expressions, key=face.expressions.get)
-                mood = f"  {top} {face.expressions[top]:.2f}"
+                mood += f"  {top} {face.expressions[top]:.2f}"
             print(f"  {index:>3}  x {x:7.1f}  y {y:7.1f}  w {width:7.1f}  h {height:7.1f}  "
                   f"score {face.score:.3f}{mood}", flush=True)
     return 0
@@ -425,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_embed)
 
     f = sub.add_parser("faces", help="find faces in photos (face-api's networks)")
-    f.add_argument("photos", nargs="+", help="photo files (JPEG, PNG, WebP...)")
+    f.add_argument("photos", nargs="*", help="photo files (JPEG, PNG, WebP...)")
     f.add_argument("--detector", default="tiny", choices=("tiny", "ssd"),
                    help="tiny: face-api's tiny face detector at 416 px; ssd: SSD MobileNet v1 "
                         "at 512 px (slower, finds smaller faces)")
@@ -436,6 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--expressions", action="store_true",
                    help="add each face's expression probabilities (neutral, happy, sad, angry, "
                         "fearful, disgusted, surprised)")
+    f.add_argument("--describe", action="store_true",
+                   help="add each face's 128-number descriptor (face-api's face_recognition "
+                        "net): two faces closer than 0.6 are the same person")
+    f.add_argument("--age-gender", action="store_true",
+                   help="add each face's age, gender and gender_probability")
+    f.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                   help="instead of photos: whether the best face of photo A and of photo B "
+                        "are the same person, with their descriptors' distance")
     f.add_argument("--model", default="face-api",
                    help="registry name or a folder of face-api's model files")
     f.add_argument("--format", default="json", choices=("json", "table"),

@@ -5,6 +5,9 @@ resized by the package (io/image.py), with answers in face-api's names and units
     result = find_faces("group.jpg", detector)
     result.to_json()  # {"file", "width", "height", "faces": [{"box": [x, y, w, h], "score"}]}
     find_faces("group.jpg", detector, landmark_net=load_landmark_net())  # + "landmarks"
+    find_faces("group.jpg", detector, landmark_net=..., descriptor_net=load_descriptor_net(),
+               age_gender_net=load_age_gender_net())  # + "descriptor", "age", "gender", ...
+    compare_faces("a.jpg", "b.jpg", detector, load_landmark_net(), load_descriptor_net())
 
 Boxes are in the photo's own pixels (top-left corner, width, height), as face-api's
 `detection.box`. The photo is padded to a square below/right and resized to the detector's
@@ -13,8 +16,12 @@ MobileNet v1), so a box comes back by one scale factor.
 Landmarks (68 [x, y] points, face-api's `landmarks.positions`) come from each face's box cut
 from the photo, padded to a square around its centre and resized to 112; they are placed back
 where that crop lies in the photo (face-api shifts them by the unfloored box corner instead, up
-to a pixel away from the crop it read). Expressions (face-api's seven probabilities) read the
-same crop. Descriptors and age/gender (issue 34) are not built yet.
+to a pixel away from the crop it read).
+The descriptor (128 floats), age/gender and expressions read the face as face-api's chained
+calls do: with landmarks, the box around the 68 points grown by a fifth of its size (face-api's
+`alignedRect`, which is what the descriptor net was trained on), else the detector's box; cut
+and padded as for the landmarks, resized to 150 (descriptor) or 112. Two faces are the same
+person when their descriptors lie less than 0.6 apart (models/face_recognition.py).
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from pathlib import Path
 from .. import hub
 from ..core.errors import InvalidOption, ModelNotFound
 from ..io.image import load_rgb, square_input
+from ..models.face_age_gender import AgeGenderNet, gender_of
 from ..models.face_detector import DetectorOptions, TinyFaceDetector
 from ..models.face_landmarks import FaceExpressionNet, FaceLandmark68Net, face_input
+from ..models.face_recognition import (INPUT_SIZE as DESCRIPTOR_INPUT_SIZE,
+                                       SAME_PERSON_DISTANCE, FaceRecognitionNet, face_distance)
 from ..models.face_ssd import SsdMobilenetV1, SsdOptions
 
 DEFAULT_FACE_MODELS = "face-api"
@@ -39,6 +49,11 @@ DETECTOR_CLASSES = {"tiny": TinyFaceDetector, "ssd": SsdMobilenetV1}
 DETECTORS = tuple(DETECTOR_FILES)
 LANDMARK_FILES = ("face_landmark_68_model-weights_manifest.json", "face_landmark_68_model.bin")
 EXPRESSION_FILES = ("face_expression_model-weights_manifest.json", "face_expression_model.bin")
+DESCRIPTOR_FILES = ("face_recognition_model-weights_manifest.json", "face_recognition_model.bin")
+AGE_GENDER_FILES = ("age_gender_model-weights_manifest.json", "age_gender_model.bin")
+# face-api's FaceLandmarks.align(): the points' bounding box grown by this fraction of its
+# width and height (half on each side).
+ALIGNED_BOX_PADDING = 0.2
 
 
 @dataclass
@@ -47,6 +62,10 @@ class Face:
     score: float
     landmarks: list | None = None  # 68 (x, y) in the photo's pixels, when asked for
     expressions: dict | None = None  # expression -> probability, when asked for
+    descriptor: list | None = None  # 128 floats, when asked for
+    age: float | None = None  # years, when asked for (with gender and gender_probability)
+    gender: str | None = None  # "male" or "female"
+    gender_probability: float | None = None
 
     def to_json(self) -> dict:
         out = {"box": [round(value, 2) for value in self.box], "score": round(self.score, 6)}
@@ -55,6 +74,12 @@ class Face:
         if self.expressions is not None:
             out["expressions"] = {name: round(value, 6)
                                   for name, value in self.expressions.items()}
+        if self.descriptor is not None:
+            # 6 decimals move a distance by < 1e-5 (128 values of about +-0.2).
+            out["descriptor"] = [round(value, 6) for value in self.descriptor]
+        if self.age is not None:
+            out.update(age=round(self.age, 3), gender=self.gender,
+                       gender_probability=round(self.gender_probability, 6))
         return out
 
 
@@ -113,6 +138,28 @@ def load_expression_net(source=DEFAULT_FACE_MODELS, progress=None) -> FaceExpres
     return _load(FaceExpressionNet, EXPRESSION_FILES, source, progress)
 
 
+def load_descriptor_net(source=DEFAULT_FACE_MODELS, progress=None) -> FaceRecognitionNet:
+    """face-api's face recognition net (the 128-d descriptor) from a registry name or a
+    folder."""
+    return _load(FaceRecognitionNet, DESCRIPTOR_FILES, source, progress)
+
+
+def load_age_gender_net(source=DEFAULT_FACE_MODELS, progress=None) -> AgeGenderNet:
+    """face-api's age and gender net from a registry name or a folder."""
+    return _load(AgeGenderNet, AGE_GENDER_FILES, source, progress)
+
+
+def aligned_box(landmarks) -> tuple:
+    """The box the descriptor, age/gender and expression nets read when landmarks are known:
+    the 68 points' bounding box grown by a fifth of its width and height (face-api's
+    alignedRect)."""
+    xs = [x for x, _ in landmarks]
+    ys = [y for _, y in landmarks]
+    width, height = max(xs) - min(xs), max(ys) - min(ys)
+    return (min(xs) - width * ALIGNED_BOX_PADDING / 2, min(ys) - height * ALIGNED_BOX_PADDING / 2,
+            width * (1 + ALIGNED_BOX_PADDING), height * (1 + ALIGNED_BOX_PADDING))
+
+
 def face_landmarks(net: FaceLandmark68Net, rgb, box) -> list:
     """The 68 landmarks of the face in `box`, as (x, y) in the photo's pixels."""
     crop, (left, top, side) = face_input(rgb, box)
@@ -120,9 +167,12 @@ def face_landmarks(net: FaceLandmark68Net, rgb, box) -> list:
 
 
 def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | None = None,
-                 expression_net: FaceExpressionNet | None = None) -> list:
-    """The faces in an [h, w, 3] RGB photo, highest score first, boxes in its pixels.
-    `options`: the detector's own (default: detector_options(detector))."""
+                 expression_net: FaceExpressionNet | None = None,
+                 descriptor_net: FaceRecognitionNet | None = None,
+                 age_gender_net: AgeGenderNet | None = None) -> list:
+    """The faces in an [h, w, 3] RGB photo, highest score first, boxes in its pixels, with
+    what the nets given add. `options`: the detector's own (default: detector_options(
+    detector))."""
     tensor, factor = square_input(rgb, detector.input_size)
     side = factor * detector.input_size  # the padded square's side, in the photo's pixels
     options = detector_options(detector) if options is None else options
@@ -131,17 +181,44 @@ def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | 
     if landmark_net is not None:
         for face in faces:
             face.landmarks = face_landmarks(landmark_net, rgb, face.box)
-    if expression_net is not None:
-        for face in faces:
-            face.expressions = expression_net.forward(face_input(rgb, face.box)[0])
+    for face in faces:
+        box = face.box if face.landmarks is None else aligned_box(face.landmarks)
+        if expression_net is not None:
+            face.expressions = expression_net.forward(face_input(rgb, box)[0])
+        if descriptor_net is not None:
+            crop, _ = face_input(rgb, box, DESCRIPTOR_INPUT_SIZE)
+            face.descriptor = descriptor_net.forward(crop).tolist()
+        if age_gender_net is not None:
+            face.age, male = age_gender_net.forward(face_input(rgb, box)[0])
+            face.gender, face.gender_probability = gender_of(male)
     return faces
 
 
 def find_faces(photo, detector, options=None, landmark_net: FaceLandmark68Net | None = None,
-               expression_net: FaceExpressionNet | None = None) -> PhotoFaces:
-    """Decode one photo (path or bytes) and find its faces (with their landmarks and
-    expressions when given those nets)."""
+               expression_net: FaceExpressionNet | None = None,
+               descriptor_net: FaceRecognitionNet | None = None,
+               age_gender_net: AgeGenderNet | None = None) -> PhotoFaces:
+    """Decode one photo (path or bytes) and find its faces (with their landmarks,
+    expressions, descriptors, age and gender when given those nets)."""
     rgb = load_rgb(photo)
     name = "<bytes>" if isinstance(photo, (bytes, bytearray, memoryview)) else os.fspath(photo)
     return PhotoFaces(name, int(rgb.shape[1]), int(rgb.shape[0]),
-                      detect_faces(detector, rgb, options, landmark_net, expression_net))
+                      detect_faces(detector, rgb, options, landmark_net, expression_net,
+                                   descriptor_net, age_gender_net))
+
+
+def compare_faces(photo_a, photo_b, detector, landmark_net: FaceLandmark68Net,
+                  descriptor_net: FaceRecognitionNet, options=None) -> dict:
+    """Whether the best-scoring face of each photo is the same person (face-api's
+    detectSingleFace + descriptor + euclideanDistance): {"a", "b", "distance", "same_person",
+    "threshold"}."""
+    found = []
+    for photo in (photo_a, photo_b):
+        result = find_faces(photo, detector, options, landmark_net,
+                            descriptor_net=descriptor_net)
+        if not result.faces:
+            raise InvalidOption(f"faces --compare: no face found in {result.file}")
+        found.append(result)
+    distance = face_distance(found[0].faces[0].descriptor, found[1].faces[0].descriptor)
+    return {"a": found[0].file, "b": found[1].file, "distance": round(distance, 6),
+            "same_person": distance < SAME_PERSON_DISTANCE, "threshold": SAME_PERSON_DISTANCE}
