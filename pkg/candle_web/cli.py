@@ -152,6 +152,13 @@ def cmd_generate(args) -> int:
         print("candle-web: --system needs --chat (a system message is part of a chat)",
               file=sys.stderr)
         return 2
+    constraint = None
+    if args.json_schema is not None:
+        try:
+            constraint = _json_schema_constraint(args.json_schema)
+        except (OSError, ValueError) as error:  # GrammarError is a ValueError
+            print(f"candle-web: --json-schema {args.json_schema}: {error}", file=sys.stderr)
+            return 2
     apply_compute_type(args)
     loaded = load_llama(args.model, progress=_download_progress())
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -164,7 +171,7 @@ def cmd_generate(args) -> int:
                                 repeat_penalty=args.repeat_penalty,
                                 repeat_last_n=args.repeat_last_n,
                                 # a chat template places BOS itself
-                                add_special_tokens=not args.chat)
+                                add_special_tokens=not args.chat, constraint=constraint)
 
     def on_event(kind, payload):
         if kind == "token" and payload["text"]:
@@ -178,6 +185,30 @@ def cmd_generate(args) -> int:
           f"{len(result.token_ids)} generated ({result.tokens_per_second:.1f} tok/s), "
           f"stopped: {result.stop_reason}", file=sys.stderr)
     return 0
+
+
+# A schema is a small document; a bigger file is a mistake (or a hostile one), not a schema.
+MAX_SCHEMA_BYTES = 1 << 20
+
+
+def _json_schema_constraint(path: str):
+    """--json-schema FILE: the answer must be JSON matching the schema in FILE (strict: no
+    properties beyond the schema's), as `response_format` json_schema asks the API."""
+    import json  # noqa: PLC0415
+
+    from .generation.grammar import Constraint  # noqa: PLC0415
+
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_SCHEMA_BYTES + 1)
+    if len(data) > MAX_SCHEMA_BYTES:
+        raise ValueError(f"larger than {MAX_SCHEMA_BYTES} bytes")
+    try:
+        schema = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"not a JSON document ({error})") from None
+    if not isinstance(schema, dict):
+        raise ValueError("a JSON schema is an object")
+    return Constraint.json_schema(schema, strict=True)
 
 
 # -- text2text and embed -------------------------------------------------------------------
@@ -431,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="> 0; 1.0: off")
     g.add_argument("--repeat-last-n", type=limits.REPEAT_LAST_N.argparse_type(), default=64,
                    help="tokens the penalty looks back over, >= 0")
+    g.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="answer JSON matching the JSON schema in FILE (constrained decoding; "
+                        "needs the grammar extra)")
     add_compute_type_argument(g)
     g.set_defaults(func=cmd_generate)
 
