@@ -1,10 +1,10 @@
 """Tool calls on `candle-web serve --api` (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, greedy, on
 loopback), driven by the clients users run: the `openai` package (a weather tool on five
 prompts, the tool's result fed back, streamed tool-call deltas, tool_choice required / named /
-none), langchain-openai's `bind_tools` and `llm --functions` with a Python function. The prompt is what
-transformers' `render_jinja_template` (apply_chat_template) makes of the same conversation with
-the GGUF's own template. A model whose template has no tool format (SmolLM2) and malformed tool
-fields are 400s naming the model or the field."""
+none), langchain-openai's `bind_tools` and `llm --functions` with a Python function. The
+prompt is what transformers' `render_jinja_template` (apply_chat_template) makes of the same
+conversation with the GGUF's own template. A model whose template has no tool format (SmolLM2)
+and malformed tool fields are 400s naming the model or the field."""
 
 from __future__ import annotations
 
