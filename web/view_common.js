@@ -246,7 +246,8 @@ export function describeDownloadAmount(message) {
 // What Stop said during a model download (`download`: the last download progress, or null).
 export function describeStoppedLoad(download) {
   if (!download || download.cached) return "Stopped before the model was loaded.";
-  return `Stopped downloading ${download.file} at ${formatBytes(download.loaded)} of ${formatBytes(download.total)}; the next load continues from there.`;
+  const next = download.resumable ? "the next load continues from there" : "this file is downloaded again next time";
+  return `Stopped downloading ${download.file} at ${formatBytes(download.loaded)} of ${formatBytes(download.total)}; ${next}.`;
 }
 
 // Why a download was not kept, in the words a model note uses.

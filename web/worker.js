@@ -37,7 +37,7 @@
  *                                  hint: how to get one if none)
  *   load {kind?, model} | {kind?, hf_repo, revision} | {kind, url} (a folder on this origin)
  *       progress {phase: "download", file, loaded, total, cached, resumedFrom (bytes an
- *       interrupted load had kept), bytesPerSecond (null in the first second)},
+ *       interrupted load had kept), bytesPerSecond (null in the first second), resumable},
  *       {phase: "verify"}, {phase: "build"}, {phase: "download", state: "not-kept", reason,
  *       bytes} (this browser will not keep the files: the model still runs) -> {key, cached,
  *       downloadedBytes, resumedBytes, notKept: null | {reason, bytes}, timingsMs, model}

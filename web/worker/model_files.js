@@ -82,8 +82,9 @@ async function storageShortfall(bytes) {
 // Posts download progress: always when forced, else at most once per MiB and 100 ms. Each
 // message says where this download started (`resumedFrom`: the bytes kept by an earlier one)
 // and its speed so far (`bytesPerSecond`, measured over this download's own bytes; null until
-// a second has passed, as the first chunks arrive in a burst).
-function downloadReporter(id, fileName, size, cached, start = 0) {
+// a second has passed, as the first chunks arrive in a burst) and whether a cut would be
+// resumed (`resumable`: its pieces are being kept).
+function downloadReporter(id, fileName, size, cached, start = 0, resumable = false) {
   let lastPostBytes = -Infinity;
   let lastPostTime = -Infinity;
   const startedAt = performance.now();
@@ -94,7 +95,7 @@ function downloadReporter(id, fileName, size, cached, start = 0) {
       lastPostTime = now;
       const seconds = (now - startedAt) / 1000;
       const bytesPerSecond = seconds >= 1 ? (loaded - start) / seconds : null;
-      progress(id, { phase: "download", state: "running", file: fileName, loaded, total: size, cached, resumedFrom: start, bytesPerSecond });
+      progress(id, { phase: "download", state: "running", file: fileName, loaded, total: size, cached, resumedFrom: start, bytesPerSecond, resumable });
     }
   };
 }
@@ -130,7 +131,7 @@ function copyInto(target, bytes, offset) {
 // between chunks.
 async function streamInto(id, response, target, size, fileName, cached, { abort, isCancelled, start = 0, keep = null }) {
   const reader = response.body.getReader();
-  const report = downloadReporter(id, fileName, size, cached, start);
+  const report = downloadReporter(id, fileName, size, cached, start, keep !== null);
   let loaded = start;
   report(loaded, true);
   for (;;) {
