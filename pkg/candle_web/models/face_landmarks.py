@@ -16,6 +16,10 @@ The network, on a 112x112 face crop (padded to a square around its centre, then 
     7x7 average pool                                       [1, 256]
     fc 256 -> 136, + bias: (x, y) of the 68 points, in units of the crop (0..1)
 
+The tiny landmark net (`face_landmark_68_tiny_model`, 77 KB) is the same with three blocks of
+three layers (dense0..dense2: 32, 64, 128 channels; out = relu(a + b + c)), the average taken
+over its 14x14 map, and fc 128 -> 136.
+
 sep(x) is a 3x3 depthwise conv, a 1x1 pointwise conv and a bias, no activation. A stride-2
 convolution pads as TensorFlow's "same" does on an even size: one row/column of zeros at the
 bottom/right only. A stride-1 one pads one all round.
@@ -64,7 +68,7 @@ class _Separable:
 
 
 class _DenseBlock:
-    def __init__(self, weights, prefix: str, c_in: int, c_out: int, first: bool):
+    def __init__(self, weights, prefix: str, c_in: int, c_out: int, first: bool, layers: int):
         self.first = first
         if first:  # a full 3x3 convolution on the RGB input
             self.conv0 = _kernel(weights, f"{prefix}/conv0/filters", (3, 3, c_in, c_out))
@@ -72,7 +76,7 @@ class _DenseBlock:
         else:
             self.conv0 = _Separable(weights, f"{prefix}/conv0", c_in, c_out)
         self.rest = [_Separable(weights, f"{prefix}/conv{index}", c_out, c_out)
-                     for index in range(1, LAYERS_PER_BLOCK)]
+                     for index in range(1, layers)]
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.first:
@@ -94,17 +98,21 @@ def _same_padding(x: Tensor, stride: int) -> Tensor:
 
 
 class _FaceFeatureNet:
-    """The four dense blocks, the average pool and an fc layer of `outputs` values: the
-    landmark net and the expression net differ only in their weights and that layer."""
+    """The dense blocks, the average pool and an fc layer of `outputs` values: the landmark
+    net and the expression net differ only in their weights and that layer; the tiny landmark
+    net has fewer, smaller blocks."""
 
     outputs = 0
     model = ""
+    blocks = BLOCKS
+    layers_per_block = LAYERS_PER_BLOCK
 
     def __init__(self, weights):
-        self.blocks = [_DenseBlock(weights, f"dense{index}", c_in, c_out, first=index == 0)
-                       for index, (c_in, c_out) in enumerate(BLOCKS)]
+        self.dense_blocks = [_DenseBlock(weights, f"dense{index}", c_in, c_out, index == 0,
+                                         self.layers_per_block)
+                             for index, (c_in, c_out) in enumerate(self.blocks)]
         self.fc_weights = Tensor.from_numpy(weights.get_shaped(
-            "fc/weights", (BLOCKS[-1][1], self.outputs), self.model))
+            "fc/weights", (self.blocks[-1][1], self.outputs), self.model))
         self.fc_bias = Tensor.from_numpy(weights.get_shaped("fc/bias", (self.outputs,),
                                                             self.model))
 
@@ -122,9 +130,9 @@ class _FaceFeatureNet:
                                 f"crop, got {list(face.shape)}")
         normalized = (np.asarray(face, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
         x = Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
-        for block in self.blocks:
-            x = block(x)  # ... [1, 256, 7, 7]
-        pooled = x.mean((2, 3))  # [1, 256]: the 7x7 average pool over the whole map
+        for block in self.dense_blocks:
+            x = block(x)  # ... [1, 256, 7, 7] (the tiny net: [1, 128, 14, 14])
+        pooled = x.mean((2, 3))  # [1, channels]: the average pool covers the whole map
         return pooled.matmul(self.fc_weights).broadcast_add(self.fc_bias).to_numpy()[0]
 
 
@@ -137,6 +145,15 @@ class FaceLandmark68Net(_FaceFeatureNet):
     def forward(self, face: np.ndarray) -> np.ndarray:
         """[68, 2] (x, y) in units of the crop, for one [112, 112, 3] float crop."""
         return self.features(face).reshape(POINTS, 2)
+
+
+class FaceLandmark68TinyNet(FaceLandmark68Net):
+    """weights: the TfjsWeights of face_landmark_68_tiny: three dense blocks of three layers,
+    fc 128 -> 136."""
+
+    model = "tiny face landmark net"
+    blocks = BLOCKS[:3]
+    layers_per_block = 3
 
 
 class FaceExpressionNet(_FaceFeatureNet):
