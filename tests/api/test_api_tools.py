@@ -249,6 +249,7 @@ BAD_FIELDS = [
      "tools[0].function.name"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"functions": [WEATHER["function"]]}, "functions"),  # the deprecated fields
     # A schema keyword the grammar cannot enforce, where the call is enforced.
     ({"tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "not": {"required": ["x"]}}}}],

@@ -127,6 +127,10 @@ def _choice(body: dict, names: tuple) -> str:
 def parse(body: dict, messages: list, template, model: str):
     """The request's ToolRequest, or None when it has no tools and no tool turns. A model whose
     template has no tool format is refused naming it (400, param `tools` or `messages`)."""
+    for legacy in ("functions", "function_call"):  # ignored, the model would answer without
+        if body.get(legacy) is not None:
+            raise bad_request(f"{legacy}: OpenAI's deprecated function fields are not supported "
+                              "here; use tools and tool_choice", legacy, "unsupported_value")
     tools = _tools(body)
     names = tuple(tool["function"]["name"] for tool in tools)
     choice = _choice(body, names)
