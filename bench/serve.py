@@ -36,6 +36,11 @@ printed. It runs with --parallel 8, 2048 context tokens per slot (-c 16384) and 
     .venv/bin/python bench/serve.py [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
                                     [--clients 1,4,8] [--tokens 64] [--llama-server PATH]
                                     [--threads 2] [--repeats 3] [--fresh-prompts] [--startup]
+                                    [--schema]
+
+--schema measures structured outputs instead: on candle-web alone, each level of clients runs
+without and with a json_schema response_format (4 fields) and prints the time per token of both
+and their ratio (issue 33's goal: <= 1.15x the unconstrained step).
 """
 
 from __future__ import annotations
@@ -87,14 +92,18 @@ def wait_for_answer(base: str, model: str, deadline: float) -> None:
             time.sleep(0.05)
 
 
-def stream_chat(base: str, model: str, prompt: str, max_tokens: int) -> dict:
+def stream_chat(base: str, model: str, prompt: str, max_tokens: int,
+                response_format: dict = None) -> dict:
     """One streaming greedy chat: time to first content, completion tokens, end time."""
     parsed = urllib.parse.urlsplit(base)
     connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=600)
     started = time.perf_counter()
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+    request = {"model": model, "messages": [{"role": "user", "content": prompt}],
+               "max_tokens": max_tokens, "temperature": 0, "stream": True,
+               "stream_options": {"include_usage": True}}
+    if response_format is not None:
+        request["response_format"] = response_format
+    body = json.dumps(request)
     connection.request("POST", parsed.path + "/chat/completions", body=body,
                        headers={"Content-Type": "application/json"})
     response = connection.getresponse()
@@ -124,7 +133,8 @@ def stream_chat(base: str, model: str, prompt: str, max_tokens: int) -> dict:
 _FRESH = itertools.count()
 
 
-def run_level(base: str, model: str, clients: int, max_tokens: int, fresh: bool) -> dict:
+def run_level(base: str, model: str, clients: int, max_tokens: int, fresh: bool,
+              response_format: dict = None) -> dict:
     """One run of `clients` concurrent chats; with `fresh`, each user message starts with a
     number never sent before, so that no server can reuse a cached prompt past the chat
     template's shared start."""
@@ -135,7 +145,7 @@ def run_level(base: str, model: str, clients: int, max_tokens: int, fresh: bool)
 
     def client(index: int) -> None:
         barrier.wait()
-        results[index] = stream_chat(base, model, prompts[index], max_tokens)
+        results[index] = stream_chat(base, model, prompts[index], max_tokens, response_format)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     started = time.perf_counter()
@@ -334,6 +344,43 @@ def measure_startup(model: str, threads: int) -> None:
               f"start (0: nothing compiled, all loaded from the cache)")
 
 
+# A 4-field schema, as the API tests use: the prompts ask for prose, the grammar makes JSON.
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "facts", "strict": True, "schema": {
+    "type": "object", "additionalProperties": False,
+    "required": ["topic", "summary", "count", "certain"],
+    "properties": {"topic": {"type": "string"}, "summary": {"type": "string"},
+                   "count": {"type": "integer"}, "certain": {"type": "boolean"}}}}}
+
+
+def measure_schema_cost(model: str, levels: list, args) -> None:
+    """--schema: per level, the median run without and with SCHEMA_FORMAT on one candle-web
+    server; the time per generated token (wall / tokens per client) with a schema over without
+    is the cost of the masks (goal <= 1.15). Constrained answers can be shorter, so their
+    prompt share is larger: the ratio is an upper bound of the masks' cost."""
+    server = candle_server(model, args.threads)
+    try:
+        # The first request with a schema compiles its grammar (cached after it, as for any
+        # client that sends the same schema again): outside the figures.
+        stream_chat(server.base, model, PROMPTS[0], 1, SCHEMA_FORMAT)
+        print(f"{model}: load average {os.getloadavg()[0]:.1f}; up to {args.tokens} greedy "
+              f"tokens per client; median of {args.repeats} runs")
+        for clients in levels:
+            rows = {}
+            for label, response_format in (("free", None), ("schema", SCHEMA_FORMAT)):
+                runs = sorted((run_level(server.base, model, clients, args.tokens,
+                                         args.fresh_prompts, response_format)
+                               for _ in range(args.repeats)), key=lambda r: r["tok_s"])
+                rows[label] = runs[len(runs) // 2]
+            per_token = {label: clients / row["tok_s"] for label, row in rows.items()}
+            print(f"  {clients} clients: free {rows['free']['tok_s']:.1f} tok/s "
+                  f"({per_token['free'] * 1e3:.1f} ms/token per client), schema "
+                  f"{rows['schema']['tok_s']:.1f} tok/s ({per_token['schema'] * 1e3:.1f} ms); "
+                  f"schema / free per token {per_token['schema'] / per_token['free']:.2f}x "
+                  f"[load {os.getloadavg()[0]:.1f}]")
+    finally:
+        server.stop()
+
+
 def find_llama_server(given: str):
     for candidate in (given, os.environ.get("LLAMA_SERVER"),
                       str(Path.home() / ".cache/candle-web/llama.cpp/bin/llama-server"),
@@ -359,6 +406,9 @@ def main() -> int:
                         help="a new user message in every request (no prompt reused past the "
                              "chat template's start); default: the same 8 prompts each run, "
                              "which both servers' prompt caches reuse")
+    parser.add_argument("--schema", action="store_true",
+                        help="only candle-web, each level without and with a json_schema "
+                             "response_format (4 fields): the cost of constrained decoding")
     parser.add_argument("--startup", action="store_true",
                         help="only measure candle-web's start to its first answer, by stage")
     args = parser.parse_args()
@@ -367,6 +417,10 @@ def main() -> int:
             measure_startup(model, args.threads)
         return 0
     levels = [int(x) for x in args.clients.split(",")]
+    if args.schema:
+        for model in args.models.split(","):
+            measure_schema_cost(model, levels, args)
+        return 0
     peer = find_llama_server(args.llama_server)
     if peer is None:
         print("llama-server: not found (scripts/build_llama_cpp.sh builds it into "
