@@ -17,7 +17,8 @@ from tests.ui.transcribe_testlib import (MODEL_TINY, choose_model, run_to_end, s
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AXE = REPO_ROOT / "node_modules" / "axe-core" / "axe.min.js"
-VIEWS = ("transcribe", "generate", "chat", "text2text", "similarity")
+# Every view the page's tab list has (a view added later is checked too).
+VIEWS_JS = "() => Array.from(document.querySelectorAll('[role=tab]'), (tab) => tab.id.replace(/^tab-/, ''))"
 SIZES = {"phone": (390, 844), "laptop": (1280, 800)}
 BLOCKING = ("serious", "critical")
 CLIP = "sense_and_sensibility_01_austen_64kb-0880.wav"
@@ -49,7 +50,7 @@ def on_each_view(page, size: str, check) -> dict:
     tests/ui_firefox's, which has the same methods)."""
     page.set_viewport_size(dict(zip(("width", "height"), SIZES[size])))
     found = {}
-    for view in VIEWS:
+    for view in page.evaluate(VIEWS_JS):
         page.click(f"#tab-{view}")
         page.wait_for_function(f"() => !document.getElementById('panel-{view}').hidden")
         found[view] = check(page)
@@ -59,9 +60,9 @@ def on_each_view(page, size: str, check) -> dict:
 @pytest.mark.parametrize("size", SIZES)
 def test_no_serious_or_critical_axe_violation_on_any_view(page, size, report):
     found = on_each_view(page, size, violations)
-    assert found == {view: [] for view in VIEWS}
+    assert len(found) >= 5 and found == {view: [] for view in found}
     report(f"[ui] axe-core {page.evaluate('() => axe.version')}: no serious or critical "
-           f"violation on {len(VIEWS)} views at {SIZES[size][0]}x{SIZES[size][1]}")
+           f"violation on {len(found)} views at {SIZES[size][0]}x{SIZES[size][1]}")
 
 
 def test_transcript_words_are_reachable_and_playable_by_keyboard(page, model_cache_left_as_found):
