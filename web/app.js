@@ -2,6 +2,7 @@
 // views (transcribe, generate, ...) use. Loaded as a module by index.html.
 
 import { setUpChat } from "./chat.js";
+import { setUpFaces } from "./faces.js";
 import { setUpGenerate } from "./generate.js";
 import { setUpSimilarity } from "./similarity.js";
 import { setUpText2text } from "./text2text.js";
@@ -337,6 +338,7 @@ const generateView = setUpGenerate(client, ready);
 const chatView = setUpChat(client, ready);
 const text2textView = setUpText2text(client, ready);
 const similarityView = setUpSimilarity(client, ready);
+const facesView = setUpFaces(client, ready);
 
 // For the UI tests and the curious: each view's state.
 window.candleWeb = {
@@ -347,4 +349,5 @@ window.candleWeb = {
   chat: chatView.state,
   text2text: text2textView.state,
   similarity: similarityView.state,
+  faces: facesView.state,
 };

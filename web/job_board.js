@@ -8,11 +8,11 @@
 
 // The worker commands that queue for Python (worker.js runPythonJob); init, models and cancel
 // never wait.
-const QUEUED_COMMANDS = new Set(["load", "transcribe", "embed", "generate", "chat", "text2text", "eval_twin"]);
+const QUEUED_COMMANDS = new Set(["load", "transcribe", "embed", "generate", "chat", "text2text", "faces", "eval_twin"]);
 // The view of a job no view claimed (the microphone's live passes), by its command or the
 // kind of model it loads.
-const COMMAND_PANELS = { transcribe: "panel-transcribe", embed: "panel-similarity", text2text: "panel-text2text", generate: "panel-generate", chat: "panel-chat" };
-const KIND_PANELS = { whisper: "panel-transcribe", vad: "panel-transcribe", bert: "panel-similarity", t5: "panel-text2text" };
+const COMMAND_PANELS = { transcribe: "panel-transcribe", embed: "panel-similarity", text2text: "panel-text2text", generate: "panel-generate", chat: "panel-chat", faces: "panel-faces" };
+const KIND_PANELS = { whisper: "panel-transcribe", vad: "panel-transcribe", bert: "panel-similarity", t5: "panel-text2text", faces: "panel-faces" };
 
 // "loading smollm2-135m-instruct", "answering with qwen2.5-coder-0.5b-instruct".
 function describeJob(job) {
@@ -24,6 +24,7 @@ function describeJob(job) {
     case "transcribe": return "transcribing";
     case "embed": return "comparing sentences";
     case "text2text": return `running${model || " a T5"}`;
+    case "faces": return "finding faces";
     default: return job.type;
   }
 }

@@ -6,7 +6,8 @@
  *   {type: "progress", id, phase, state, ...}  zero or more, while the command runs
  *   {type: "result",   id, ...}                 exactly one on success
  *   {type: "error",    id, error: {name, message, traceback?}}  exactly one on failure
- * Commands: init, eval_twin, models, load, transcribe, embed, generate, chat, text2text, cancel
+ * Commands: init, eval_twin, models, load, transcribe, embed, generate, chat, text2text, faces,
+ * cancel
  * (the COMMANDS table below). `kind` picks the model family and its Python session
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
@@ -83,6 +84,12 @@
  *       -> {text, tokenIds, promptTokens, reusedTokens, newTokens, reuseNote (why nothing is
  *           reused where the steps do not split a prompt exactly, else null), droppedMessages, notice,
  *           context, stopReason ("cancelled": Stop kept the partial answer), timings}
+ *   faces {model, image: Blob | ImageBitmap (transferred), options: {landmarks, expressions,
+ *          ageGender, scoreThreshold}, keepPixels?}   the photo decoded here (worker/images.js),
+ *       the rest in Python (candle_web.worker.faces)
+ *       -> {width, height, faces: [{box: [x, y, w, h], score, landmarks?, expressions?, age?,
+ *           gender?, genderProbability?}], timingsMs: {decode, detect, landmarks, ...},
+ *           rgbSha256, pixels? (ArrayBuffer of the RGB bytes the networks read)}
  *   text2text {model, prompt, options: {maxTokens, temperature, topK, topP, seed}}
  *       progress {phase: "text2text", event: "token"|"done", data}
  *       -> {text, tokenIds, inputTokens, fullInputTokens, truncated, maxInputTokens, stopReason,
@@ -112,6 +119,7 @@ import { CancelledError, TypedError, describeError, post, progress, throttledPro
 import { ensureRuntime, runtime, wasmHeapBytes } from "./worker/boot.js";
 import { downloadModelFiles } from "./worker/model_files.js";
 import { grammarBridge, prepareGrammar } from "./worker/grammar.js";
+import { checkImage, decodeImage } from "./worker/images.js";
 // The rest of the module graph, named here too: the browser fetches a module's imports only
 // once it has parsed that module, so boot.js -> kernels.js -> abi.js was a chain of round trips
 // before the start could begin (~0.1-0.15 s of page open -> ready). Named here, every file is
@@ -303,6 +311,19 @@ function samplesIntoPython(session, samples) {
   return target;
 }
 
+// A decoded image's RGBA bytes into the [height, width, 4] uint8 array the faces session
+// allocates (one copy into the wasm heap, read in place by Python).
+function pixelsIntoPython(session, { width, height, rgba }) {
+  const target = session.allocate_pixels(width, height);
+  const view = target.getBuffer("u8");
+  try {
+    view.data.set(rgba);
+  } finally {
+    view.release();
+  }
+  return target;
+}
+
 function checkSamples(m) {
   if (!(m.samples instanceof Float32Array)) {
     throw new TypedError("FormatError", `${m.type}: \`samples\` must be a Float32Array of 16 kHz mono audio`);
@@ -336,6 +357,12 @@ const RUN_COMMANDS = {
     kind: "t5",
     request: (m) => ({ prompt: m.prompt ?? null, options: m.options || null }),
   },
+  faces: {
+    kind: "faces",
+    check: checkImage,
+    request: (m) => ({ options: m.options || null, keep_pixels: m.keepPixels === true }),
+    image: true,
+  },
   chat: {
     kind: "llama",
     check: (m) => {
@@ -368,9 +395,17 @@ async function handleRun(message) {
         samples = samplesIntoPython(session, message.samples);
         request.set("samples", samples);
       }
+      let decodeMs = null;
+      if (command.image) {
+        const decoded = await decodeImage(message.image);
+        decodeMs = decoded.ms;
+        samples = pixelsIntoPython(session, decoded);
+        request.set("pixels", samples);
+      }
       const grammar = message.responseFormat != null ? await prepareResponseFormat(id, session, message) : null;
       reply = session.run(message.model ?? null, request, onEvent);
       const taken = takeReply(reply);
+      if (decodeMs !== null) taken.payload.timingsMs = { decode: decodeMs, ...taken.payload.timingsMs };
       if (grammar !== null) taken.payload.grammar = { ...grammar, ...JSON.parse(session.grammar_stats_json()), maskInPlace: grammarBridge.maskInPlace() };
       taken.payload.heap = { startBytes, endBytes: wasmHeapBytes() };
       return taken;
@@ -414,6 +449,7 @@ const COMMANDS = {
   generate: handleRun,
   chat: handleRun,
   text2text: handleRun,
+  faces: handleRun,
   cancel: handleCancel,
 };
 

@@ -41,7 +41,7 @@ EXPECTED_KINDS = {"whisper-tiny.en": "whisper", "whisper-base": "whisper",
 # browsers from the registry (tests/hub/test_hub_commit_pins.py).
 HUB_ONLY_MODELS = {"t5-small", "flan-t5-small"}
 # Runnable natively, not offered by the page.
-NATIVE_ONLY_MODELS = {"face-api"}  # issue 34: the page's Faces view is not built yet
+NATIVE_ONLY_MODELS = set()
 # Browser models the page loads only when asked by name (its ?models=all option), not offered.
 UNOFFERED_MODELS = {"gemma3-270m-q4km", "silero-vad"}  # silero-vad: loaded by Skip silence
 

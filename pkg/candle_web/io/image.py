@@ -84,12 +84,30 @@ def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     when shrinking)."""
     if height < 1 or width < 1:
         raise InvalidOption(f"resize: the size must be at least 1x1, got {width}x{height}")
-    rows = _resample_weights(image.shape[0], height)
-    cols = _resample_weights(image.shape[1], width)
-    # Per channel, rows then columns: two matrix products (BLAS) in float32.
-    planes = np.moveaxis(np.asarray(image, dtype=np.float32), -1, 0)
-    out = rows.astype(np.float32) @ planes @ cols.T.astype(np.float32)
-    return np.ascontiguousarray(np.moveaxis(out, 0, -1))
+    out = _resample_axis(np.asarray(image, dtype=np.float32), 0, height)
+    return np.ascontiguousarray(_resample_axis(out, 1, width))
+
+
+def _resample_axis(image: np.ndarray, axis: int, out_size: int) -> np.ndarray:
+    """`image` resampled along `axis` to `out_size`, in float32. Each output line is the
+    weighted sum of the few source lines under its filter (a contiguous band of about
+    2 * scale + 1), summed tap by tap: out_size x taps lines of work instead of a dense
+    [out, in] matrix product. In the page numpy has no BLAS, and the dense products of a
+    1920x1280 photo shrunk to 416 took ~100 s of the 104 s a photo took there."""
+    in_size = image.shape[axis]
+    weights = _resample_weights(in_size, out_size)
+    inside = weights > 0
+    first = inside.argmax(axis=1)
+    shape = [1] * image.ndim
+    shape[axis] = out_size
+    out = None
+    for tap in range(int(inside.sum(axis=1).max())):
+        source = first + tap
+        index = np.minimum(source, in_size - 1)
+        tap_weights = np.where(source < in_size, weights[np.arange(out_size), index], 0.0)
+        term = np.take(image, index, axis=axis) * tap_weights.astype(np.float32).reshape(shape)
+        out = term if out is None else out + term
+    return out
 
 
 def square_input(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:

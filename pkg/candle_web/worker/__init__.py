@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from candle_web.worker.bert import BertSession
+from candle_web.worker.faces import FaceSession
 from candle_web.worker.llama import LlamaSession
 from candle_web.worker.session import Session
 from candle_web.worker.t5 import T5Session
@@ -20,7 +21,7 @@ from candle_web.worker.whisper import WhisperSession
 
 DEFAULT_KIND = "whisper"  # what a `load` or `models` without a kind means (the first view's)
 SESSION_CLASSES = {"whisper": WhisperSession, "bert": BertSession, "llama": LlamaSession,
-                   "t5": T5Session, "vad": VadSession}
+                   "t5": T5Session, "vad": VadSession, "faces": FaceSession}
 # One session per kind for the worker's lifetime: each keeps its own loaded model.
 _sessions: dict = {}
 
@@ -39,4 +40,4 @@ def session_for(kind=None) -> Session:
 
 
 __all__ = ["Session", "WhisperSession", "BertSession", "LlamaSession", "T5Session", "VadSession",
-           "session_for", "eval_twin", "DEFAULT_KIND", "SESSION_CLASSES"]
+           "FaceSession", "session_for", "eval_twin", "DEFAULT_KIND", "SESSION_CLASSES"]

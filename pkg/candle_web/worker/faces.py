@@ -1,0 +1,137 @@
+"""The Faces view's session: face-api's networks (the registry's `face-api` files, from its npm
+tarball) on a photo or a camera frame the page decoded.
+
+Pixels arrive like audio does: the worker decodes the photo (createImageBitmap, then an
+OffscreenCanvas's RGBA bytes, web/worker.js), `allocate_pixels` hands it a [height, width, 4]
+uint8 array to copy them into, and `compute` reads it in place. From there on everything is the
+package's, the same code as `candle-web faces`: io/image's numpy resize, the tiny detector, the
+68-point landmarks, expressions and age/gender (pipelines/faces, models/face_*).
+
+Of the registry entry's seven networks the page fetches the four it runs (about 1.3 MB of the
+13.5 MB): SSD and the 6.4 MB descriptor stay native-only for now.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+
+from candle_web.core.errors import FormatError, InvalidOption
+from candle_web.worker.session import Session, python_value
+
+DETECTOR = ("tiny_face_detector_model-weights_manifest.json", "tiny_face_detector_model.bin")
+LANDMARKS = ("face_landmark_68_model-weights_manifest.json", "face_landmark_68_model.bin")
+EXPRESSIONS = ("face_expression_model-weights_manifest.json", "face_expression_model.bin")
+AGE_GENDER = ("age_gender_model-weights_manifest.json", "age_gender_model.bin")
+NETWORKS = {"detector": DETECTOR, "landmarks": LANDMARKS, "expressions": EXPRESSIONS,
+            "ageGender": AGE_GENDER}
+# The same bound as io/image.load_rgb's: a frame larger than any phone photo is refused before
+# its bytes are copied into the heap.
+MAX_PIXELS = 64_000_000
+# The page's options: which heads to run on each face (the detector always runs).
+HEADS = ("landmarks", "expressions", "ageGender")
+
+
+class FaceSession(Session):
+    kind = "faces"
+    command = "faces"
+    required_files = tuple(name for files in NETWORKS.values() for name in files)
+    memory_factor = 4.0  # decoded float32 weights from uint8-quantized files
+
+    def _registry_manifest(self, model: str) -> dict:
+        """The registry entry's files that the page runs (see the module doc)."""
+        manifest = super()._registry_manifest(model)
+        manifest["files"] = [f for f in manifest["files"] if f["name"] in self.required_files]
+        return manifest
+
+    def build(self, files: dict) -> dict:
+        from candle_web.io.tfjs import TfjsWeights
+        from candle_web.models.face_age_gender import AgeGenderNet
+        from candle_web.models.face_detector import TinyFaceDetector
+        from candle_web.models.face_landmarks import FaceExpressionNet, FaceLandmark68Net
+
+        def weights(network):
+            manifest, shard = NETWORKS[network]
+            return TfjsWeights(bytes(files[manifest]), {shard: files[shard]}, manifest)
+
+        return {"detector": TinyFaceDetector(weights("detector")),
+                "landmarks": FaceLandmark68Net(weights("landmarks")),
+                "expressions": FaceExpressionNet(weights("expressions")),
+                "ageGender": AgeGenderNet(weights("ageGender"))}
+
+    def describe(self, nets) -> dict:
+        return {"detector": "tiny", "inputSize": nets["detector"].input_size,
+                "networks": list(nets)}
+
+    @staticmethod
+    def allocate_pixels(width, height) -> np.ndarray:
+        """A [height, width, 4] uint8 buffer (RGBA, as a canvas gives them) for the worker."""
+        for name, value in (("width", width), ("height", height)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or value != int(value) or not 0 < int(value) <= MAX_PIXELS:
+                raise FormatError(f"faces: image {name} {value!r} is not a positive pixel count")
+        if int(width) * int(height) > MAX_PIXELS:
+            raise FormatError(f"faces: a {int(width)}x{int(height)} image is more than the "
+                              f"{MAX_PIXELS} pixels a photo may have")
+        return np.empty((int(height), int(width), 4), dtype=np.uint8)
+
+    def compute(self, nets, pixels=None, options=None, keep_pixels=False,
+                on_event=None) -> dict:
+        """{width, height, faces: [...] in face-api's names, the photo's pixels, timings (ms
+        per stage)}; with keep_pixels also "pixels", the RGB bytes the networks read (the twin
+        check runs native on them)."""
+        from candle_web.models.face_age_gender import gender_of
+        from candle_web.models.face_landmarks import face_input
+        from candle_web.pipelines.faces import detect_faces, face_landmarks
+        from candle_web.models.face_detector import DetectorOptions
+
+        if not isinstance(pixels, np.ndarray) or pixels.ndim != 3 or pixels.shape[2] not in (3, 4):
+            raise FormatError("faces: `pixels` must be an [height, width, 3 or 4] uint8 image")
+        heads, threshold = checked_options(options)
+        rgb = np.ascontiguousarray(pixels[:, :, :3])
+        timings = {}
+        started = time.perf_counter()
+        faces = detect_faces(nets["detector"], rgb, DetectorOptions(score_threshold=threshold))
+        timings["detect"] = (time.perf_counter() - started) * 1000.0
+        out = [{"box": [float(v) for v in face.box], "score": float(face.score)} for face in faces]
+        for head in heads:
+            started = time.perf_counter()
+            for face, entry in zip(faces, out):
+                if head == "landmarks":
+                    entry["landmarks"] = [[float(x), float(y)]
+                                          for x, y in face_landmarks(nets[head], rgb, face.box)]
+                    continue
+                crop = face_input(rgb, face.box)[0]
+                if head == "expressions":
+                    entry["expressions"] = nets[head].forward(crop)
+                else:
+                    age, male = nets[head].forward(crop)
+                    gender, probability = gender_of(male)
+                    entry.update(age=age, gender=gender, genderProbability=probability)
+            timings[head] = (time.perf_counter() - started) * 1000.0
+        timings["total"] = sum(timings.values())
+        result = {"width": int(rgb.shape[1]), "height": int(rgb.shape[0]), "faces": out,
+                  "timingsMs": timings, "rgbSha256": hashlib.sha256(rgb.tobytes()).hexdigest()}
+        if keep_pixels is True:
+            result["pixels"] = rgb
+        return result
+
+
+def checked_options(options) -> tuple[list, float]:
+    """The heads asked for, in HEADS order, and the detector's score threshold."""
+    options = dict(python_value(options) or {})
+    unknown = sorted(set(options) - set(HEADS) - {"scoreThreshold"})
+    if unknown:
+        raise InvalidOption(f"faces: unknown option(s) {', '.join(unknown)}; known: "
+                            f"{', '.join(HEADS)}, scoreThreshold")
+    for head in HEADS:
+        if not isinstance(options.get(head, False), bool):
+            raise InvalidOption(f"faces: option {head} must be true or false, got "
+                                f"{options[head]!r}")
+    threshold = options.get("scoreThreshold", 0.5)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not 0.0 < threshold < 1.0:
+        raise InvalidOption(f"faces: option scoreThreshold must be a number between 0 and 1, "
+                            f"got {threshold!r}")
+    return [head for head in HEADS if options.get(head)], float(threshold)

@@ -1,0 +1,138 @@
+"""The Faces view end to end in headless Chromium, and its twin check against native.
+
+Real inputs only: face-api 1.7.15's weights (the registry's `face-api` entry, from its npm
+tarball) served by `candle-web serve` and cached by the worker, and face-api's own demo photo
+sample1.jpg (three faces), chosen through the view's file input as a person would.
+
+The twin check: the worker decodes the photo with the browser's decoder (createImageBitmap +
+OffscreenCanvas) and keeps the RGB bytes the networks read (keepPixels); the same session code
+(candle_web.worker.faces) then runs natively on those very bytes. Boxes, scores, landmarks,
+expressions and ages must agree to float rounding: the page's products are the wasm kernels'
+(or scipy's sgemm) and native ones numpy's BLAS, which add the same float32 products in other
+orders, ~1e-7 relative per layer. Measured over the networks' depth that is ~1e-5 on a box
+corner of a 1920-pixel photo, so boxes and landmarks within 0.01 px and probabilities / ages
+within 1e-4: a wrong padding, resize or decode moves them by a pixel or more.
+"""
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+from tests.ui.text_views_testlib import leave_page_as_found, open_view, view_state
+
+PHOTO = "sample1.jpg"
+FACES_TIMEOUT_MS = 300_000
+BOX_ATOL_PX = 0.01
+PROBABILITY_ATOL = 1e-4
+AGE_ATOL_YEARS = 1e-3
+
+pytestmark = pytest.mark.ui
+
+
+@pytest.fixture(scope="module", autouse=True)
+def page_left_as_found(ready_page, model_cache_left_as_found):
+    yield from leave_page_as_found(ready_page)
+
+
+@pytest.fixture(scope="module")
+def photo_result(ready_page, model_file):
+    """The view's reply for PHOTO (with the RGB bytes it read) and the photo's path."""
+    page = ready_page
+    photo = model_file("face-api-demo-photos", PHOTO)
+    open_view(page, "faces")
+    page.evaluate("() => { window.candleWeb.faces.keepPixels = true; }")
+    runs_before = view_state(page, "faces", "s.runs")
+    page.set_input_files("#faces-file-input", str(photo))
+    page.wait_for_function(
+        "(before) => { const s = window.candleWeb.faces;"
+        " return !s.busy && (s.runs > before || s.lastError !== null); }",
+        arg=runs_before, timeout=FACES_TIMEOUT_MS)
+    assert view_state(page, "faces", "s.lastError") is None
+    result = view_state(page, "faces", "({...s.lastResult, pixels: undefined})")
+    # The decoded bytes, as base64 pieces of 768 kB (each decodes on its own).
+    encoded = page.evaluate("""() => {
+        const bytes = window.candleWeb.faces.lastResult.pixels;
+        const pieces = [];
+        for (let at = 0; at < bytes.length; at += 3 << 18) {
+          const piece = bytes.subarray(at, at + (3 << 18));
+          let text = "";
+          for (let i = 0; i < piece.length; i += 8192) {
+            text += String.fromCharCode.apply(null, piece.subarray(i, i + 8192));
+          }
+          pieces.push(btoa(text));
+        }
+        return pieces;
+    }""")
+    pixels = np.concatenate([np.frombuffer(base64.b64decode(piece), dtype=np.uint8)
+                             for piece in encoded])
+    page.evaluate("() => { window.candleWeb.faces.keepPixels = false; }")
+    return result, pixels.reshape(result["height"], result["width"], 3), photo
+
+
+def test_photo_shows_its_faces(ready_page, photo_result):
+    result, _, photo = photo_result
+    assert (result["width"], result["height"]) == (1920, 1280)
+    assert len(result["faces"]) == 3
+    for face in result["faces"]:
+        x, y, w, h = face["box"]
+        assert 0 <= x and 0 <= y and x + w <= 1920 + 1 and y + h <= 1280 + 1 and w > 50
+        assert len(face["landmarks"]) == 68
+        assert all(x <= px <= x + w and y <= py <= y + h for px, py in face["landmarks"][27:36])
+        assert set(face["expressions"]) == {"neutral", "happy", "sad", "angry", "fearful",
+                                            "disgusted", "surprised"}
+        assert face["gender"] in ("male", "female") and 0 < face["age"] < 100
+    # What a person sees: the photo drawn with its faces, the faces in words, the timings.
+    figure = ready_page.locator("#faces-results figure").first
+    assert figure.locator("canvas").get_attribute("aria-label") == f"{PHOTO}: 3 faces found"
+    assert figure.locator(".faces-list li").count() == 3
+    assert "detect" in figure.locator(".faces-timings").inner_text()
+    assert set(result["timingsMs"]) >= {"decode", "detect", "landmarks", "expressions",
+                                        "ageGender", "total"}
+    canvas_size = ready_page.evaluate(
+        "() => { const c = document.querySelector('#faces-results canvas');"
+        " return [c.width, c.height]; }")
+    assert canvas_size == [1920, 1280]
+
+
+def test_page_decodes_as_pillow(photo_result):
+    """The browser's decoder gives the bytes Pillow gives natively (same JPEG, no colour
+    profile applied on either side); printed, and bounded by one JPEG rounding step."""
+    from candle_web.io.image import load_rgb
+
+    _, pixels, photo = photo_result
+    native = load_rgb(photo)
+    difference = np.abs(native.astype(np.int16) - pixels.astype(np.int16))
+    print(f"page decode vs Pillow: max |diff| {difference.max()}, "
+          f"{(difference > 0).mean():.4%} of values differ")
+    assert native.shape == pixels.shape
+    assert difference.max() <= 2
+
+
+def test_twin_native_equals_page(photo_result):
+    from candle_web import hub
+    from candle_web.worker.faces import FaceSession
+    from candle_web.worker.session import files_from_folder
+
+    result, pixels, _ = photo_result
+    session = FaceSession()
+    folder = hub.fetch("face-api", session.required_files[0], cache_only=True).parent
+    nets = session.build(files_from_folder(folder, session.required_files))
+    native = session.compute(nets, pixels=pixels, options={"landmarks": True, "expressions": True,
+                                                           "ageGender": True})
+    assert native["rgbSha256"] == result["rgbSha256"]
+    assert len(native["faces"]) == len(result["faces"])
+    worst = {"box": 0.0, "landmarks": 0.0, "probability": 0.0, "age": 0.0}
+    for ours, theirs in zip(native["faces"], result["faces"]):
+        worst["box"] = max(worst["box"], np.abs(np.subtract(ours["box"], theirs["box"])).max())
+        worst["landmarks"] = max(worst["landmarks"], np.abs(
+            np.subtract(ours["landmarks"], theirs["landmarks"])).max())
+        worst["probability"] = max(worst["probability"], abs(ours["score"] - theirs["score"]),
+                                   abs(ours["genderProbability"] - theirs["genderProbability"]),
+                                   *(abs(ours["expressions"][k] - theirs["expressions"][k])
+                                     for k in ours["expressions"]))
+        worst["age"] = max(worst["age"], abs(ours["age"] - theirs["age"]))
+        assert ours["gender"] == theirs["gender"]
+    print(f"faces twin, page vs native: {worst}")
+    assert worst["box"] <= BOX_ATOL_PX and worst["landmarks"] <= BOX_ATOL_PX
+    assert worst["probability"] <= PROBABILITY_ATOL and worst["age"] <= AGE_ATOL_YEARS
