@@ -38,20 +38,25 @@ MAX_PROBABILITY_DIFFERENCE = 1e-4
 # on the 20 crops; 1e-3 px is 1000x tighter than the issue's 1 px.
 MAX_LANDMARK_PX = 1e-3
 
-DESCRIBE_JS = """async ([data, shape]) => {
-    const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
-    const tensor = faceapi.tf.tensor3d(new Float32Array(bytes.buffer), shape, 'float32');
-    const found = await faceapi.nets.faceRecognitionNet.computeFaceDescriptor(tensor);
-    tensor.dispose();
-    return Array.from(found);
-}"""
-AGE_GENDER_JS = """async ([data, shape]) => {
-    const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
-    const tensor = faceapi.tf.tensor3d(new Float32Array(bytes.buffer), shape, 'float32');
-    const found = await faceapi.nets.ageGenderNet.predictAgeAndGender(tensor);
-    tensor.dispose();
-    return [found.age, found.gender, found.genderProbability];
-}"""
+
+def _on_crop_js(call: str, answer: str) -> str:
+    """A page function taking a crop as _as_data sends it: `found` = await faceapi.nets.<call>
+    on the crop's tensor, then it returns `answer`."""
+    return ("""async ([data, shape]) => {
+        const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+        const tensor = faceapi.tf.tensor3d(new Float32Array(bytes.buffer), shape, 'float32');
+        const found = await faceapi.nets.""" + call + """;
+        tensor.dispose();
+        return """ + answer + """;
+    }""")
+
+
+DESCRIBE_JS = _on_crop_js("faceRecognitionNet.computeFaceDescriptor(tensor)", "Array.from(found)")
+AGE_GENDER_JS = _on_crop_js("ageGenderNet.predictAgeAndGender(tensor)",
+                            "[found.age, found.gender, found.genderProbability]")
+TINY_LANDMARKS_JS = _on_crop_js("faceLandmark68TinyNet.detectLandmarks(tensor)",
+                                "found.relativePositions.map((p) => [p.x, p.y])")
+
 # face-api's own chain on the photo itself: its canvas resize for the detector, landmarks, the
 # aligned face cut from the image and resized on a canvas for the descriptor and age/gender.
 OWN_CHAIN_JS = """async (name) => {
@@ -63,13 +68,6 @@ OWN_CHAIN_JS = """async (name) => {
         .withFaceDescriptors().withAgeAndGender();
     return found.map((f) => [[f.detection.box.x, f.detection.box.y, f.detection.box.width,
                               f.detection.box.height], Array.from(f.descriptor), f.age]);
-}"""
-TINY_LANDMARKS_JS = """async ([data, shape]) => {
-    const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
-    const tensor = faceapi.tf.tensor3d(new Float32Array(bytes.buffer), shape, 'float32');
-    const found = await faceapi.nets.faceLandmark68TinyNet.detectLandmarks(tensor);
-    tensor.dispose();
-    return found.relativePositions.map((p) => [p.x, p.y]);
 }"""
 
 
@@ -255,3 +253,18 @@ def test_bad_inputs_are_refused(nets):
         age_gender_net.forward(np.zeros((150, 150, 3), dtype=np.float32))
     with pytest.raises(InvalidOption, match="128 values"):
         face_distance(np.zeros(128), np.zeros(127))
+
+
+def test_the_wrong_weights_are_refused_by_name(weights_dir):
+    """Another net's manifest: a FormatError naming the net and the first weight it lacks."""
+    from candle_web.core.errors import FormatError
+    from candle_web.io.tfjs import TfjsWeights
+    from candle_web.models.face_age_gender import AgeGenderNet
+    from candle_web.models.face_recognition import FaceRecognitionNet
+
+    age_gender = TfjsWeights.load(weights_dir / f"{FILES[2]}-weights_manifest.json")
+    with pytest.raises(FormatError, match="face recognition net: weight 'conv32_down/conv/"):
+        FaceRecognitionNet(age_gender)
+    descriptor = TfjsWeights.load(weights_dir / f"{FILES[1]}-weights_manifest.json")
+    with pytest.raises(FormatError, match="age and gender net: weight 'entry_flow/conv_in/"):
+        AgeGenderNet(descriptor)

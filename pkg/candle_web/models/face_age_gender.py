@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
 from ..nn.ops import max_pool2d
-from .face_landmarks import INPUT_SIZE, MEAN_RGB, _same_padding, _Separable
+from .face_landmarks import INPUT_SIZE, _same_padding, _Separable, face_tensor
 
 MODEL = "age and gender net"
 MAIN_BLOCKS = 2
@@ -96,11 +95,7 @@ class AgeGenderNet:
 
     def forward(self, face: np.ndarray) -> tuple[float, float]:
         """(age in years, probability of male) for one [112, 112, 3] float crop (RGB, 0..255)."""
-        if face.shape != (INPUT_SIZE, INPUT_SIZE, 3):
-            raise InvalidOption(f"{MODEL}: expected a [{INPUT_SIZE}, {INPUT_SIZE}, 3] crop, got "
-                                f"{list(face.shape)}")
-        normalized = (np.asarray(face, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
-        x = Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
+        x = face_tensor(face, INPUT_SIZE, MODEL)
         x = _same_padding(x, 2).conv2d(self.conv_in, stride=2).broadcast_add(self.conv_in_bias)
         x = x.relu()  # [1, 32, 56, 56]
         for block in self.entry + self.middle:

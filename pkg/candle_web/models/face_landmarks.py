@@ -43,6 +43,16 @@ BLOCKS = ((3, 32), (32, 64), (64, 128), (128, 256))
 LAYERS_PER_BLOCK = 4
 
 
+def face_tensor(face: np.ndarray, size: int, model: str) -> Tensor:
+    """What face-api's face nets read from a [size, size, 3] float crop (RGB, 0..255): (x -
+    MEAN_RGB) / 255, channels first, [1, 3, size, size]."""
+    if face.shape != (size, size, 3):
+        raise InvalidOption(f"{model}: expected a [{size}, {size}, 3] crop, got "
+                            f"{list(face.shape)}")
+    normalized = (np.asarray(face, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
+    return Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
+
+
 def _kernel(weights, name: str, shape: tuple) -> Tensor:
     return Tensor.from_numpy(weights.conv_kernel(name, shape, MODEL))
 
@@ -125,11 +135,7 @@ class _FaceFeatureNet:
 
     def features(self, face: np.ndarray) -> np.ndarray:
         """The fc layer's [outputs] for one [112, 112, 3] float crop (RGB, 0..255)."""
-        if face.shape != (INPUT_SIZE, INPUT_SIZE, 3):
-            raise InvalidOption(f"{self.model}: expected a [{INPUT_SIZE}, {INPUT_SIZE}, 3] "
-                                f"crop, got {list(face.shape)}")
-        normalized = (np.asarray(face, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
-        x = Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
+        x = face_tensor(face, INPUT_SIZE, self.model)
         for block in self.dense_blocks:
             x = block(x)  # ... [1, 256, 7, 7] (the tiny net: [1, 128, 14, 14])
         pooled = x.mean((2, 3))  # [1, channels]: the average pool covers the whole map

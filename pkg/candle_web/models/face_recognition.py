@@ -33,7 +33,7 @@ import numpy as np
 from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
 from ..nn.ops import avg_pool2d, max_pool2d
-from .face_landmarks import MEAN_RGB
+from .face_landmarks import face_tensor
 
 MODEL = "face recognition net"
 INPUT_SIZE = 150
@@ -105,11 +105,7 @@ class FaceRecognitionNet:
 
     def forward(self, face: np.ndarray) -> np.ndarray:
         """The [128] float32 descriptor of one [150, 150, 3] float crop (RGB, 0..255)."""
-        if face.shape != (INPUT_SIZE, INPUT_SIZE, 3):
-            raise InvalidOption(f"{MODEL}: expected a [{INPUT_SIZE}, {INPUT_SIZE}, 3] crop, got "
-                                f"{list(face.shape)}")
-        normalized = (np.asarray(face, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
-        x = Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
+        x = face_tensor(face, INPUT_SIZE, MODEL)
         x = self.stem(x, stride=2, padding=0).relu()  # [1, 32, 72, 72]
         x = max_pool2d(x, 3, 2)  # [1, 32, 35, 35]
         for block in self.blocks:
