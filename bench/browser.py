@@ -43,6 +43,9 @@ export of the same GGUF (dequantized to f32; q8 re-quantizes those), greedy, sam
 --tasks llm (bench/browser_llm.py): candle-web's page next to wllama 3.13.0 (llama.cpp in
 WebAssembly) on the same GGUF files (SmolLM2 Q4_1, its Q8_0 and Q4_0 requantizations, Qwen2.5-
 Coder-0.5B Q4_K_M), 1 and 2 threads, greedy, the same prompt; --llm-files picks the files.
+--tasks faces (bench/browser_faces.py): the Faces view next to face-api 1.7.15 on TensorFlow.js's
+wasm backend (SIMD, 1 and 2 threads) on face-api's six demo photos (tiny detector + landmarks),
+and the view's camera frame rate on Chromium's fake camera.
 Nothing leaves 127.0.0.1: other requests are aborted (and reported).
 """
 from __future__ import annotations
@@ -62,6 +65,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "pkg"), str(REPO / "bench")]
+from browser_faces import run_faces  # noqa: E402  (the face-api peer, --tasks faces)
 from browser_llm import LLM_FILES, run_llm  # noqa: E402  (the wllama peer, --tasks llm)
 SAMPLES_DIR = REPO / "web" / "vendor" / "samples"
 NATIVE_SCRIPT = REPO / "tests" / "ui" / "native_whisper.py"
@@ -71,7 +75,8 @@ GENERATE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # A prompt with a long answer, so decode runs the whole budget (the model rarely stops early).
 GENERATE_PROMPT = "Write a long story about a lighthouse keeper and a lost whale."
 GENERATE_RUNS = 2
-TASKS = ("whisper", "generate", "llm")  # llm: bench/browser_llm.py (the wllama peer)
+# llm: bench/browser_llm.py (the wllama peer); faces: bench/browser_faces.py (face-api's)
+TASKS = ("whisper", "generate", "llm", "faces")
 READY_TIMEOUT_MS = 300_000
 TRANSCRIBE_TIMEOUT_MS = 900_000
 # threads=1 / threads=2: the wasm backend on one thread and on two (the page's default where
@@ -694,6 +699,10 @@ def main(argv=None) -> int:
                         help="also time each clip with word timestamps off and on in the page")
     parser.add_argument("--llm-compute", default="float32",
                         help="--tasks llm: the page's compute types, of float32,int8 (?compute=)")
+    parser.add_argument("--faces-repeats", type=int, default=3,
+                        help="--tasks faces: timed runs per photo on each side (after a warm-up)")
+    parser.add_argument("--camera-seconds", type=float, default=20.0,
+                        help="--tasks faces: how long the Faces view's camera runs")
     parser.add_argument("--llm-files", default=",".join(LLM_FILES),
                         help=f"--tasks llm: GGUF files, of {', '.join(LLM_FILES)}")
     args = parser.parse_args(argv)
@@ -709,6 +718,10 @@ def main(argv=None) -> int:
     llm_computes = tuple(c.strip() for c in args.llm_compute.split(",") if c.strip())
     if not llm_computes or set(llm_computes) - {"float32", "int8"}:
         parser.error("--llm-compute: choose from float32, int8")
+    if tasks == ["faces"]:
+        vendor()
+        run_faces(BrowserSession, args.faces_repeats, args.camera_seconds)
+        return 0
     if tasks == ["llm"]:
         vendor()
         run_llm(llm_labels, args.generate_tokens, GENERATE_PROMPT,
@@ -802,6 +815,8 @@ def main(argv=None) -> int:
     if "llm" in tasks:
         run_llm(llm_labels, args.generate_tokens, GENERATE_PROMPT,
                 generate_options(args.generate_tokens), BrowserSession, llm_computes)
+    if "faces" in tasks:
+        run_faces(BrowserSession, args.faces_repeats, args.camera_seconds)
     return 0
 
 
