@@ -9,7 +9,7 @@ import { JobStatus, ViewJobs, countOf, describeLoad, describeNotKept, formatSeco
 const KIND = "faces";
 const MODEL = "face-api"; // the registry entry (face-api 1.7.15's weights, from its npm tarball)
 const LABEL = "face-api's networks";
-const STAGES = [["decode", "decode"], ["detect", "detect"], ["landmarks", "landmarks"], ["expressions", "expressions"], ["ageGender", "age and gender"]];
+const STAGES = [["decode", "decode"], ["resize", "resize"], ["detect", "detect"], ["landmarks", "landmarks"], ["expressions", "expressions"], ["ageGender", "age and gender"]];
 const BOX_COLOUR = "#e8452c";
 const POINT_COLOUR = "#19c37d";
 

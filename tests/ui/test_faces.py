@@ -87,7 +87,7 @@ def test_photo_shows_its_faces(ready_page, photo_result):
     assert figure.locator("canvas").get_attribute("aria-label") == f"{PHOTO}: 3 faces found"
     assert figure.locator(".faces-list li").count() == 3
     assert "detect" in figure.locator(".faces-timings").inner_text()
-    assert set(result["timingsMs"]) >= {"decode", "detect", "landmarks", "expressions",
+    assert set(result["timingsMs"]) >= {"decode", "resize", "detect", "landmarks", "expressions",
                                         "ageGender", "total"}
     canvas_size = ready_page.evaluate(
         "() => { const c = document.querySelector('#faces-results canvas');"

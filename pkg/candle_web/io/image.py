@@ -84,17 +84,21 @@ def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     when shrinking)."""
     if height < 1 or width < 1:
         raise InvalidOption(f"resize: the size must be at least 1x1, got {width}x{height}")
-    out = _resample_axis(np.asarray(image, dtype=np.float32), 0, height)
+    out = _resample_axis(np.asarray(image), 0, height)
     return np.ascontiguousarray(_resample_axis(out, 1, width))
 
 
-def _resample_axis(image: np.ndarray, axis: int, out_size: int) -> np.ndarray:
+def _resample_axis(image: np.ndarray, axis: int, out_size: int, in_size: int | None = None
+                   ) -> np.ndarray:
     """`image` resampled along `axis` to `out_size`, in float32. Each output line is the
     weighted sum of the few source lines under its filter (a contiguous band of about
     2 * scale + 1), summed tap by tap: out_size x taps lines of work instead of a dense
     [out, in] matrix product. In the page numpy has no BLAS, and the dense products of a
-    1920x1280 photo shrunk to 416 took ~100 s of the 104 s a photo took there."""
-    in_size = image.shape[axis]
+    1920x1280 photo shrunk to 416 took ~100 s of the 104 s a photo took there.
+    `in_size` larger than the image's: the lines past its end are zeros (padding), which
+    add nothing and are skipped."""
+    present = image.shape[axis]
+    in_size = present if in_size is None else in_size
     weights = _resample_weights(in_size, out_size)
     inside = weights > 0
     first = inside.argmax(axis=1)
@@ -103,8 +107,9 @@ def _resample_axis(image: np.ndarray, axis: int, out_size: int) -> np.ndarray:
     out = None
     for tap in range(int(inside.sum(axis=1).max())):
         source = first + tap
-        index = np.minimum(source, in_size - 1)
-        tap_weights = np.where(source < in_size, weights[np.arange(out_size), index], 0.0)
+        index = np.minimum(source, present - 1)
+        tap_weights = np.where(source < present, weights[np.arange(out_size),
+                                                         np.minimum(source, in_size - 1)], 0.0)
         term = np.take(image, index, axis=axis) * tap_weights.astype(np.float32).reshape(shape)
         out = term if out is None else out + term
     return out
@@ -113,5 +118,8 @@ def _resample_axis(image: np.ndarray, axis: int, out_size: int) -> np.ndarray:
 def square_input(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
     """The [size, size, 3] float32 tensor a square-input vision model reads (padded below/right,
     then resized), and the factor from its pixels back to the photo's."""
-    square = pad_to_square(image)
-    return resize(square, size, size), square.shape[0] / size
+    side = max(image.shape[:2])
+    # As resize(pad_to_square(image)), without making the padded float copy: the padding's
+    # lines are zeros, which the resampling skips (the same sums, the same bits).
+    rows = _resample_axis(np.asarray(image), 0, size, in_size=side)
+    return np.ascontiguousarray(_resample_axis(rows, 1, size, in_size=side)), side / size
