@@ -136,3 +136,30 @@ def test_twin_native_equals_page(photo_result):
     print(f"faces twin, page vs native: {worst}")
     assert worst["box"] <= BOX_ATOL_PX and worst["landmarks"] <= BOX_ATOL_PX
     assert worst["probability"] <= PROBABILITY_ATOL and worst["age"] <= AGE_ATOL_YEARS
+
+
+def test_camera_frames(ready_page, browser_context, ui_server_url, photo_result):
+    """Chromium's fake camera (a 640x480 test pattern, no face in it): the view takes frames
+    one after another, draws each on its canvas and says the frame rate it holds; Stop camera
+    ends it and lets go of the camera."""
+    page = ready_page
+    browser_context.grant_permissions(["camera"], origin=ui_server_url)
+    try:
+        page.click("#faces-camera")
+        page.wait_for_function("() => window.candleWeb.faces.camera.frames >= 3",
+                               timeout=FACES_TIMEOUT_MS)
+        assert page.locator("#faces-phase").inner_text().startswith("Camera on:")
+        page.click("#faces-stop-camera")
+        page.wait_for_function("() => !window.candleWeb.faces.busy", timeout=FACES_TIMEOUT_MS)
+    finally:
+        browser_context.clear_permissions()
+    camera = view_state(page, "faces", "s.camera")
+    print(f"camera: {camera['frames']} frames, {camera['fps']:.2f} frames a second")
+    assert camera["fps"] > 0 and camera["lastFaces"] == []
+    assert page.locator("#faces-phase").inner_text().startswith(
+        f"Camera off after {camera['frames']} frames")
+    assert view_state(page, "faces", "s.lastError") is None
+    assert page.evaluate("() => document.getElementById('faces-video').srcObject") is None
+    size = page.evaluate("() => { const c = document.querySelector('#faces-results canvas');"
+                         " return [c.width, c.height]; }")
+    assert size == [640, 480]
