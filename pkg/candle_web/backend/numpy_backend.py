@@ -307,6 +307,22 @@ class NumpyBackend(Backend):
         height, width = x.shape[2:]
         h_out = (height - dilation * (k_h - 1) - 1) // stride + 1
         w_out = (width - dilation * (k_w - 1) - 1) // stride + 1
+        if groups == c_in == c_out:
+            # Depthwise (one filter per channel, as in MobileNet and face-api's nets): k_h * k_w
+            # multiply-adds over the whole map, where im2col would make one tiny GEMM per
+            # channel (2-3x slower for 3x3 filters on 32-256 channels).
+            out = np.zeros((batch, c_out, h_out, w_out), dtype=np.result_type(x, w))
+            for i in range(k_h):
+                for j in range(k_w):
+                    top, left = i * dilation, j * dilation
+                    tap = x[:, :, top:top + stride * (h_out - 1) + 1:stride,
+                            left:left + stride * (w_out - 1) + 1:stride]
+                    out += tap * w[None, :, 0, i, j, None, None]
+            return out
+        if k_h == k_w == 1 and stride == 1 and groups == 1:
+            # Pointwise: one GEMM on the map as it lies, [c_out, c_in] @ [c_in, h * w].
+            out = self.matmul(w.reshape(1, c_out, c_in), x.reshape(batch, c_in, height * width))
+            return out.reshape(batch, c_out, h_out, w_out)
         s_b, s_c, s_h, s_w = x.strides
         cols = np.lib.stride_tricks.as_strided(
             x, shape=(batch, c_in, h_out, w_out, k_h, k_w),
