@@ -163,3 +163,27 @@ def test_camera_frames(ready_page, browser_context, ui_server_url, photo_result)
     size = page.evaluate("() => { const c = document.querySelector('#faces-results canvas');"
                          " return [c.width, c.height]; }")
     assert size == [640, 480]
+
+
+@pytest.mark.parametrize("size", [(390, 844), (1280, 800)])
+def test_layout_and_axe_with_results(ready_page, photo_result, size):
+    """With a photo and the camera's frame drawn: no sideways scroll (the canvases shrink to
+    the column), the status line right above the results, and axe-core clean (no serious or
+    critical violation; issue 35's rules for every view)."""
+    from tests.ui.test_page_accessibility import AXE, violations
+
+    page = ready_page
+    before = page.viewport_size
+    page.set_viewport_size({"width": size[0], "height": size[1]})
+    try:
+        page.click("#tab-faces")
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= size[0]
+        canvas = page.locator("#faces-results figure canvas").first.bounding_box()
+        assert canvas["x"] >= 0 and canvas["x"] + canvas["width"] <= size[0]
+        status = page.locator("#faces-job").bounding_box()
+        assert status["y"] + status["height"] <= page.locator("#faces-results").bounding_box()["y"]
+        if not page.evaluate("() => typeof axe !== 'undefined'"):
+            page.add_script_tag(content=AXE.read_text())
+        assert violations(page) == []
+    finally:
+        page.set_viewport_size(before)
