@@ -85,7 +85,7 @@ class FaceSession(Session):
         from candle_web.models.face_age_gender import gender_of
         from candle_web.models.face_detector import DetectorOptions
         from candle_web.models.face_landmarks import face_input
-        from candle_web.pipelines.faces import face_landmarks
+        from candle_web.pipelines.faces import aligned_box, face_landmarks
 
         if not isinstance(pixels, np.ndarray) or pixels.ndim != 3 or pixels.shape[2] not in (3, 4):
             raise FormatError("faces: `pixels` must be an [height, width, 3 or 4] uint8 image")
@@ -110,7 +110,9 @@ class FaceSession(Session):
                     entry["landmarks"] = [[float(x), float(y)]
                                           for x, y in face_landmarks(nets[head], rgb, entry["box"])]
                     continue
-                crop = face_input(rgb, entry["box"])[0]
+                # As pipelines.faces: the box the landmarks align when they were found.
+                box = aligned_box(entry["landmarks"]) if "landmarks" in entry else entry["box"]
+                crop = face_input(rgb, box)[0]
                 if head == "expressions":
                     entry["expressions"] = nets[head].forward(crop)
                 else:
