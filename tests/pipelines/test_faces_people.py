@@ -50,7 +50,7 @@ def test_descriptor_age_and_gender_only_when_asked(photos, nets, capsys):
     assert result == expected.to_json()
 
 
-def test_the_descriptor_reads_the_face_aligned_by_its_landmarks(photos, nets):
+def test_the_faces_read_are_aligned_by_the_landmarks(photos, nets):
     from candle_web.io.image import load_rgb
     from candle_web.models.face_landmarks import face_input
 
@@ -64,7 +64,17 @@ def test_the_descriptor_reads_the_face_aligned_by_its_landmarks(photos, nets):
     np.testing.assert_allclose([x, y], points.min(0) - (points.max(0) - points.min(0)) * 0.1)
     np.testing.assert_allclose([x + width, y + height],
                                points.max(0) + (points.max(0) - points.min(0)) * 0.1)
-    crop, _ = face_input(rgb, (x, y, width, height), 150)
+    # The descriptor's face is dlib's square: the centre of the eyes' and mouth's centres at
+    # (0.5, 0.43) of it (within the pixel its corner is floored to), its side 1/0.45 of the
+    # mean eye-to-mouth distance.
+    x, y, side, height = pipeline.descriptor_box(face.landmarks)
+    eyes_and_mouth = [points[36:42].mean(0), points[42:48].mean(0), points[48:68].mean(0)]
+    centre = np.mean(eyes_and_mouth, axis=0)
+    assert side == height and 0 <= centre[0] - (x + 0.5 * side) < 1
+    assert 0 <= centre[1] - (y + 0.43 * side) < 1
+    eye_to_mouth = np.mean([np.linalg.norm(eyes_and_mouth[2] - eye) for eye in eyes_and_mouth[:2]])
+    assert side == int(eye_to_mouth / 0.45)
+    crop, _ = face_input(rgb, (x, y, side, side), 150)
     np.testing.assert_array_equal(face.descriptor, nets["descriptor_net"].forward(crop))
 
 

@@ -18,14 +18,17 @@ from the photo, padded to a square around its centre and resized to 112; they ar
 where that crop lies in the photo (face-api shifts them by the unfloored box corner instead, up
 to a pixel away from the crop it read).
 The descriptor (128 floats), age/gender and expressions read the face as face-api's chained
-calls do: with landmarks, the box around the 68 points grown by a fifth of its size (face-api's
-`alignedRect`, which is what the descriptor net was trained on), else the detector's box; cut
-and padded as for the landmarks, resized to 150 (descriptor) or 112. Two faces are the same
-person when their descriptors lie less than 0.6 apart (models/face_recognition.py).
+calls do, once landmarks are known: age/gender and expressions the box around the 68 points
+grown by a fifth of its size (face-api's `alignedRect`), the descriptor dlib's alignment (a
+square set by the eyes' and mouth's centres: `descriptor_box`); without landmarks, the
+detector's box. Each is cut and padded as for the landmarks and resized to 150 (descriptor) or
+112. Two faces are the same person when their descriptors lie less than 0.6 apart
+(models/face_recognition.py).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +60,9 @@ AGE_GENDER_FILES = ("age_gender_model-weights_manifest.json", "age_gender_model.
 # face-api's FaceLandmarks.align(): the points' bounding box grown by this fraction of its
 # width and height (half on each side).
 ALIGNED_BOX_PADDING = 0.2
+# face-api's dlib alignment for the descriptor: a square of side (mean eye-to-mouth distance) /
+# 0.45, placed so the centre of the eyes' and mouth's centres lies at (0.5, 0.43) of it.
+DLIB_SCALE, DLIB_CENTRE_X, DLIB_CENTRE_Y = 0.45, 0.5, 0.43
 
 
 @dataclass
@@ -167,6 +173,23 @@ def aligned_box(landmarks) -> tuple:
             width * (1 + ALIGNED_BOX_PADDING), height * (1 + ALIGNED_BOX_PADDING))
 
 
+def descriptor_box(landmarks) -> tuple:
+    """The square the descriptor net reads (face-api's `align(null, {useDlibAlignment: true})`,
+    the crop dlib's ResNet was trained on): from the centres of the left eye (points 36-41),
+    the right eye (42-47) and the mouth (48-67)."""
+    def centre(points):
+        return (sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points))
+
+    eyes_and_mouth = [centre(landmarks[36:42]), centre(landmarks[42:48]), centre(landmarks[48:68])]
+    mouth = eyes_and_mouth[2]
+    eye_to_mouth = sum(((mouth[0] - x) ** 2 + (mouth[1] - y) ** 2) ** 0.5
+                       for x, y in eyes_and_mouth[:2]) / 2
+    size = math.floor(eye_to_mouth / DLIB_SCALE)
+    middle_x, middle_y = centre(eyes_and_mouth)
+    return (math.floor(max(0.0, middle_x - DLIB_CENTRE_X * size)),
+            math.floor(max(0.0, middle_y - DLIB_CENTRE_Y * size)), size, size)
+
+
 def face_landmarks(net: FaceLandmark68Net, rgb, box) -> list:
     """The 68 landmarks of the face in `box`, as (x, y) in the photo's pixels."""
     crop, (left, top, side) = face_input(rgb, box)
@@ -193,7 +216,8 @@ def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | 
         if expression_net is not None:
             face.expressions = expression_net.forward(face_input(rgb, box)[0])
         if descriptor_net is not None:
-            crop, _ = face_input(rgb, box, DESCRIPTOR_INPUT_SIZE)
+            crop, _ = face_input(rgb, face.box if face.landmarks is None
+                                 else descriptor_box(face.landmarks), DESCRIPTOR_INPUT_SIZE)
             face.descriptor = descriptor_net.forward(crop).tolist()
         if age_gender_net is not None:
             face.age, male = age_gender_net.forward(face_input(rgb, box)[0])
