@@ -41,7 +41,8 @@ DESCRIPTOR_SIZE = 128
 # dlib's threshold for its ResNet descriptor ("same person" below it), also face-api's
 # FaceMatcher default.
 SAME_PERSON_DISTANCE = 0.6
-# (name, input channels, output channels, down block first) in order.
+# (name, input channels, output channels, residual blocks): a stage that widens starts with
+# a down block (conv32 follows the stem, at the width it gives).
 STAGES = (("conv32", 32, 32, 3), ("conv64", 32, 64, 3), ("conv128", 64, 128, 2),
           ("conv256", 128, 256, 2))
 
