@@ -158,6 +158,13 @@ def print_table(candle: dict, peers: dict, repeats: int) -> None:
             ratios[threads].append(theirs / ours)
             row += f" | {theirs:15.0f} | {theirs / ours:7.2f}x"
         print(row)
+    stages = {}
+    for runs in candle["photos"].values():
+        for run in runs:
+            for stage, ms in run["timingsMs"].items():
+                stages.setdefault(stage, []).append(ms)
+    print("candle-web's stages, median over every run (ms): " + ", ".join(
+        f"{stage} {statistics.median(values):.0f}" for stage, values in stages.items()))
     for threads, values in ratios.items():
         print(f"geometric mean, candle-web speed / face-api wasm {threads}t: "
               f"{statistics.geometric_mean(values):.2f}x (above 1: candle-web faster)")
