@@ -177,7 +177,7 @@ def validate_answers(name: str) -> None:
 
     def ask(prompt):
         answers[prompt] = client.chat.completions.create(
-            model=name, temperature=0, max_tokens=128, response_format=response_format,
+            model=name, temperature=0, max_tokens=256, response_format=response_format,
             messages=[{"role": "user", "content": prompt}]).choices[0]
 
     started = time.perf_counter()

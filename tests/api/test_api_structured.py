@@ -37,8 +37,9 @@ PROMPTS = ["Describe Paris as JSON.", "Describe Tokyo as JSON.", "Describe Lima 
            "Describe Oslo as JSON.", "Describe Cairo as JSON.", "Describe Sydney as JSON.",
            "Give me facts about Berlin.", "Tell me about Nairobi.", "What is Quito like?",
            "A city you like, please."]
-# Room for the whole object: SmolLM2's answers here take 25-45 tokens.
-MAX_TOKENS = 96
+# Room for the whole object: SmolLM2's answers here take 10-45 tokens, but one ('What is
+# Quito like?') puts up to MAX_WHITESPACE newlines between its tokens and takes ~150.
+MAX_TOKENS = 256
 # Prompts whose answers are also compared with generate() alone (each reference is a full
 # decode run of its own; two show the batched rows equal, ten would double the test's time).
 REFERENCE_PROMPTS = 2
@@ -68,9 +69,10 @@ def base_url(pool, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(base_url):
-    # Twelve requests at once on four slots: the last ones wait for three answers' worth.
+    # Twelve requests at once on four slots: the last ones wait for three answers' worth, and
+    # on the shared 2-core machine at load 16 a round of four rows took ~5 s (a hang guard).
     return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0,
-                         timeout=HTTP_TIMEOUT_S * 4)
+                         timeout=HTTP_TIMEOUT_S * 10)
 
 
 def _chat(client, question: str, **fields):
@@ -106,7 +108,7 @@ def test_ten_prompts_under_a_strict_schema_validate_and_equal_generate(client, p
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(HTTP_TIMEOUT_S * 5)
+        thread.join(HTTP_TIMEOUT_S * 12)
     assert len(answers) == len(threads)
     from candle_web.api.model_pool import TEXT_KIND
 
@@ -138,7 +140,11 @@ def test_a_streamed_answer_is_constrained_too(client, pool, llama):
 def test_a_schema_without_strict_and_json_object(client):
     loose = _chat(client, PROMPTS[1], response_format=_response_format(strict=False))
     jsonschema.validate(json.loads(loose.choices[0].message.content), CITY)
-    anything = _chat(client, "Describe a dog as JSON.", response_format={"type": "json_object"})
+    # json_object leaves the keys to the model: SmolLM2 invents keys for ever unless the
+    # prompt shows the object it wants, as OpenAI's guide also asks prompts to do.
+    anything = _chat(client, 'Is the sky blue? Answer with a JSON object like {"answer": "yes"}.',
+                     response_format={"type": "json_object"})
+    assert anything.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(anything.choices[0].message.content), dict)
 
 

@@ -42,10 +42,11 @@ BITS_PER_WORD = 32
 COMPILED_CACHE_SIZE = 64
 # Schemas nest; a deeper one is a hostile request, not a data model.
 MAX_SCHEMA_DEPTH = 64
-# The longest run of whitespace allowed between JSON tokens: pretty-printing 7 levels deep with
-# 4-space indents fits; a model that would pad for ever (SmolLM2's random-weight twin in the
-# tests filled its whole context with spaces) has to move on. Both engines take this bound.
-MAX_WHITESPACE = 32
+# The longest run of whitespace allowed between JSON tokens: a newline and an indent 7 levels
+# deep at 2 spaces (3 at 4) fits; a model that would pad for ever has to move on (SmolLM2's
+# random-weight twin in the tests filled its whole context with spaces; at 32, SmolLM2-135M
+# itself spent 128 tokens on newlines between "Quito"'s fields). Both engines take this bound.
+MAX_WHITESPACE = 16
 GRAMMAR_EXTRA_HINT = "structured outputs need the grammar extra: pip install 'candle-web[grammar]'"
 
 
