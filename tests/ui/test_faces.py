@@ -187,3 +187,19 @@ def test_layout_and_axe_with_results(ready_page, photo_result, size):
         assert violations(page) == []
     finally:
         page.set_viewport_size(before)
+
+
+def test_a_file_that_is_not_a_photo_is_named(ready_page, photo_result, tmp_path):
+    """A file named .jpg that holds text: the error box names the file, nothing is drawn for
+    it, and the view stays usable."""
+    page = ready_page
+    page.click("#tab-faces")
+    fake = tmp_path / "notes.jpg"
+    fake.write_text("not a photo\n")
+    figures = page.locator("#faces-results figure").count()
+    page.set_input_files("#faces-file-input", str(fake))
+    page.wait_for_function("() => { const s = window.candleWeb.faces;"
+                           " return !s.busy && s.lastError !== null; }", timeout=FACES_TIMEOUT_MS)
+    assert "notes.jpg is not a photo" in page.locator("#faces-error").inner_text()
+    assert page.locator("#faces-results figure").count() == figures
+    assert page.locator("#faces-choose").is_enabled()
