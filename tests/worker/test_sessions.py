@@ -205,7 +205,7 @@ def test_an_unknown_kind_is_a_typed_error_listing_the_known_ones(kind):
     with pytest.raises(UnsupportedError) as info:
         session_for(kind)
     assert str(info.value) == (f"unknown model kind {json.dumps(kind)}; known: whisper, bert, "
-                               "llama, t5, vad")
+                               "llama, t5, vad, faces")
 
 
 # --- options ------------------------------------------------------------------------------------
