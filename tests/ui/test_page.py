@@ -12,7 +12,8 @@ import candle_web
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WHEEL_MANIFEST = REPO_ROOT / "web" / "vendor" / "wheels" / "manifest.json"
-TAB_IDS = ["tab-transcribe", "tab-generate", "tab-chat", "tab-text2text", "tab-similarity"]
+TAB_IDS = ["tab-transcribe", "tab-generate", "tab-chat", "tab-text2text", "tab-similarity",
+           "tab-faces"]
 # The worker's start-up phases (they overlap; the order they end in varies).
 INIT_PHASES = {"runtime", "kernels", "wheel", "packages", "backend"}
 # What the vendored lock pins (scripts/vendor_pyodide.py); the worker must report exactly these.
@@ -58,11 +59,11 @@ def test_tabs_work_from_the_keyboard(fresh_page):
     assert page.evaluate("() => document.activeElement.id") == "tab-generate"
     assert visible_panels(page) == ["panel-generate"]
     page.keyboard.press("End")
-    assert selected_tab(page) == "tab-similarity"
+    assert selected_tab(page) == "tab-faces"
     page.keyboard.press("ArrowRight")  # wraps around
     assert selected_tab(page) == "tab-transcribe"
     page.keyboard.press("ArrowLeft")
-    assert selected_tab(page) == "tab-similarity"
+    assert selected_tab(page) == "tab-faces"
     page.keyboard.press("Home")
     assert selected_tab(page) == "tab-transcribe"
     # Only the selected tab is in the Tab order (roving tabindex).
