@@ -9,7 +9,7 @@ import { JobStatus, ViewJobs, countOf, describeLoad, describeNotKept, formatSeco
 const KIND = "faces";
 const MODEL = "face-api"; // the registry entry (face-api 1.7.15's weights, from its npm tarball)
 const LABEL = "face-api's networks";
-const STAGES = [["decode", "decode"], ["resize", "resize"], ["detect", "detect"], ["landmarks", "landmarks"], ["expressions", "expressions"], ["ageGender", "age and gender"]];
+const STAGES = [["decode", "decode"], ["resize", "resize"], ["detect", "detect"], ["landmarks", "landmarks"], ["expressions", "expressions"], ["ageGender", "age and gender"], ["descriptor", "descriptor"]];
 const BOX_COLOUR = "#e8452c";
 const POINT_COLOUR = "#19c37d";
 
@@ -17,7 +17,14 @@ const UI_IDS = {
   drop: "faces-drop", choose: "faces-choose", fileInput: "faces-file-input", landmarks: "faces-landmarks",
   expressions: "faces-expressions", ageGender: "faces-age-gender", camera: "faces-camera",
   stopCamera: "faces-stop-camera", video: "faces-video", results: "faces-results", modelNote: "faces-model-note",
+  descriptor: "faces-descriptor", compare: "faces-compare",
 };
+// Two faces are the same person below this descriptor distance (face-api's and dlib's 0.6).
+const SAME_PERSON_DISTANCE = 0.6;
+
+export function descriptorDistance(a, b) {
+  return Math.sqrt(a.reduce((sum, value, i) => sum + (value - b[i]) ** 2, 0));
+}
 
 // "happy 0.93": the most likely of face-api's seven expressions.
 function topExpression(expressions) {
@@ -82,6 +89,8 @@ class FacesView {
       runs: 0,
       keepPixels: false, // the twin test asks for the RGB bytes the networks read
       camera: { running: false, frames: 0, fps: null, seconds: 0, lastFaces: null },
+      picked: [], // faces ticked to compare: {box (the checkbox), name, descriptor}
+      comparison: null, // {distance, samePerson} of the last two ticked
     };
     this.jobs = new ViewJobs({ client, status: this.status, state: this.state, refresh: () => this.refreshButtons() });
     this.queue = [];
@@ -97,7 +106,7 @@ class FacesView {
 
   options() {
     const { ui } = this;
-    return { landmarks: ui.landmarks.checked, expressions: ui.expressions.checked, ageGender: ui.ageGender.checked };
+    return { landmarks: ui.landmarks.checked, expressions: ui.expressions.checked, ageGender: ui.ageGender.checked, descriptor: ui.descriptor.checked };
   }
 
   async ensureModel(track) {
@@ -126,7 +135,20 @@ class FacesView {
     list.className = "faces-list";
     result.faces.forEach((face, index) => {
       const item = document.createElement("li");
-      item.textContent = describeFace(face, index);
+      const words = describeFace(face, index);
+      if (face.descriptor) {
+        const label = document.createElement("label");
+        label.className = "check-inline";
+        const box = document.createElement("input");
+        box.type = "checkbox";
+        box.className = "faces-pick";
+        const name = `${file.name} face ${index + 1}`;
+        box.addEventListener("change", () => this.pick(box, name, face.descriptor));
+        label.append(box, ` ${words}`);
+        item.append(label);
+      } else {
+        item.textContent = words;
+      }
       list.append(item);
     });
     const timings = document.createElement("p");
@@ -135,6 +157,28 @@ class FacesView {
     caption.append(title, list, timings);
     figure.append(canvas, caption);
     this.ui.results.prepend(figure);
+  }
+
+  // A face ticked or unticked for comparing; with two ticked, their distance in words (a third
+  // tick lets go of the oldest).
+  pick(box, name, descriptor) {
+    const { state, ui } = this;
+    state.picked = state.picked.filter((entry) => entry.box !== box);
+    if (box.checked) state.picked.push({ box, name, descriptor });
+    while (state.picked.length > 2) {
+      const dropped = state.picked.shift();
+      dropped.box.checked = false;
+    }
+    if (state.picked.length < 2) {
+      state.comparison = null;
+      ui.compare.textContent = state.picked.length === 1 ? `${state.picked[0].name} ticked: tick one more face.` : "With descriptors on, tick two faces to compare them.";
+      return;
+    }
+    const [a, b] = state.picked;
+    const distance = descriptorDistance(a.descriptor, b.descriptor);
+    const samePerson = distance < SAME_PERSON_DISTANCE;
+    state.comparison = { distance, samePerson, names: [a.name, b.name] };
+    ui.compare.textContent = `${a.name} and ${b.name}: distance ${distance.toFixed(3)}, ${samePerson ? "the same person" : "different people"} (the same below ${SAME_PERSON_DISTANCE}).`;
   }
 
   // One photo as a job for `jobs`.
@@ -219,7 +263,9 @@ class FacesView {
         const bitmap = await createImageBitmap(ui.video);
         const { videoWidth: width, videoHeight: height } = ui.video;
         const shown = await createImageBitmap(bitmap);
-        const job = this.client.start("faces", { model: MODEL, image: bitmap, options: this.options() }, { transfer: [bitmap] });
+        // No descriptors for the camera: nothing there to compare, and they cost the most.
+        const options = { ...this.options(), descriptor: false };
+        const job = this.client.start("faces", { model: MODEL, image: bitmap, options }, { transfer: [bitmap] });
         this.jobs.track(job);
         const reply = await job.result;
         drawFaces(canvas, shown, width, height, reply.faces);

@@ -203,3 +203,48 @@ def test_a_file_that_is_not_a_photo_is_named(ready_page, photo_result, tmp_path)
     assert "notes.jpg is not a photo" in page.locator("#faces-error").inner_text()
     assert page.locator("#faces-results figure").count() == figures
     assert page.locator("#faces-choose").is_enabled()
+
+
+def test_two_faces_compared_by_descriptor(ready_page, photo_result, model_file):
+    """With descriptors on, ticking two faces says their distance and whether they are the
+    same person (below 0.6). The page's descriptors equal native's on the same bytes (the
+    decode is Pillow's byte for byte, test_page_decodes_as_pillow): cosine >= 0.99999, a
+    bound float rounding through ResNet-34's 29 layers stays far inside (measured: printed)."""
+    from candle_web import hub
+    from candle_web.io.image import load_rgb
+    from candle_web.worker.faces import FaceSession
+    from candle_web.worker.session import files_from_folder
+
+    page = ready_page
+    page.click("#tab-faces")
+    page.check("#faces-descriptor")
+    runs_before = view_state(page, "faces", "s.runs")
+    page.set_input_files("#faces-file-input", str(model_file("face-api-demo-photos", PHOTO)))
+    page.wait_for_function(
+        "(before) => { const s = window.candleWeb.faces;"
+        " return !s.busy && (s.runs > before || s.lastError !== null); }",
+        arg=runs_before, timeout=FACES_TIMEOUT_MS)
+    page.uncheck("#faces-descriptor")
+    assert view_state(page, "faces", "s.lastError") is None
+    faces = view_state(page, "faces", "s.lastResult.faces")
+    picks = page.locator("#faces-results figure").first.locator(".faces-pick")
+    assert picks.count() == len(faces) == 3
+    picks.nth(0).check()
+    picks.nth(1).check()
+    comparison = view_state(page, "faces", "s.comparison")
+    expected = float(np.linalg.norm(np.subtract(faces[0]["descriptor"], faces[1]["descriptor"])))
+    assert abs(comparison["distance"] - expected) < 1e-9
+    assert comparison["samePerson"] == (expected < 0.6)
+    words = "the same person" if expected < 0.6 else "different people"
+    assert f"distance {expected:.3f}, {words}" in page.locator("#faces-compare").inner_text()
+
+    session = FaceSession()
+    folder = hub.fetch("face-api", session.required_files[0], cache_only=True).parent
+    nets = session.build(files_from_folder(folder, session.required_files))
+    rgb = load_rgb(model_file("face-api-demo-photos", PHOTO))
+    native = session.compute(nets, pixels=rgb, options={"landmarks": True, "descriptor": True})
+    cosines = [float(np.dot(a["descriptor"], b["descriptor"])
+                     / np.linalg.norm(a["descriptor"]) / np.linalg.norm(b["descriptor"]))
+               for a, b in zip(native["faces"], faces)]
+    print(f"descriptors, page vs native: cosine >= {min(cosines):.9f}")
+    assert len(native["faces"]) == 3 and min(cosines) >= 0.99999

@@ -29,10 +29,11 @@ def test_session_equals_pipeline(session_and_nets, model_file):
     rgb = load_rgb(model_file("face-api-demo-photos", "sample2.jpg"))
     rgba = np.concatenate([rgb, np.full(rgb.shape[:2] + (1,), 255, np.uint8)], axis=2)
     ours = session.compute(nets, pixels=rgba, options={"landmarks": True, "expressions": True,
-                                                       "ageGender": True})
+                                                       "ageGender": True, "descriptor": True})
     theirs = pipeline.detect_faces(nets["detector"], rgb, landmark_net=nets["landmarks"],
                                    expression_net=nets["expressions"],
-                                   age_gender_net=nets["ageGender"])
+                                   age_gender_net=nets["ageGender"],
+                                   descriptor_net=nets["descriptor"])
     assert len(ours["faces"]) == len(theirs) >= 1
     for face, expected in zip(ours["faces"], theirs):
         assert face["box"] == list(expected.box) and face["score"] == expected.score
@@ -40,15 +41,16 @@ def test_session_equals_pipeline(session_and_nets, model_file):
         assert face["expressions"] == expected.expressions
         assert (face["age"], face["gender"], face["genderProbability"]) == (
             expected.age, expected.gender, expected.gender_probability)
+        assert face["descriptor"] == expected.descriptor
     assert set(ours["timingsMs"]) == {"resize", "detect", "landmarks", "expressions",
-                                      "ageGender", "total"}
+                                      "ageGender", "descriptor", "total"}
 
 
 def test_session_refuses_bad_requests(session_and_nets):
     session, nets = session_and_nets
     pixels = np.zeros((8, 8, 4), np.uint8)
-    with pytest.raises(InvalidOption, match="unknown option.*descriptor"):
-        session.compute(nets, pixels=pixels, options={"descriptor": True})
+    with pytest.raises(InvalidOption, match="unknown option.*ssd"):
+        session.compute(nets, pixels=pixels, options={"ssd": True})
     with pytest.raises(InvalidOption, match="scoreThreshold"):
         session.compute(nets, pixels=pixels, options={"scoreThreshold": 1.5})
     with pytest.raises(InvalidOption, match="landmarks must be true or false"):
@@ -69,4 +71,4 @@ def test_manifest_fetches_only_the_networks_the_page_runs():
     assert names == set(FaceSession.required_files)
     assert all(file["sha256"] and file["url"] == f"models/face-api/{file['name']}"
                for file in manifest["files"])
-    assert sum(file["size"] for file in manifest["files"]) < 1_400_000
+    assert sum(file["size"] for file in manifest["files"]) < 7_900_000

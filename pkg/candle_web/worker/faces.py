@@ -7,8 +7,8 @@ uint8 array to copy them into, and `compute` reads it in place. From there on ev
 package's, the same code as `candle-web faces`: io/image's numpy resize, the tiny detector, the
 68-point landmarks, expressions and age/gender (pipelines/faces, models/face_*).
 
-Of the registry entry's seven networks the page fetches the four it runs (about 1.3 MB of the
-13.5 MB): SSD and the 6.4 MB descriptor stay native-only for now.
+Of the registry entry's seven networks the page fetches the five it runs (7.8 MB of the
+13.5 MB, 6.4 MB of it the descriptor): SSD and the tiny landmarks stay native-only for now.
 """
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ DETECTOR = ("tiny_face_detector_model-weights_manifest.json", "tiny_face_detecto
 LANDMARKS = ("face_landmark_68_model-weights_manifest.json", "face_landmark_68_model.bin")
 EXPRESSIONS = ("face_expression_model-weights_manifest.json", "face_expression_model.bin")
 AGE_GENDER = ("age_gender_model-weights_manifest.json", "age_gender_model.bin")
+DESCRIPTOR = ("face_recognition_model-weights_manifest.json", "face_recognition_model.bin")
 NETWORKS = {"detector": DETECTOR, "landmarks": LANDMARKS, "expressions": EXPRESSIONS,
-            "ageGender": AGE_GENDER}
+            "ageGender": AGE_GENDER, "descriptor": DESCRIPTOR}
 # The same bound as io/image.load_rgb's: a frame larger than any phone photo is refused before
 # its bytes are copied into the heap.
 MAX_PIXELS = 64_000_000
 # The page's options: which heads to run on each face (the detector always runs).
-HEADS = ("landmarks", "expressions", "ageGender")
+HEADS = ("landmarks", "expressions", "ageGender", "descriptor")
 
 
 class FaceSession(Session):
@@ -50,6 +51,7 @@ class FaceSession(Session):
         from candle_web.models.face_age_gender import AgeGenderNet
         from candle_web.models.face_detector import TinyFaceDetector
         from candle_web.models.face_landmarks import FaceExpressionNet, FaceLandmark68Net
+        from candle_web.models.face_recognition import FaceRecognitionNet
 
         def weights(network):
             manifest, shard = NETWORKS[network]
@@ -58,7 +60,8 @@ class FaceSession(Session):
         return {"detector": TinyFaceDetector(weights("detector")),
                 "landmarks": FaceLandmark68Net(weights("landmarks")),
                 "expressions": FaceExpressionNet(weights("expressions")),
-                "ageGender": AgeGenderNet(weights("ageGender"))}
+                "ageGender": AgeGenderNet(weights("ageGender")),
+                "descriptor": FaceRecognitionNet(weights("descriptor"))}
 
     def describe(self, nets) -> dict:
         return {"detector": "tiny", "inputSize": nets["detector"].input_size,
@@ -85,7 +88,8 @@ class FaceSession(Session):
         from candle_web.models.face_age_gender import gender_of
         from candle_web.models.face_detector import DetectorOptions
         from candle_web.models.face_landmarks import face_input
-        from candle_web.pipelines.faces import aligned_box, face_landmarks
+        from candle_web.models.face_recognition import INPUT_SIZE as DESCRIPTOR_INPUT_SIZE
+        from candle_web.pipelines.faces import aligned_box, descriptor_box, face_landmarks
 
         if not isinstance(pixels, np.ndarray) or pixels.ndim != 3 or pixels.shape[2] not in (3, 4):
             raise FormatError("faces: `pixels` must be an [height, width, 3 or 4] uint8 image")
@@ -110,8 +114,14 @@ class FaceSession(Session):
                     entry["landmarks"] = [[float(x), float(y)]
                                           for x, y in face_landmarks(nets[head], rgb, entry["box"])]
                     continue
-                # As pipelines.faces: the box the landmarks align when they were found.
-                box = aligned_box(entry["landmarks"]) if "landmarks" in entry else entry["box"]
+                # As pipelines.faces: the box the landmarks align when they were found (dlib's
+                # alignment for the descriptor).
+                box = face_box(entry, aligned_box)
+                if head == "descriptor":
+                    crop = face_input(rgb, face_box(entry, descriptor_box),
+                                      DESCRIPTOR_INPUT_SIZE)[0]
+                    entry["descriptor"] = [float(v) for v in nets[head].forward(crop)]
+                    continue
                 crop = face_input(rgb, box)[0]
                 if head == "expressions":
                     entry["expressions"] = nets[head].forward(crop)
@@ -126,6 +136,12 @@ class FaceSession(Session):
         if keep_pixels is True:
             result["pixels"] = rgb
         return result
+
+
+def face_box(entry: dict, align) -> list:
+    """The box a head reads: align(landmarks) when the landmarks were found, else the
+    detector's box."""
+    return align(entry["landmarks"]) if "landmarks" in entry else entry["box"]
 
 
 def checked_options(options) -> tuple[list, float]:
