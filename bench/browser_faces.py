@@ -2,9 +2,9 @@
 TensorFlow.js's wasm backend (SIMD, 1 and 2 threads), in the same headless Chromium, on
 face-api's own demo photos.
 
-Per photo, the same work on both sides: the tiny face detector at 416 and the 68-point landmarks
-of every face found. candle-web: the page's `faces` worker command on the photo's file (the
-worker decodes it, the package resizes it in numpy, then the networks; the decode is counted
+Per photo, the same work on both sides: the tiny face detector at 416, the 68-point landmarks
+and the 128-d descriptor of every face found. candle-web: the page's `faces` worker command on
+the photo's file (the worker decodes it, the package resizes it in numpy, then the networks; the decode is counted
 and also printed apart), timed in the page around the command. face-api
 (bench/peer/face_api.js): detectAllFaces(...).withFaceLandmarks() on a canvas already holding
 the decoded photo (face-api resizes it on its own canvas). One warm-up run each, then
@@ -41,7 +41,7 @@ CANDLE_RUN_JS = """async ([url, repeats]) => {
     const once = async () => {
         const started = performance.now();
         const reply = await client.request("faces", { model: "face-api", image: blob,
-                                                      options: { landmarks: true } });
+                                                      options: { landmarks: true, descriptor: true } });
         return { ms: performance.now() - started, faces: reply.faces.length,
                  timingsMs: reply.timingsMs };
     };
@@ -59,6 +59,7 @@ def served_folders() -> dict:
 
     model = hub.fetch("face-api", "tiny_face_detector_model.bin", cache_only=True).parent
     hub.fetch("face-api", "face_landmark_68_model.bin", cache_only=True)
+    hub.fetch("face-api", "face_recognition_model.bin", cache_only=True)
     photos = hub.fetch("face-api-demo-photos", PHOTOS[0], cache_only=True).parent
     for name in PHOTOS[1:]:
         hub.fetch("face-api-demo-photos", name, cache_only=True)
@@ -139,7 +140,8 @@ def run_faces(browser_session_cls, repeats: int = 3, camera_seconds: float = 20.
 
 def print_table(candle: dict, peers: dict, repeats: int) -> None:
     load = os.getloadavg()
-    print(f"\nFaces in the browser: tiny detector (416) + 68 landmarks per photo, candle-web page "
+    print(f"\nFaces in the browser: tiny detector (416) + 68 landmarks + descriptor per photo, "
+          f"candle-web page "
           f"({candle['backend']}) vs face-api 1.7.15 on TensorFlow.js wasm; median of {repeats} "
           f"after a warm-up; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
           f"(1 / 5 / 15 min) after the run")

@@ -6,9 +6,9 @@
 //
 // URL: face_api.html?threads=1|2
 // window.peer.ready resolves to {backend, threads, simd, multithread, crossOriginIsolated};
-// window.peer.run(photoUrl, repeats) -> {ms: [per run], faces}: the tiny face detector at 416
-// and the 68-point landmarks on every face, from a canvas holding the decoded photo (face-api's
-// own resize), after one warm-up run.
+// window.peer.run(photoUrl, repeats) -> {ms: [per run], faces}: the tiny face detector at 416,
+// the 68-point landmarks and the 128-d descriptor of every face, from a canvas holding the
+// decoded photo (face-api's own resize), after one warm-up run.
 
 const LIBRARY_URL = "/models/local/face-api-dist/face-api.esm.js";
 const WASM_URL = "/models/local/tfjs-wasm/";
@@ -31,6 +31,7 @@ async function start() {
   await tf.ready();
   await faceapi.nets.tinyFaceDetector.loadFromUri(MODEL_URL);
   await faceapi.nets.faceLandmark68Net.loadFromUri(MODEL_URL);
+  await faceapi.nets.faceRecognitionNet.loadFromUri(MODEL_URL);
   const ready = {
     backend: tf.getBackend(), threads: tf.getThreadsCount(), crossOriginIsolated: self.crossOriginIsolated,
     simd: await tf.env().getAsync("WASM_HAS_SIMD_SUPPORT"),
@@ -47,7 +48,7 @@ async function run(photoUrl, repeats) {
   canvas.height = bitmap.height;
   canvas.getContext("2d").drawImage(bitmap, 0, 0);
   const options = new faceapi.TinyFaceDetectorOptions({ inputSize: 416, scoreThreshold: 0.5 });
-  const detect = () => faceapi.detectAllFaces(canvas, options).withFaceLandmarks();
+  const detect = () => faceapi.detectAllFaces(canvas, options).withFaceLandmarks().withFaceDescriptors();
   await detect(); // warm-up: shaders of the first call, wasm tiers
   const ms = [];
   let faces = [];
