@@ -4,10 +4,10 @@ face-api's own demo photos.
 
 Per photo, the same work on both sides: the tiny face detector at 416, the 68-point landmarks
 and the 128-d descriptor of every face found. candle-web: the page's `faces` worker command on
-the photo's file (the worker decodes it, the package resizes it in numpy, then the networks; the decode is counted
-and also printed apart), timed in the page around the command. face-api
-(bench/peer/face_api.js): detectAllFaces(...).withFaceLandmarks() on a canvas already holding
-the decoded photo (face-api resizes it on its own canvas). One warm-up run each, then
+the photo's file (the worker decodes it, the package resizes it in numpy, then the networks;
+the decode is counted and also printed apart), timed in the page around the command. face-api
+(bench/peer/face_api.js): detectAllFaces(...).withFaceLandmarks().withFaceDescriptors() on a
+canvas already holding the decoded photo (face-api resizes it on its own canvas). One warm-up run each, then
 --faces-repeats timed runs; the median is compared. Ratios above 1: candle-web faster.
 Then the camera: the Faces view's camera on Chromium's fake camera (its 640x480 test pattern,
 --use-fake-device-for-media-stream) for --camera-seconds, frames back to back as the view runs
