@@ -7,8 +7,8 @@ and the 128-d descriptor of every face found. candle-web: the page's `faces` wor
 the photo's file (the worker decodes it, the package resizes it in numpy, then the networks;
 the decode is counted and also printed apart), timed in the page around the command. face-api
 (bench/peer/face_api.js): detectAllFaces(...).withFaceLandmarks().withFaceDescriptors() on a
-canvas already holding the decoded photo (face-api resizes it on its own canvas). One warm-up run each, then
---faces-repeats timed runs; the median is compared. Ratios above 1: candle-web faster.
+canvas already holding the decoded photo (face-api resizes it on its own canvas). One warm-up
+run each, then --faces-repeats timed runs; the median is compared. Ratios above 1: candle-web faster.
 Then the camera: the Faces view's camera on Chromium's fake camera (its 640x480 test pattern,
 --use-fake-device-for-media-stream) for --camera-seconds, frames back to back as the view runs
 them: frames per second as the page reports them.
@@ -40,8 +40,8 @@ CANDLE_RUN_JS = """async ([url, repeats]) => {
     const blob = await (await fetch(url)).blob();
     const once = async () => {
         const started = performance.now();
-        const reply = await client.request("faces", { model: "face-api", image: blob,
-                                                      options: { landmarks: true, descriptor: true } });
+        const reply = await client.request("faces", {
+            model: "face-api", image: blob, options: { landmarks: true, descriptor: true } });
         return { ms: performance.now() - started, faces: reply.faces.length,
                  timingsMs: reply.timingsMs };
     };
@@ -154,7 +154,8 @@ def print_table(candle: dict, peers: dict, repeats: int) -> None:
     ratios = {threads: [] for threads in peers}
     for name, runs in candle["photos"].items():
         ours = candle_median(runs)
-        row = f"{name:12} | {runs[-1]['faces']:5} | {ours:9.0f} | {candle_median(runs, True):10.0f}"
+        row = (f"{name:12} | {runs[-1]['faces']:5} | {ours:9.0f} | "
+               f"{candle_median(runs, True):10.0f}")
         for threads, peer in peers.items():
             theirs = statistics.median(peer["photos"][name]["ms"])
             ratios[threads].append(theirs / ours)

@@ -111,8 +111,8 @@ class FaceSession(Session):
             started = time.perf_counter()
             for entry in out:
                 if head == "landmarks":
-                    entry["landmarks"] = [[float(x), float(y)]
-                                          for x, y in face_landmarks(nets[head], rgb, entry["box"])]
+                    points = face_landmarks(nets[head], rgb, entry["box"])
+                    entry["landmarks"] = [[float(x), float(y)] for x, y in points]
                     continue
                 # As pipelines.faces: the box the landmarks align when they were found (dlib's
                 # alignment for the descriptor).
