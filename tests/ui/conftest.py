@@ -346,6 +346,18 @@ def fresh_page(browser_context, network_guard, ui_server_url):
     page.close()
 
 
+@pytest.fixture(scope="module")
+def module_page(browser_context, network_guard, ui_server_url):
+    """A started page of the module's own (its own worker), closed at the module's end: for a
+    module that loads models or changes a view's options, so that the shared ready_page's worker
+    does not hold them when later modules expect a first load (a download with its progress
+    events, then a cached second visit) or a view as it opens."""
+    page = open_page(browser_context, network_guard, ui_server_url + "/")
+    wait_until_ready(page)
+    yield page
+    page.close()
+
+
 @pytest.fixture
 def open_ui_page(browser_context, network_guard, ui_server_url):
     """open_ui_page(path="/", routes={glob: handler}) -> a new page (with its own worker) on the

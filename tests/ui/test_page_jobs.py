@@ -16,9 +16,9 @@ PROMPT = "Count from 1 to 200, one number per line."
 
 
 @pytest.fixture
-def page(ready_page, model_cache_left_as_found):
-    ready_page.click("#tab-generate")
-    return ready_page
+def page(module_page, model_cache_left_as_found):
+    module_page.click("#tab-generate")
+    return module_page
 
 
 def tab_marker(page, name: str) -> dict:

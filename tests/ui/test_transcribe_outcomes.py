@@ -45,8 +45,8 @@ def joined_clips(rounds: int) -> bytes:
 
 
 @pytest.fixture
-def page(ready_page, model_cache_left_as_found):
-    page = ready_page
+def page(module_page, model_cache_left_as_found):
+    page = module_page
     page.click("#tab-transcribe")
     choose_model(page, MODEL_TINY)
     return page
