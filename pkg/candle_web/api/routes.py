@@ -15,121 +15,20 @@ import numpy as np
 
 from ..core.errors import (Cancelled, CandleError, FormatError, InvalidOption, ModelNotFound,
                            UnsupportedError)
-from . import audio_fields, embedding_fields, sampling_fields, tool_fields
+from . import embedding_fields, sampling_fields, tool_fields
 from . import validation as check
+from .audio_routes import AudioRoutes
 from .errors import AUTHENTICATION, NOT_FOUND, ApiError, bad_request, internal_error
-from .model_pool import BERT_KIND, TEXT_KIND, WHISPER_KIND, ModelPool
+from .http_io import (ApiLimits, candle_error, client_closed, error_response, event_bridge,
+                      json_response, next_event, read_json, run_on_worker)
+from .model_pool import BERT_KIND, TEXT_KIND, ModelPool
 from .scheduler import TextRequest
 
 API_KEY_ENV_VAR = "CANDLE_WEB_API_KEY"
-# How often a request waiting for its answer checks that its client is still there.
-DISCONNECT_POLL_S = 0.5
-RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
-TEXT_MEDIA = "text/plain; charset=utf-8"
-
-
-@dataclass(frozen=True)
-class ApiLimits:
-    max_body_bytes: int = 4 << 20  # a JSON request
-    max_upload_bytes: int = 25 << 20  # an audio upload (OpenAI's limit)
-    max_embedding_inputs: int = 256
-    max_input_chars: int = 1 << 20  # one prompt, message content or embedding input
-    # The longest audio a transcription decodes (`--max-audio-seconds`): 25 MiB of 32 kbps
-    # audio is 1.8 h, and decoding is bounded by this, not by the upload.
-    max_audio_seconds: float = 30 * 60
-
-
-# -- plumbing -------------------------------------------------------------------------------
-
-def _json_response(payload, status: int = 200, headers: dict = None):
-    from starlette.responses import Response  # noqa: PLC0415
-
-    return Response(json.dumps(payload, ensure_ascii=False), status_code=status,
-                    media_type="application/json", headers=headers)
-
-
-def error_response(error: ApiError):
-    headers = dict(error.headers)
-    if error.status == 413 or error.code == "request_timeout":
-        headers["Connection"] = "close"  # the rest of the body is not read
-    return _json_response(error.payload(), error.status, headers)
-
-
-def candle_error(error: Exception, param: str = None) -> ApiError:
-    """A model-side refusal (bad option value, bad audio...) as a 400 naming the field."""
-    message = str(error) or type(error).__name__
-    return bad_request(f"{param}: {message}" if param and not message.startswith(param)
-                       else message, param, "invalid_value")
-
-
-async def _read_limited(request, limit: int, what: str) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise bad_request("Content-Length: not a number", None, "invalid_header")
-        if int(declared) > limit:
-            raise ApiError(413, f"{what}: {int(declared)} bytes is above the limit of {limit}",
-                           code="request_too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"{what}: more than {limit} bytes", code="request_too_large")
-    return bytes(body)
-
-
-def _limited_receive(receive, limit: int, what: str):
-    seen = 0
-
-    async def limited():
-        nonlocal seen
-        message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > limit:
-                raise ApiError(413, f"{what}: more than {limit} bytes", code="request_too_large")
-        return message
-
-    return limited
-
-
-async def read_json(request, limits: ApiLimits) -> dict:
-    body = await _read_limited(request, limits.max_body_bytes, "the request body")
-    try:
-        return check.require_object(json.loads(body.decode("utf-8")))
-    except UnicodeDecodeError:
-        raise bad_request("the request body is not UTF-8", None, "invalid_json") from None
-    except (ValueError, RecursionError) as error:
-        raise bad_request(f"the request body is not valid JSON: {str(error)[:120]}", None,
-                          "invalid_json") from None
 
 
 def _created() -> int:
     return int(time.time())
-
-
-def _event_bridge(loop):
-    """A queue the scheduler thread fills through loop.call_soon_threadsafe; each event is
-    (kind, payload, index): `index` tells the choices of one request (n > 1) apart."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    def emit(kind, payload, index: int = 0) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, payload, index))
-        except RuntimeError:  # the loop is closed: the server stopped
-            pass
-
-    return queue, emit
-
-
-async def _next_event(queue, request):
-    """The next scheduler event; None when the client disconnected while waiting."""
-    while True:
-        try:
-            return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                return None
 
 
 def _cancel(jobs) -> None:
@@ -169,60 +68,14 @@ class _Choice:
                 "token_ids": self.done["token_ids"]}
 
 
-def client_closed() -> ApiError:
-    return ApiError(499, "the client closed the request", code="client_closed")
-
-
-async def run_on_worker(worker, request, function, *args):
-    """`function(should_continue, *args)` on the model's SerialWorker (429 when its queue is
-    full); the job is cancelled when the client goes away (checked as _next_event does) or
-    this handler is cancelled, so no work runs on for nobody."""
-    job = worker.submit(function, *args)
-    future = asyncio.wrap_future(job.future)
-    try:
-        while True:
-            done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return future.result()
-            if await request.is_disconnected():
-                raise client_closed()
-    finally:
-        if not future.done():
-            job.cancel()
-            future.add_done_callback(_ignore_outcome)
-
-
-def _ignore_outcome(future) -> None:
-    """Retrieves the end of a job nobody waits for any more (its Cancelled), so asyncio does
-    not log it as never retrieved."""
-    if not future.cancelled():
-        future.exception()
-
-
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length",
                   "context_length": "length"}
 
 
-def transcribe_options(task: str, language=None, prompt=None, temperature=None,
-                       word_timestamps: bool = False):
-    """The options `candle-web transcribe FILE` decodes with (its defaults, through
-    pipelines.transcribe.options_from_args, as the CLI and `batch transcribe` build them), with
-    the request's task, language, prompt, starting temperature (fallback up from it, as
-    `--temperature`) and word timestamps (`--word-timestamps`)."""
-    from ..pipelines.arguments import transcribe_defaults  # noqa: PLC0415
-    from ..pipelines.transcribe import options_from_args  # noqa: PLC0415
-
-    args = transcribe_defaults()
-    args.task, args.language, args.initial_prompt = task, language or None, prompt or None
-    args.word_timestamps = word_timestamps
-    if temperature is not None:
-        args.temperature = temperature
-    return options_from_args(args)
-
 
 # -- the application ------------------------------------------------------------------------
 
-class OpenAiApi:
+class OpenAiApi(AudioRoutes):
     def __init__(self, pool: ModelPool, api_key: str = None, limits: ApiLimits = ApiLimits()):
         self.pool, self.limits = pool, limits
         self._key = api_key.encode("utf-8") if api_key else None
@@ -271,7 +124,7 @@ class OpenAiApi:
         data = [self._model_card(served) for served in self.pool.models.values()]
         data += [{**self._model_card(self.pool.models[target]), "id": alias, "alias_of": target}
                  for alias, target in self.pool.aliases.items()]
-        return _json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     async def get_model(self, request):
         name = request.path_params["model"]
@@ -279,7 +132,7 @@ class OpenAiApi:
         if served is None:
             raise ApiError(404, f"model: {name[:80]!r} does not exist here", param="model",
                            code="model_not_found", type=NOT_FOUND)
-        return _json_response(self._model_card(served))
+        return json_response(self._model_card(served))
 
     @staticmethod
     def _model_card(served) -> dict:
@@ -334,7 +187,7 @@ class OpenAiApi:
         include_usage = bool(stream and stream_options and check.boolean(
             stream_options, "include_usage"))
         loop = asyncio.get_running_loop()
-        queue, emit = _event_bridge(loop)
+        queue, emit = event_bridge(loop)
         # One request per choice, each its own row of the batch with its own seed.
         jobs = [TextRequest(prompt_ids, choice_options, functools.partial(emit, index=index),
                             budget=sampling.budget, top_logprobs=sampling.top_logprobs)
@@ -356,7 +209,7 @@ class OpenAiApi:
         choices = [_Choice() for _ in jobs]
         try:
             while not all(choice.done for choice in choices):
-                event = await _next_event(queue, request)
+                event = await next_event(queue, request)
                 if event is None:
                     _cancel(jobs)
                     raise client_closed()
@@ -376,7 +229,7 @@ class OpenAiApi:
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
                  "total_tokens": len(prompt_ids) + completion,
                  "prompt_tokens_details": {"cached_tokens": first.get("cached_tokens", 0)}}
-        return _json_response({"id": ident, "object": "chat.completion" if chat
+        return json_response({"id": ident, "object": "chat.completion" if chat
                                else "text_completion", "created": created,
                                "model": served.name, "system_fingerprint": None,
                                "choices": [choice.shaped(index, chat, tokenizer,
@@ -425,7 +278,7 @@ class OpenAiApi:
                     for index in range(len(jobs)):
                         yield chunk([piece(index, role=True)])
                 while len(finished) < len(jobs):
-                    event = await _next_event(queue, request)
+                    event = await next_event(queue, request)
                     if event is None:
                         return
                     kind, payload, index = event
@@ -561,189 +414,8 @@ class OpenAiApi:
                      else [float(x) for x in vector])
             data.append({"object": "embedding", "index": index, "embedding": value})
         tokens = int(sum(result.token_counts))
-        return _json_response({"object": "list", "data": data, "model": served.name,
+        return json_response({"object": "list", "data": data, "model": served.name,
                                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-
-    # -- POST /v1/audio/transcriptions and /v1/audio/translations --
-    async def transcriptions(self, request):
-        return await self._audio(request, "transcribe")
-
-    async def translations(self, request):
-        return await self._audio(request, "translate")
-
-    async def _audio(self, request, task: str):
-        from starlette.datastructures import UploadFile  # noqa: PLC0415
-        from starlette.exceptions import HTTPException  # noqa: PLC0415
-        from starlette.requests import Request  # noqa: PLC0415
-
-        limit = self.limits.max_upload_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"file: the upload ({int(declared)} bytes) is above the limit of "
-                                f"{limit}", param="file", code="request_too_large")
-        content_type = request.headers.get("content-type", "")
-        if not content_type.startswith("multipart/form-data"):
-            raise bad_request("the body must be multipart/form-data with a 'file' field", "file",
-                              "invalid_content_type")
-        limited = Request(request.scope, _limited_receive(request.receive, limit, "file"))
-        try:
-            form = await limited.form(max_files=1, max_fields=32, max_part_size=64 << 10)
-        except HTTPException as error:
-            raise bad_request(f"the multipart body does not parse: {error.detail}", "file",
-                              "invalid_multipart") from None
-        try:
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                raise bad_request("file: a required file field is missing", "file",
-                                  "missing_required")
-            fields = {}
-            for name in ("model", "language", "prompt", "temperature", "response_format",
-                         "stream"):
-                value = form.get(name)
-                if value is not None and not isinstance(value, str):
-                    raise bad_request(f"{name}: expected a text field, got a file", name,
-                                      "invalid_type")
-                fields[name] = value
-            granularities = list(form.getlist("timestamp_granularities[]")) + list(
-                form.getlist("timestamp_granularities"))
-            data = await upload.read()
-        finally:
-            await form.close()
-        served = await self.loaded(check.string(fields, "model", required=True),
-                                   (WHISPER_KIND,))
-        response_format = check.string(fields, "response_format", default="json",
-                                       choices=RESPONSE_FORMATS)
-        temperature = None
-        if fields["temperature"] is not None:
-            try:
-                temperature = float(fields["temperature"])
-            except ValueError:
-                raise bad_request(f"temperature: not a number ({fields['temperature'][:40]!r})",
-                                  "temperature", "invalid_type") from None
-            temperature = check.number({"temperature": temperature}, "temperature", minimum=0,
-                                       maximum=1)
-        language = check.string(fields, "language", max_length=16)
-        audio_fields.check_language(language, served.name,
-                                    served.loaded.model.config.is_multilingual)
-        prompt = check.string(fields, "prompt", max_length=self.limits.max_input_chars)
-        wanted = audio_fields.granularities(granularities, response_format)
-        arguments = (served, data, task, language, prompt, temperature, "word" in wanted)
-        if audio_fields.stream_flag(fields["stream"]):
-            if response_format not in ("json", "text"):
-                raise bad_request(f"stream: the events carry text; response_format "
-                                  f"{response_format!r} cannot be streamed", "stream")
-            return await self._stream_transcript(request, served, arguments)
-        result = await run_on_worker(served.worker, request, self._transcribe, *arguments)
-        return self._audio_response(result, response_format, task, wanted)
-
-    async def _stream_transcript(self, request, served, arguments):
-        """OpenAI's transcript.text.delta events, one per segment as the worker decodes it,
-        then transcript.text.done. A refusal found before the first window (audio that does
-        not decode, a bad option) is still a 4xx: the response starts at the first window."""
-        from starlette.responses import StreamingResponse  # noqa: PLC0415
-
-        queue, emit = _event_bridge(asyncio.get_running_loop())
-
-        def progress(kind, payload) -> None:
-            if kind == "segment":
-                emit("delta", payload.text)
-            elif kind == "window":
-                emit("window", None)
-
-        task = asyncio.ensure_future(run_on_worker(served.worker, request, self._transcribe,
-                                                   *arguments, progress))
-
-        async def next_event():
-            """The next (kind, payload, index) of the worker; None once it has finished."""
-            while queue.empty() and not task.done():
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    return getter.result()
-                getter.cancel()
-            return queue.get_nowait() if not queue.empty() else None
-
-        try:
-            first = await next_event()
-            if first is None:
-                task.result()  # its refusal, as a 4xx
-        except BaseException:
-            task.cancel()
-            raise
-
-        async def events():
-            try:
-                event = first
-                while event is not None:
-                    kind, payload, _ = event
-                    if kind == "delta" and payload:
-                        yield audio_fields.delta_event(payload)
-                    event = await next_event()
-                try:
-                    result = task.result()
-                except Exception as error:  # noqa: BLE001  (the stream has started: an event)
-                    yield audio_fields.sse(internal_error(error).payload())
-                    return
-                yield audio_fields.done_event(result.text)
-            finally:
-                if not task.done():  # the client went away: the worker stops at its next step
-                    task.cancel()
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-
-    def _transcribe(self, should_continue, served, data: bytes, task, language, prompt,
-                    temperature, word_timestamps=False, progress=None):
-        """In the model's worker thread: decode the upload, then transcribe with the CLI's
-        options (temperature fallback unless a temperature above 0 is given). It stops
-        (Cancelled) at the first window, segment or decoded token after its client went away
-        (`should_continue`); `progress(kind, payload)` sees each of them."""
-        from ..io.audio import AudioTooLong, load_audio  # noqa: PLC0415
-        from ..pipelines.transcribe import transcribe  # noqa: PLC0415
-
-        try:
-            samples = load_audio(data, max_seconds=self.limits.max_audio_seconds)
-        except AudioTooLong as error:
-            raise bad_request(f"file: the audio lasts {error.lasts}, above this server's limit of "
-                              f"{error.max_seconds:g} s (--max-audio-seconds)", "file",
-                              "audio_too_long") from None
-        except (CandleError, OSError, ValueError) as error:
-            raise bad_request(f"file: not audio this server can decode ({str(error)[:200]})",
-                              "file", "invalid_audio") from None
-        try:
-            options = transcribe_options(task, language, prompt, temperature, word_timestamps)
-        except CandleError as error:
-            raise candle_error(error) from None
-        compute = self.pool.compute
-
-        def on_event(kind, payload):
-            if not should_continue():
-                raise Cancelled(f"transcription: the client went away (at a {kind})")
-            if progress is not None:
-                progress(kind, payload)
-            compute.yield_turn()  # text slots step between windows, segments and tokens
-
-        with compute:
-            try:
-                return transcribe(served.loaded.model, served.loaded.tokenizer, samples, options,
-                                  on_event=on_event, should_continue=should_continue)
-            except (InvalidOption, UnsupportedError) as error:
-                param = "language" if language and "language" in str(error).lower() else None
-                raise candle_error(error, param) from None
-
-    @staticmethod
-    def _audio_response(result, response_format: str, task: str, wanted: tuple = ("segment",)):
-        from starlette.responses import Response  # noqa: PLC0415
-
-        from ..pipelines import subtitles  # noqa: PLC0415
-
-        if response_format == "json":
-            return _json_response({"text": result.text})
-        if response_format == "verbose_json":
-            return _json_response(audio_fields.verbose_json(result, task, wanted))
-        fmt = {"text": "txt", "srt": "srt", "vtt": "vtt"}[response_format]
-        media = "text/vtt; charset=utf-8" if fmt == "vtt" else TEXT_MEDIA
-        return Response(subtitles.render(result, fmt), media_type=media)
 
     async def not_found(self, request):
         raise ApiError(404, f"{request.method} {request.url.path}: no such API route",
