@@ -99,7 +99,8 @@
  * Python side), kernels.js (probe, compile, Pyodide's memory), team.js (the second thread),
  * wheel.js (the ZIP reader), model_files.js (downloads and the model cache; download_parts.js
  * keeps a download's pieces so that it resumes), common.js (what
- * they share). This file: the protocol, the queue of Python jobs and cancelling.
+ * they share), python_jobs.js (the queue of Python jobs and cancelling), replies.js (Python's
+ * replies as transferable buffers). This file: the protocol and its commands.
  *
  * Everything is fetched from the serving origin: Pyodide and the wheels from
  * /vendor/pyodide/ (checked by Pyodide against the sha256 in pyodide-lock.json), the
@@ -120,6 +121,8 @@ import { ensureRuntime, runtime, wasmHeapBytes } from "./worker/boot.js";
 import { downloadModelFiles } from "./worker/model_files.js";
 import { grammarBridge, prepareGrammar } from "./worker/grammar.js";
 import { checkImage, decodeImage } from "./worker/images.js";
+import { adoptControlSlots, cancelQueuedJob, isCancelRequested, runPythonJob } from "./worker/python_jobs.js";
+import { destroyAll, takeReply } from "./worker/replies.js";
 // The rest of the module graph, named here too: the browser fetches a module's imports only
 // once it has parsed that module, so boot.js -> kernels.js -> abi.js was a chain of round trips
 // before the start could begin (~0.1-0.15 s of page open -> ready). Named here, every file is
@@ -133,97 +136,6 @@ import "./vendor/abi.js";
 import "./vendor/pyodide/pyodide.mjs";
 
 const TWIN_ARGUMENTS = ["seed", "m", "k", "n", "repeat"];
-const SLOT_INTERRUPT = 0;
-const SLOT_CANCEL_ID = 1;
-const SLOT_RUNNING_ID = 2;
-const NO_JOB = 0;
-
-let controlSlots = null; // Int32Array over the page's SharedArrayBuffer, or null
-const queuedJobs = new Set(); // ids waiting for their turn in Python
-const cancelledBeforeStart = new Set();
-// Python calls run one after another: an async step (a download) must not interleave with a
-// synchronous computation, and the interrupt slot belongs to one job at a time.
-let pythonQueue = Promise.resolve();
-
-function isCancelRequested(id) {
-  return controlSlots !== null && Atomics.load(controlSlots, SLOT_CANCEL_ID) === id;
-}
-
-// Runs one Python job with the interrupt slot armed for it; see the header comment.
-function runPythonJob(id, job) {
-  queuedJobs.add(id);
-  const run = async () => {
-    queuedJobs.delete(id);
-    if (cancelledBeforeStart.delete(id)) {
-      throw new CancelledError(`job ${id} was cancelled before it started`);
-    }
-    if (controlSlots !== null) {
-      Atomics.store(controlSlots, SLOT_RUNNING_ID, Number.isInteger(id) ? id : NO_JOB);
-    }
-    try {
-      if (controlSlots !== null) {
-        if (Atomics.load(controlSlots, SLOT_CANCEL_ID) === id) {
-          throw new CancelledError(`job ${id} was cancelled before it started`);
-        }
-        Atomics.store(controlSlots, SLOT_INTERRUPT, 0); // drop a stale signal for another job
-      }
-      return await job();
-    } finally {
-      if (controlSlots !== null) {
-        Atomics.store(controlSlots, SLOT_RUNNING_ID, NO_JOB);
-        Atomics.store(controlSlots, SLOT_INTERRUPT, 0);
-      }
-    }
-  };
-  const result = pythonQueue.then(run, run);
-  pythonQueue = result.catch(() => {});
-  return result;
-}
-
-// --- replies from Python ----------------------------------------------------------------------
-
-// Copies a numpy array out of the wasm heap into a standalone ArrayBuffer for transfer.
-function numpyToArrayBuffer(arrayProxy) {
-  const view = arrayProxy.getBuffer();
-  try {
-    if (!view.c_contiguous) {
-      throw new Error("expected a C-contiguous array from Python");
-    }
-    const bytes = new Uint8Array(view.data.buffer, view.data.byteOffset, view.data.byteLength);
-    return bytes.slice().buffer;
-  } finally {
-    view.release();
-  }
-}
-
-// A Python reply (result JSON, {name: numpy array}) as {payload, transfer}: each array becomes
-// an ArrayBuffer under its name in the payload, transferred to the page rather than copied.
-function takeReply(reply) {
-  const payload = JSON.parse(reply.get(0));
-  const arrays = reply.get(1);
-  const transfer = [];
-  try {
-    for (const name of arrays) {
-      const array = arrays.get(name);
-      try {
-        payload[name] = numpyToArrayBuffer(array);
-      } finally {
-        array.destroy();
-      }
-      transfer.push(payload[name]);
-    }
-  } finally {
-    arrays.destroy();
-  }
-  return { payload, transfer };
-}
-
-// Destroys the PyProxies a job made (null where it never got that far).
-function destroyAll(...proxies) {
-  for (const proxy of proxies) {
-    if (proxy !== null && proxy !== undefined && typeof proxy.destroy === "function") proxy.destroy();
-  }
-}
 
 // The Python session of a model kind (undefined or null: the default kind); unknown kinds
 // raise UnsupportedError there. A PyProxy: destroy it after use.
@@ -234,9 +146,7 @@ function sessionFor(kind) {
 // --- commands -------------------------------------------------------------------------------
 
 async function handleInit(message) {
-  if (message.control instanceof SharedArrayBuffer && controlSlots === null && runtime.pyodide === null) {
-    controlSlots = new Int32Array(message.control);
-  }
+  const controlSlots = adoptControlSlots(runtime.pyodide === null ? message.control : null);
   const choices = { backend: message.backend ?? undefined, compute: message.compute ?? undefined, snapshot: message.snapshot ?? undefined, threads: message.threads ?? undefined };
   return { payload: await ensureRuntime(message.id, choices, controlSlots) };
 }
@@ -432,8 +342,7 @@ async function prepareResponseFormat(id, session, message) {
 // through the shared interrupt slot, since this handler cannot run while Python does).
 async function handleCancel(message) {
   const target = message.target;
-  const queued = queuedJobs.has(target);
-  if (queued) cancelledBeforeStart.add(target);
+  const queued = cancelQueuedJob(target);
   return { payload: { target, queued } };
 }
 
