@@ -703,6 +703,9 @@ def main(argv=None) -> int:
                         help="--tasks faces: timed runs per photo on each side (after a warm-up)")
     parser.add_argument("--camera-seconds", type=float, default=20.0,
                         help="--tasks faces: how long the Faces view's camera runs")
+    parser.add_argument("--faces-profile", action="store_true",
+                        help="--tasks faces: one more page run of the first photo under "
+                             "cProfile, its functions with the most own time printed")
     parser.add_argument("--llm-files", default=",".join(LLM_FILES),
                         help=f"--tasks llm: GGUF files, of {', '.join(LLM_FILES)}")
     args = parser.parse_args(argv)
@@ -720,7 +723,7 @@ def main(argv=None) -> int:
         parser.error("--llm-compute: choose from float32, int8")
     if tasks == ["faces"]:
         vendor()
-        run_faces(BrowserSession, args.faces_repeats, args.camera_seconds)
+        run_faces(BrowserSession, args.faces_repeats, args.camera_seconds, args.faces_profile)
         return 0
     if tasks == ["llm"]:
         vendor()
@@ -816,7 +819,7 @@ def main(argv=None) -> int:
         run_llm(llm_labels, args.generate_tokens, GENERATE_PROMPT,
                 generate_options(args.generate_tokens), BrowserSession, llm_computes)
     if "faces" in tasks:
-        run_faces(BrowserSession, args.faces_repeats, args.camera_seconds)
+        run_faces(BrowserSession, args.faces_repeats, args.camera_seconds, args.faces_profile)
     return 0
 
 

@@ -52,6 +52,17 @@ CANDLE_RUN_JS = """async ([url, repeats]) => {
 }"""
 
 
+# One more run of the first photo under cProfile in the worker (--faces-profile): the Python
+# functions with the most own time, where the page spends its time.
+CANDLE_PROFILE_JS = """async (url) => {
+    const blob = await (await fetch(url)).blob();
+    const reply = await window.candleWeb.client.request("faces", {
+        model: "face-api", image: blob, options: { landmarks: true, descriptor: true },
+        profile: true });
+    return reply.profile;
+}"""
+
+
 def served_folders() -> dict:
     """/models/local/<name>/ folders: the peer page, face-api's bundle, TensorFlow.js's wasm
     binaries, the face-api weights and the demo photos (the registry's cached files)."""
@@ -67,7 +78,7 @@ def served_folders() -> dict:
             "tfjs-wasm": TFJS_WASM_DIST, "face-api-model": model, "face-photos": photos}
 
 
-def run_candle(session, repeats: int, camera_seconds: float) -> dict:
+def run_candle(session, repeats: int, camera_seconds: float, profile: bool = False) -> dict:
     """The page's per-photo runs and its camera frame rate, in one fresh profile."""
     profile = tempfile.mkdtemp(prefix="candle-web-bench-faces-")
     options = dict(session.config.LAUNCH_OPTIONS)
@@ -86,6 +97,9 @@ def run_candle(session, repeats: int, camera_seconds: float) -> dict:
                 out["photos"][name] = page.evaluate(
                     CANDLE_RUN_JS, [f"/models/local/face-photos/{name}", repeats])
                 print_photo("candle-web", name, out["photos"][name])
+            if profile:
+                print_profile(page.evaluate(CANDLE_PROFILE_JS,
+                                            f"/models/local/face-photos/{PHOTOS[0]}"))
             page.wait_for_function("() => window.candleWeb.faces.runtimeReady")
             page.click("#faces-camera")
             page.wait_for_function("() => window.candleWeb.faces.camera.frames >= 1")
@@ -122,15 +136,24 @@ def print_photo(engine: str, name: str, result) -> None:
           f"average {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
 
 
+def print_profile(rows: list) -> None:
+    print(f"\ncandle-web page, {PHOTOS[0]} under cProfile (slower than the timed runs): the "
+          f"functions with the most own time")
+    print(f"{'own ms':>8} {'cum ms':>8} {'calls':>6}  function")
+    for row in rows:
+        print(f"{row['ownMs']:8.1f} {row['cumulativeMs']:8.1f} {row['calls']:6}  {row['function']}")
+
+
 def candle_median(runs: list, exclude_decode: bool = False) -> float:
     return statistics.median(run["ms"] - (run["timingsMs"].get("decode", 0.0)
                                           if exclude_decode else 0.0) for run in runs)
 
 
-def run_faces(browser_session_cls, repeats: int = 3, camera_seconds: float = 20.0) -> dict:
+def run_faces(browser_session_cls, repeats: int = 3, camera_seconds: float = 20.0,
+              profile: bool = False) -> dict:
     session = browser_session_cls(served_folders())
     try:
-        candle = run_candle(session, repeats, camera_seconds)
+        candle = run_candle(session, repeats, camera_seconds, profile)
         peers = {threads: run_peer(session, threads, repeats) for threads in PEER_THREADS}
     finally:
         session.close()

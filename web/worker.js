@@ -85,11 +85,14 @@
  *           reused where the steps do not split a prompt exactly, else null), droppedMessages, notice,
  *           context, stopReason ("cancelled": Stop kept the partial answer), timings}
  *   faces {model, image: Blob | ImageBitmap (transferred), options: {landmarks, expressions,
- *          ageGender, scoreThreshold}, keepPixels?}   the photo decoded here (worker/images.js),
+ *          ageGender, scoreThreshold}, keepPixels?, profile?}   the photo decoded here
+ *       (worker/images.js),
  *       the rest in Python (candle_web.worker.faces)
  *       -> {width, height, faces: [{box: [x, y, w, h], score, landmarks?, expressions?, age?,
  *           gender?, genderProbability?}], timingsMs: {decode, detect, landmarks, ...},
- *           rgbSha256, pixels? (ArrayBuffer of the RGB bytes the networks read)}
+ *           pixels? and rgbSha256? (with keepPixels: the RGB bytes the networks read, an
+ *           ArrayBuffer, and their sha256), profile? (as
+ *           transcribe's: the functions with the most own time, the run under cProfile)}
  *   text2text {model, prompt, options: {maxTokens, temperature, topK, topP, seed}}
  *       progress {phase: "text2text", event: "token"|"done", data}
  *       -> {text, tokenIds, inputTokens, fullInputTokens, truncated, maxInputTokens, stopReason,
@@ -270,7 +273,8 @@ const RUN_COMMANDS = {
   faces: {
     kind: "faces",
     check: checkImage,
-    request: (m) => ({ options: m.options || null, keep_pixels: m.keepPixels === true }),
+    request: (m) => ({ options: m.options || null, keep_pixels: m.keepPixels === true,
+                       profile: m.profile === true }),
     image: true,
   },
   chat: {

@@ -119,7 +119,7 @@ def test_twin_native_equals_page(photo_result):
     folder = hub.fetch("face-api", session.required_files[0], cache_only=True).parent
     nets = session.build(files_from_folder(folder, session.required_files))
     native = session.compute(nets, pixels=pixels, options={"landmarks": True, "expressions": True,
-                                                           "ageGender": True})
+                                                           "ageGender": True}, keep_pixels=True)
     assert native["rgbSha256"] == result["rgbSha256"]
     assert len(native["faces"]) == len(result["faces"])
     worst = {"box": 0.0, "landmarks": 0.0, "probability": 0.0, "age": 0.0}

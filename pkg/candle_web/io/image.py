@@ -62,9 +62,11 @@ def pad_to_square(image: np.ndarray) -> np.ndarray:
     return out
 
 
-def _resample_weights(in_size: int, out_size: int) -> np.ndarray:
-    """[out_size, in_size] weights of the triangle filter: output pixel i is centred on
-    (i + 0.5) * scale in the source; when shrinking, the filter is `scale` pixels wide."""
+def _resample_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The triangle filter as taps: (first [out_size], weights [out_size, taps]): output pixel i
+    is sum_t weights[i, t] * source[first[i] + t]. Pixel i is centred on (i + 0.5) * scale in
+    the source; when shrinking, the filter is `scale` pixels wide. Only the band under each
+    filter is computed (a dense [out, in] matrix took 30 ms of a photo's 0.5 s in the page)."""
     scale = in_size / out_size
     width = max(scale, 1.0)
     centers = (np.arange(out_size, dtype=np.float64) + 0.5) * scale
@@ -72,11 +74,17 @@ def _resample_weights(in_size: int, out_size: int) -> np.ndarray:
     # them (rounding the support's ends to the nearest pixel).
     first = np.maximum(np.floor(centers - width + 0.5), 0).astype(np.int64)
     last = np.minimum(np.floor(centers + width + 0.5), in_size).astype(np.int64)
-    sources = np.arange(in_size, dtype=np.float64)
-    weights = np.maximum(0.0, 1.0 - np.abs((sources[None, :] + 0.5 - centers[:, None]) / width))
-    inside = (sources[None, :] >= first[:, None]) & (sources[None, :] < last[:, None])
-    weights *= inside
-    return weights / weights.sum(axis=1, keepdims=True)
+    sources = first[:, None] + np.arange(int((last - first).max()))[None, :]
+    weights = np.maximum(0.0, 1.0 - np.abs((sources + 0.5 - centers[:, None]) / width))
+    weights *= sources < last[:, None]
+    weights /= weights.sum(axis=1, keepdims=True)
+    # Start each band at its first non-zero weight (an end of the support can weigh 0).
+    skip = (weights > 0).argmax(axis=1)
+    taps = int(((weights > 0).sum(axis=1)).max())
+    columns = np.minimum(skip[:, None] + np.arange(taps)[None, :], weights.shape[1] - 1)
+    band = np.take_along_axis(weights, columns, axis=1)
+    band *= skip[:, None] + np.arange(taps)[None, :] < weights.shape[1]
+    return first + skip, band
 
 
 def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -99,19 +107,26 @@ def _resample_axis(image: np.ndarray, axis: int, out_size: int, in_size: int | N
     add nothing and are skipped."""
     present = image.shape[axis]
     in_size = present if in_size is None else in_size
-    weights = _resample_weights(in_size, out_size)
-    inside = weights > 0
-    first = inside.argmax(axis=1)
+    first, band = _resample_taps(in_size, out_size)
+    # Output lines whose filter starts past the present lines see only padding: they stay
+    # zero and are not computed (a landscape photo's square input is a third padding).
+    live = int(np.searchsorted(first, present))
+    out_shape = list(image.shape)
+    out_shape[axis] = out_size
+    out = np.zeros(out_shape, dtype=np.float32)
+    live_out = out[(slice(None),) * axis + (slice(0, live),)]
     shape = [1] * image.ndim
-    shape[axis] = out_size
-    out = None
-    for tap in range(int(inside.sum(axis=1).max())):
-        source = first + tap
-        index = np.minimum(source, present - 1)
-        tap_weights = np.where(source < present, weights[np.arange(out_size),
-                                                         np.minimum(source, in_size - 1)], 0.0)
-        term = np.take(image, index, axis=axis) * tap_weights.astype(np.float32).reshape(shape)
-        out = term if out is None else out + term
+    shape[axis] = live
+    product = np.empty_like(live_out)  # one buffer for every tap (the page's allocator is slow)
+    for tap in range(band.shape[1] if live else 0):
+        source = first[:live] + tap
+        tap_weights = np.where(source < present, band[:live, tap], 0.0)
+        # The first tap is written, the others added in tap order: the sums as term by term.
+        target = live_out if tap == 0 else product
+        np.multiply(np.take(image, np.minimum(source, present - 1), axis=axis),
+                    tap_weights.astype(np.float32).reshape(shape), out=target)
+        if tap:
+            live_out += product
     return out
 
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from candle_web.core.errors import FormatError, InvalidOption
-from candle_web.worker.session import Session, python_value
+from candle_web.worker.session import Profiler, Session, python_value
 
 DETECTOR = ("tiny_face_detector_model-weights_manifest.json", "tiny_face_detector_model.bin")
 LANDMARKS = ("face_landmark_68_model-weights_manifest.json", "face_landmark_68_model.bin")
@@ -79,11 +79,26 @@ class FaceSession(Session):
                               f"{MAX_PIXELS} pixels a photo may have")
         return np.empty((int(height), int(width), 4), dtype=np.uint8)
 
-    def compute(self, nets, pixels=None, options=None, keep_pixels=False,
+    def compute(self, nets, pixels=None, options=None, keep_pixels=False, profile=False,
                 on_event=None) -> dict:
         """{width, height, faces: [...] in face-api's names, the photo's pixels, timings (ms
-        per stage)}; with keep_pixels also "pixels", the RGB bytes the networks read (the twin
-        check runs native on them)."""
+        per stage)}; with keep_pixels also "pixels", the RGB bytes the networks read, and their
+        "rgbSha256" (the twin check runs native on them; hashing a 1920x1280 photo took 24 ms
+        in the page, so only then); with profile, "profile": the functions with the most own
+        time (the run under cProfile, slower)."""
+        profiler = Profiler(profile)
+        with profiler:
+            result = self._faces(nets, pixels, options)
+        rgb = result.pop("rgb")
+        if keep_pixels is True:
+            result["pixels"] = rgb
+            result["rgbSha256"] = hashlib.sha256(rgb.tobytes()).hexdigest()
+        if profile:
+            result["profile"] = profiler.report()
+        return result
+
+    @staticmethod
+    def _faces(nets, pixels, options) -> dict:
         from candle_web.io.image import square_input
         from candle_web.models.face_age_gender import gender_of
         from candle_web.models.face_detector import DetectorOptions
@@ -131,11 +146,8 @@ class FaceSession(Session):
                     entry.update(age=age, gender=gender, genderProbability=probability)
             timings[head] = (time.perf_counter() - started) * 1000.0
         timings["total"] = sum(timings.values())
-        result = {"width": int(rgb.shape[1]), "height": int(rgb.shape[0]), "faces": out,
-                  "timingsMs": timings, "rgbSha256": hashlib.sha256(rgb.tobytes()).hexdigest()}
-        if keep_pixels is True:
-            result["pixels"] = rgb
-        return result
+        return {"width": int(rgb.shape[1]), "height": int(rgb.shape[0]), "faces": out,
+                "timingsMs": timings, "rgb": rgb}
 
 
 def face_box(entry: dict, align) -> list:

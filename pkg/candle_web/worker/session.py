@@ -361,3 +361,40 @@ def generation_options(options, what: str, known: tuple, max_new_limit: int,
     if max_new is not None and not 1 <= max_new <= max_new_limit:
         raise CandleError(f"{what}: maxTokens must be 1..{max_new_limit}, got {max_new}")
     return GenerationOptions(**fields, **fixed)
+
+
+class Profiler:
+    """A run under cProfile when asked (`profile=True` on a run command: slower), reported as
+    the functions with the most own time; a do-nothing context otherwise."""
+
+    TOP_FUNCTIONS = 25
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled is True
+        self._profiler = None
+
+    def __enter__(self):
+        if self.enabled:
+            import cProfile
+
+            self._profiler = cProfile.Profile()
+            self._profiler.enable()
+        return self
+
+    def __exit__(self, *exc):
+        if self._profiler is not None:
+            self._profiler.disable()
+        return False
+
+    def report(self) -> list:
+        """[{function, calls, ownMs, cumulativeMs}], most own time first."""
+        import pstats
+
+        rows = []
+        for (file_name, line, name), (_, calls, own, cumulative, _) in pstats.Stats(
+                self._profiler).stats.items():
+            short_file = file_name.replace("\\", "/").split("/site-packages/")[-1]
+            rows.append({"function": f"{short_file}:{line}({name})", "calls": calls,
+                         "ownMs": own * 1000.0, "cumulativeMs": cumulative * 1000.0})
+        rows.sort(key=lambda row: row["ownMs"], reverse=True)
+        return rows[:self.TOP_FUNCTIONS]

@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from candle_web.core.errors import FormatError, UnsupportedError, check_text
-from candle_web.worker.session import CONFIG_FILE, TOKENIZER_FILE, Session, python_value
+from candle_web.worker.session import (CONFIG_FILE, TOKENIZER_FILE, Profiler, Session,
+                                       python_value)
 
 MODEL_FILE = "model.bin"
 SAMPLE_RATE = 16_000
@@ -31,7 +32,6 @@ TRANSCRIBE_OPTION_NAMES = (
     "initial_prompt", "without_timestamps", "temperatures", "word_timestamps", "vad",
 )
 EXPORT_FORMATS = ("txt", "srt", "vtt", "json")
-PROFILE_TOP_FUNCTIONS = 25
 # A prior segment spans at least one timestamp step (20 ms): more than this many cannot come
 # from MAX_AUDIO_SECONDS of audio.
 MAX_PRIOR_SEGMENTS = MAX_AUDIO_SECONDS * 50
@@ -91,26 +91,18 @@ class WhisperSession(Session):
         digest = hashlib.sha256(samples.tobytes()).hexdigest()
         timed = TimedWhisper(whisper)
         forward = _event_forwarder(tokenizer, on_event, offset, len(prior))
-        profiler = None
-        if profile:
-            import cProfile
-
-            profiler = cProfile.Profile()
-            profiler.enable()
+        profiler = Profiler(profile)
         started = time.perf_counter()
-        try:
+        with profiler:
             transcript = transcribe(timed, tokenizer, samples, opts, on_event=forward,
                                     vad_model=_vad_model() if opts.vad is not None else None)
-        finally:
-            if profiler is not None:
-                profiler.disable()
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         duration = transcript.duration  # of these samples: what the timings are about
         if offset or prior:
             transcript = placed_transcript(transcript, tokenizer, offset, prior)
         result = transcript_payload(transcript)
-        if profiler is not None:
-            result["profile"] = profile_report(profiler)
+        if profile:
+            result["profile"] = profiler.report()
         result["timings"] = {
             "elapsedMs": elapsed_ms, "audioSeconds": duration,
             "rtf": (elapsed_ms / 1000.0) / duration if duration > 0 else None,
@@ -437,17 +429,3 @@ def kept_payload(kept, n_vocab: int) -> dict:
     text = "".join(segment.text for segment in segments)
     return transcript_payload(Transcript(text=text, segments=segments, language=language,
                                          duration=float(duration)))
-
-
-def profile_report(profiler) -> list:
-    """The functions with the most own time: [{function, calls, ownMs, cumulativeMs}]."""
-    import pstats
-
-    stats = pstats.Stats(profiler)
-    rows = []
-    for (file_name, line, name), (_, calls, own, cumulative, _) in stats.stats.items():
-        short_file = file_name.replace("\\", "/").split("/site-packages/")[-1]
-        rows.append({"function": f"{short_file}:{line}({name})", "calls": calls,
-                     "ownMs": own * 1000.0, "cumulativeMs": cumulative * 1000.0})
-    rows.sort(key=lambda row: row["ownMs"], reverse=True)
-    return rows[:PROFILE_TOP_FUNCTIONS]
