@@ -29,7 +29,7 @@ SOURCE = "pkg/candle_web/backend/wasm/abi.py"
 
 # An argument's C type by its ABI kind and, for arrays, dtype.
 _IN_TYPES = {"f32": "const float *", "f16": "const uint16_t *", "u8": "const uint8_t *",
-             "any": "const void *"}
+             "i32": "const int32_t *", "any": "const void *"}
 _OUT_TYPES = {"f32": "float *", "u8": "uint8_t *"}
 
 
@@ -91,6 +91,8 @@ def c_header(abi) -> str:
         "/* unary_f32's op codes */",
     ]
     lines += [_define(f"UNARY_{name.upper()}", code) for name, code in abi.UNARY_OPS.items()]
+    lines += ["", "/* activation codes of bias_act_f32 and depthwise_conv_f32 */"]
+    lines += [_define(f"ACTIVATION_{name.upper()}", code) for name, code in abi.ACTIVATIONS.items()]
     lines += ["", "/* matrix types of the fused steps (any other value: a GGML type id) */"]
     lines += [_define(f"MATRIX_{name.upper()}", code) for name, code in abi.MATRIX_TYPES.items()]
     lines += [_define(name.upper() if name.startswith("int8_") else f"MATRIX_{name.upper()}",

@@ -23,6 +23,7 @@ import pytest
 
 from candle_web import BackendUnavailable, Device
 from candle_web.backend import get_backend
+from candle_web.backend.base import ACTIVATIONS
 from candle_web.backend.wasm import abi as wasm_abi
 from candle_web.backend.numpy_backend import NumpyBackend
 from candle_web.core.errors import CandleError
@@ -32,7 +33,7 @@ from tests.wasm_testlib import (QUANT_EXTRA_ROUNDINGS, f32, quant_term_magnitude
                                 rope_bound)
 from tests.tolerances_testlib import (assert_within, attention_bound, dot_bound, layer_norm_bound,
                                       log_softmax_bound, rms_norm_bound, silu_mul_bound,
-                                      softmax_bound, unary_bound)
+                                      softmax_bound, sum_bound, unary_bound)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,9 @@ class Spy:
 
     def names(self):
         return [name for name, _ in self.log]
+
+    def __getattr__(self, name):  # the host's other attributes (scratch_bytes)
+        return getattr(self.host, name)
 
 
 @pytest.fixture
@@ -222,6 +226,116 @@ def test_unary_ops_without_a_kernel_fall_through(spy, ref, rng):
     np.testing.assert_array_equal(spy.unary("gelu", x.astype(np.float64)),
                                   ref.unary("gelu", x.astype(np.float64)))
     assert spy.host.log == []
+
+
+# -- the vision nets' convolutions (conv2d_bias_act) ------------------------------------------
+
+def test_conv_activation_codes_name_the_backends_activations():
+    assert tuple(wasm_abi.ACTIVATIONS) == ACTIVATIONS
+
+
+# (x shape, kernel shape, stride, padding, activation): face-api's layers and their edges.
+DEPTHWISE_CASES = [
+    ((1, 16, 23, 21), (16, 1, 3, 3), 1, 1, "none"),  # the tiny detector's, odd sizes
+    ((2, 8, 11, 9), (8, 1, 3, 3), 1, 1, "leaky"),  # a batch of two
+    ((1, 8, 12, 13), (8, 1, 3, 3), 2, 1, "relu6"),  # SSD's stride-2 layers
+    ((1, 8, 12, 13), (8, 1, 3, 3), 2, 0, "relu"),
+    ((1, 4, 6, 5), (4, 1, 5, 5), 1, 2, "leaky"),  # a 5x5 filter, padding wider than a tap
+    ((1, 3, 2, 2), (3, 1, 3, 3), 1, 1, "relu"),  # a map smaller than the filter
+]
+
+
+@pytest.mark.parametrize("shape,kernel,stride,padding,activation", DEPTHWISE_CASES)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_depthwise_conv_bias_act_is_numpys_bit_for_bit(spy, ref, rng, shape, kernel, stride,
+                                                       padding, activation, with_bias):
+    x, w = f32(rng, *shape, scale=3), f32(rng, *kernel)
+    bias = f32(rng, kernel[0]) if with_bias else None
+    want = ref.conv2d_bias_act(x, w, bias, stride, padding, kernel[0], activation, 0.1)
+    got = spy.conv2d_bias_act(x, w, bias, stride, padding, kernel[0], activation, 0.1)
+    # The taps summed in numpy's order without FMA, then the bias, then the activation: the
+    # same roundings, so no tolerance.
+    assert_within(got, want, 0, f"depthwise {shape} {kernel} stride {stride} pad {padding}")
+    assert spy.host.names() == ["depthwise_conv_f32"] * shape[0]
+
+
+# (x shape, kernel shape, stride, padding, activation): full convolutions (im2col + GEMM) and
+# 1x1 stride-1 ones (the GEMM on the map as it lies).
+CONV_CASES = [
+    ((1, 3, 20, 23), (16, 3, 3, 3), 1, 0, "leaky"),  # the detector's first layer
+    ((2, 16, 10, 10), (8, 16, 3, 3), 2, 1, "relu"),  # the descriptor's 3x3 layers, batched
+    ((1, 3, 30, 31), (32, 3, 7, 7), 2, 0, "relu"),  # the descriptor's stem
+    ((1, 16, 9, 9), (8, 16, 1, 1), 2, 0, "none"),  # 1x1 at stride 2 (age/gender's shortcut)
+    ((1, 16, 9, 7), (32, 16, 1, 1), 1, 0, "relu6"),  # pointwise
+]
+
+
+@pytest.mark.parametrize("shape,kernel,stride,padding,activation", CONV_CASES)
+def test_conv_bias_act_through_im2col_and_the_gemm(spy, ref, rng, shape, kernel, stride, padding,
+                                                   activation):
+    x, w, bias = f32(rng, *shape), f32(rng, *kernel), f32(rng, kernel[0])
+    want = ref.conv2d_bias_act(x, w, bias, stride, padding, 1, activation, 0.1)
+    got = spy.conv2d_bias_act(x, w, bias, stride, padding, 1, activation, 0.1)
+    # A dot product of K = c_in * k_h * k_w terms in any order, then the bias (one rounding);
+    # the activations move no value further than its input moved.
+    magnitudes = ref.conv2d(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), stride,
+                            padding, 1, 1) + np.abs(bias).reshape(1, -1, 1, 1)
+    assert_within(got, want, sum_bound(magnitudes, kernel[1] * kernel[2] * kernel[3] + 1),
+                  f"conv {shape} {kernel}")
+    pointwise = kernel[2:] == (1, 1) and stride == 1 and padding == 0
+    per_image = ["gemm_f32", "bias_act_f32"] if pointwise else \
+        ["im2col_f32", "gemm_f32", "bias_act_f32"]
+    assert spy.host.names() == per_image * shape[0]
+
+
+def test_conv_bias_act_the_kernels_do_not_take_fall_through(spy, ref, rng):
+    x = f32(rng, 1, 8, 7, 7)
+    grouped = f32(rng, 8, 4, 3, 3)  # two groups of four channels: no kernel
+    np.testing.assert_array_equal(spy.conv2d_bias_act(x, grouped, None, 1, 1, 2, "relu", 0.0),
+                                  ref.conv2d_bias_act(x, grouped, None, 1, 1, 2, "relu", 0.0))
+    wide = f32(rng, 8, 8, 3, 3).astype(np.float64)
+    np.testing.assert_array_equal(
+        spy.conv2d_bias_act(x.astype(np.float64), wide, None, 1, 1, 1, "none", 0.0),
+        ref.conv2d_bias_act(x.astype(np.float64), wide, None, 1, 1, 1, "none", 0.0))
+    assert "im2col_f32" not in spy.host.names() and "depthwise_conv_f32" not in spy.host.names()
+
+
+@pytest.mark.parametrize("shape,kernel,stride,pad_end", [
+    ((1, 16, 414, 414), 2, 2, 0),  # the tiny detector's first pool
+    ((1, 4, 13, 13), 2, 1, 1),  # its stride-1 pools: a column and row of edge after the map
+    ((2, 3, 35, 17), 3, 2, 1),  # age/gender's, odd sizes
+    ((1, 2, 3, 3), 2, 2, 3),  # windows wholly in the repeated edge
+])
+def test_max_pool_equals_numpy(spy, ref, rng, shape, kernel, stride, pad_end):
+    x = f32(rng, *shape)
+    x[0, 0, 0, 0] = np.nan  # kept, as numpy's maximum keeps it
+    assert_within(spy.max_pool2d(x, kernel, stride, pad_end),
+                  ref.max_pool2d(x, kernel, stride, pad_end), 0, f"max pool {shape}")
+    assert spy.host.names() == ["max_pool_f32"]
+
+
+# -- the images' resampling (io/image.resize) ------------------------------------------------
+
+@pytest.mark.parametrize("present,in_size,out_size,inner", [
+    (1280, 1920, 416, 1920 * 3),  # a landscape photo's rows into the detector's square
+    (1920, 1920, 416, 3),  # then its columns, three channels apart
+    (300, 300, 112, 500 * 3),  # a face crop shrunk
+    (37, 37, 150, 41 * 3),  # a small crop enlarged
+    (5, 9, 2, 7),  # more padding than picture
+])
+def test_resample_lines_is_numpys_bit_for_bit(spy, ref, rng, present, in_size, out_size, inner):
+    from candle_web.io.image import _resample_taps
+
+    first, band = _resample_taps(in_size, out_size)
+    band = band.astype(np.float32)
+    pixels = rng.integers(0, 256, (2, present, inner), dtype=np.uint8)
+    floats = (pixels * np.float32(0.37)).astype(np.float32)
+    for x in (pixels, floats):
+        # Products and sums in tap order without FMA, the padding's taps skipped where numpy
+        # adds exact zeros: the same roundings, so no tolerance.
+        assert_within(spy.resample_lines(x, first, band), ref.resample_lines(x, first, band), 0,
+                      f"resample {x.dtype} {present} -> {out_size}")
+    assert spy.host.names() == ["resample_lines_f32"] * 2
 
 
 # -- attention -------------------------------------------------------------------------------

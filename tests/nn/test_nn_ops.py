@@ -260,6 +260,15 @@ def test_max_pool2d_matches_torch(rng, size):
                                   F.max_pool2d(torch.from_numpy(x), 2, 1).numpy())
 
 
+def test_max_pool2d_one_backend_call_equals_the_tracked_steps(rng):
+    x_np = randn(rng, 1, 2, 9, 8)
+    for kernel, stride, pad_end in ((3, 2, 1), (2, 1, 1), (2, 2, 0)):
+        tracked, _ = pair(x_np)
+        np.testing.assert_array_equal(
+            ops.max_pool2d(Tensor.from_numpy(x_np), kernel, stride, pad_end).to_numpy(),
+            ops.max_pool2d(tracked, kernel, stride, pad_end).to_numpy())
+
+
 @pytest.mark.parametrize("size", [(8, 8), (35, 17), (3, 4)])
 def test_avg_pool2d_matches_torch(rng, size):
     x, tx = pair(randn(rng, 2, 3, *size))
@@ -274,3 +283,51 @@ def test_pooling_refuses_a_window_larger_than_the_map():
         ops.avg_pool2d(x, 3)
     with pytest.raises(CandleError, match="kernel 0"):
         ops.max_pool2d(x, 0, 1)
+
+
+# -- conv2d_bias_act (the face models' layer) --------------------------------------------------
+
+TORCH_ACTIVATIONS = {"none": lambda t: t, "relu": F.relu,
+                     "leaky": lambda t: F.leaky_relu(t, 0.1), "relu6": F.relu6}
+
+
+@pytest.mark.parametrize("activation", sorted(TORCH_ACTIVATIONS))
+@pytest.mark.parametrize("kernel,stride,padding,groups", [((8, 4, 3, 3), 1, 1, 1),
+                                                          ((4, 1, 3, 3), 2, 1, 4),
+                                                          ((6, 4, 1, 1), 1, 0, 1)])
+def test_conv2d_bias_act_matches_torch_and_the_separate_ops(rng, activation, kernel, stride,
+                                                            padding, groups):
+    x_np, w_np, b_np = randn(rng, 2, 4, 9, 8, scale=2.0), randn(rng, *kernel), randn(rng, kernel[0])
+    x, w, b = Tensor.from_numpy(x_np), Tensor.from_numpy(w_np), Tensor.from_numpy(b_np)
+    ours = ops.conv2d_bias_act(x, w, b, stride=stride, padding=padding, groups=groups,
+                               activation=activation, slope=0.1)
+    theirs = TORCH_ACTIVATIONS[activation](F.conv2d(
+        torch.from_numpy(x_np), torch.from_numpy(w_np), torch.from_numpy(b_np), stride=stride,
+        padding=padding, groups=groups))
+    assert_close(ours, theirs, what=f"conv2d_bias_act {activation}")
+    # One backend call, the separate tensor ops' values bit for bit (the model files changed
+    # to it without changing an answer).
+    separate = x.conv2d(w, padding=padding, stride=stride, groups=groups).broadcast_add(
+        b.reshape((1, kernel[0], 1, 1)))
+    separate = {"none": separate, "relu": separate.relu(), "relu6": separate.clamp(0.0, 6.0),
+                "leaky": separate.maximum(separate.affine(0.1, 0.0))}[activation]
+    np.testing.assert_array_equal(ours.to_numpy(), separate.to_numpy())
+
+
+def test_conv2d_bias_act_tracks_gradients_through_the_separate_ops(rng):
+    x_np, w_np, b_np = randn(rng, 1, 3, 6, 6), randn(rng, 5, 3, 3, 3), randn(rng, 5)
+    (x, tx), (w, tw), (b, tb) = pair(x_np), pair(w_np), pair(b_np)
+    ours = ops.conv2d_bias_act(x, w, b, padding=1, activation="relu")
+    theirs = F.relu(F.conv2d(tx, tw, tb, padding=1))
+    assert_grads_close(ours, theirs, [(x, tx), (w, tw), (b, tb)])
+
+
+def test_conv2d_bias_act_refuses_a_bad_activation_or_bias():
+    x = Tensor.from_numpy(np.zeros((1, 2, 4, 4), dtype=np.float32))
+    w = Tensor.from_numpy(np.zeros((3, 2, 3, 3), dtype=np.float32))
+    with pytest.raises(CandleError, match="activation 'gelu'"):
+        ops.conv2d_bias_act(x, w, activation="gelu")
+    with pytest.raises(ShapeMismatch, match="bias \\[4\\] for a kernel of 3 output channels"):
+        ops.conv2d_bias_act(x, w, Tensor.from_numpy(np.zeros(4, dtype=np.float32)))
+    with pytest.raises(ShapeMismatch, match="conv2d"):
+        ops.conv2d_bias_act(x, Tensor.from_numpy(np.zeros((3, 5, 3, 3), dtype=np.float32)))

@@ -14,6 +14,7 @@ BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
 COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 REDUCE_OPS = ("sum", "max", "min")
 ARG_REDUCE_OPS = ("argmax", "argmin")
+ACTIVATIONS = ("none", "relu", "leaky", "relu6")  # conv2d_bias_act's
 
 
 class Backend:
@@ -79,6 +80,47 @@ class Backend:
         raise NotImplementedError
 
     def conv2d(self, x, w, stride, padding, dilation, groups):
+        raise NotImplementedError
+
+    def conv2d_bias_act(self, x, w, bias, stride: int, padding: int, groups: int,
+                        activation: str, slope: float):
+        """act(conv2d(x, w) + bias[c]) for the vision nets (nn.ops.conv2d_bias_act), each step
+        rounded as the separate ops round it: this composition is the reference, and a backend
+        that fuses the steps keeps its bits where it can (the wasm kernels do). bias: [c_out]
+        or None; activation: ACTIVATIONS."""
+        out = self.conv2d(x, w, stride, padding, 1, groups)
+        if bias is not None:
+            out = self.binary("add", out, bias.reshape(1, -1, 1, 1))
+        if activation == "relu":
+            return self.unary("relu", out)
+        if activation == "leaky":
+            return self.binary("maximum", out, self.affine(out, slope, 0.0))
+        if activation == "relu6":
+            return self.clamp(out, 0.0, 6.0)
+        return out
+
+    def max_pool2d(self, x, kernel: int, stride: int, pad_end: int):
+        """The max over kernel x kernel windows of [b, c, h, w], one every `stride` pixels, with
+        `pad_end` rows and columns after the image repeating its edge (nn.ops.max_pool2d;
+        the window fits, checked there). A max is exact: every backend gives the same values."""
+        xp = self.xp
+        for axis in (2, 3):
+            size = x.shape[axis]
+            starts = xp.arange((size + pad_end - kernel) // stride + 1) * stride
+            out = None
+            for offset in range(kernel):
+                taken = xp.take(x, xp.minimum(starts + offset, size - 1), axis=axis)
+                out = taken if out is None else xp.maximum(out, taken)
+            x = out
+        return x
+
+    def resample_lines(self, x, first, band):
+        """The images' resampling along one axis (io/image.resize): x [outer, lines, inner]
+        uint8 or f32, first [out_lines] (intp), band [out_lines, taps] f32 ->
+        f32 [outer, out_lines, inner] with out[:, i] = sum_t band[i, t] * x[:, first[i] + t]
+        over the taps inside x (lines past its end are padding: zeros), summed in tap order,
+        the first tap's product written and each further one added (no FMA): every backend
+        gives the same bits. An output line whose first tap lies past x's end is zero."""
         raise NotImplementedError
 
     # -- indexing ---------------------------------------------------------------------------

@@ -340,6 +340,25 @@ class NumpyBackend(Backend):
         out = self.matmul(w_groups[None], cols)  # [b, g, c_out_g, hw]
         return out.reshape(batch, c_out, h_out, w_out)
 
+    def resample_lines(self, x, first, band):
+        outer, present, inner = x.shape
+        out_lines, taps = band.shape
+        out = np.zeros((outer, out_lines, inner), dtype=np.float32)
+        # Output lines whose filter starts past the present lines see only padding: they stay
+        # zero and are not computed (a landscape photo's square input is a third padding).
+        live = int(np.searchsorted(first, present))
+        live_out = out[:, :live]
+        product = np.empty_like(live_out)  # one buffer for every tap (the page's allocator)
+        for tap in range(taps if live else 0):
+            source = first[:live] + tap
+            tap_weights = np.where(source < present, band[:live, tap], np.float32(0))
+            target = live_out if tap == 0 else product
+            np.multiply(np.take(x, np.minimum(source, present - 1), axis=1),
+                        tap_weights.reshape(1, live, 1), out=target)
+            if tap:
+                live_out += product
+        return out
+
     # -- indexing -------------------------------------------------------------------------
     def index_select(self, x, ids, axis):
         return np.take(x, ids.astype(np.intp, copy=False), axis=axis)

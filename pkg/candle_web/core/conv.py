@@ -88,12 +88,18 @@ def conv_transpose1d(x, w, padding=0, output_padding=0, stride=1, dilation=1, gr
     return record(out, (x, w), backward)
 
 
-def conv2d(x, w, padding=0, stride=1, dilation=1, groups=1):
+def conv2d_output_size(x, w, padding=0, stride=1, dilation=1, groups=1) -> tuple:
+    """(h_out, w_out) of conv2d(x, w, ...), after the checks conv2d makes (typed errors)."""
     _check(x, w, 4, "conv2d", groups)
     height, width = x.dims()[2:]
     k_h, k_w = w.dims()[2:]
-    h_out = _out_len(height, k_h, padding, stride, dilation, "conv2d")
-    w_out = _out_len(width, k_w, padding, stride, dilation, "conv2d")
+    return (_out_len(height, k_h, padding, stride, dilation, "conv2d"),
+            _out_len(width, k_w, padding, stride, dilation, "conv2d"))
+
+
+def conv2d(x, w, padding=0, stride=1, dilation=1, groups=1):
+    h_out, w_out = conv2d_output_size(x, w, padding, stride, dilation, groups)
+    k_h, k_w = w.dims()[2:]
     data = x.device.backend.conv2d(x._compute(), w._compute(), stride, padding, dilation, groups)
     out = x._from_compute(data)
 

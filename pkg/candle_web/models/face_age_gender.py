@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.tensor import Tensor
-from ..nn.ops import max_pool2d
+from ..nn.ops import conv2d_bias_act, max_pool2d
 from .face_landmarks import INPUT_SIZE, _same_padding, _Separable, face_tensor
 
 MODEL = "age and gender net"
@@ -50,10 +50,10 @@ class _ReductionBlock:
                                                     c_in, c_out)
 
     def __call__(self, x: Tensor) -> Tensor:
-        out = self.sep0(x.relu() if self.relu_input else x)
-        out = max_pool2d(self.sep1(out.relu()), 3, 2, pad_end=1)
+        out = self.sep0(x.relu() if self.relu_input else x, activation="relu")
+        out = max_pool2d(self.sep1(out), 3, 2, pad_end=1)
         # A 1x1 kernel at stride 2 reads every other pixel: TensorFlow's "same" adds nothing.
-        shortcut = x.conv2d(self.expansion, stride=2).broadcast_add(self.expansion_bias)
+        shortcut = conv2d_bias_act(x, self.expansion, self.expansion_bias, stride=2)
         return out + shortcut
 
 
@@ -96,11 +96,11 @@ class AgeGenderNet:
     def forward(self, face: np.ndarray) -> tuple[float, float]:
         """(age in years, probability of male) for one [112, 112, 3] float crop (RGB, 0..255)."""
         x = face_tensor(face, INPUT_SIZE, MODEL)
-        x = _same_padding(x, 2).conv2d(self.conv_in, stride=2).broadcast_add(self.conv_in_bias)
-        x = x.relu()  # [1, 32, 56, 56]
+        x = conv2d_bias_act(_same_padding(x, 2), self.conv_in, self.conv_in_bias, stride=2,
+                            activation="relu")  # [1, 32, 56, 56]
         for block in self.entry + self.middle:
             x = block(x)  # ... [1, 128, 14, 14]
-        x = self.exit_sep(self.exit(x)).relu()  # [1, 512, 7, 7]
+        x = self.exit_sep(self.exit(x), activation="relu")  # [1, 512, 7, 7]
         pooled = x.mean((2, 3))  # the 7x7 average pool covers the whole map
         age = pooled.matmul(self.age_weights).broadcast_add(self.age_bias).to_numpy()[0, 0]
         logits = pooled.matmul(self.gender_weights).broadcast_add(self.gender_bias)

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
-from ..nn.ops import max_pool2d
+from ..nn.ops import conv2d_bias_act, max_pool2d
 
 MODEL = "tiny face detector"
 INPUT_SIZE = 416
@@ -116,23 +116,20 @@ class TinyFaceDetector:
                                 f"image, got {list(image.shape)}")
         normalized = (np.asarray(image, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
         x = Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
-        x = _leaky(x.conv2d(self.conv0).broadcast_add(self.conv0_bias))  # [1, 16, 414, 414]
+        x = conv2d_bias_act(x, self.conv0, self.conv0_bias, activation="leaky",
+                            slope=LEAKY_SLOPE)  # [1, 16, 414, 414]
         x = _max_pool_2x2(x, stride=2)  # [1, 16, 207, 207]
         for (depthwise, pointwise, bias), stride in zip(self.separable, POOL_STRIDES):
-            x = x.conv2d(depthwise, padding=1, groups=depthwise.dims()[0])
-            x = _leaky(x.conv2d(pointwise).broadcast_add(bias))
+            x = conv2d_bias_act(x, depthwise, padding=1, groups=depthwise.dims()[0])
+            x = conv2d_bias_act(x, pointwise, bias, activation="leaky", slope=LEAKY_SLOPE)
             x = _max_pool_2x2(x, stride=stride)
-        x = x.conv2d(self.conv8).broadcast_add(self.conv8_bias)  # [1, 25, 13, 13]
+        x = conv2d_bias_act(x, self.conv8, self.conv8_bias)  # [1, 25, 13, 13]
         return x.to_numpy()[0].transpose(1, 2, 0).reshape(GRID, GRID, len(ANCHORS), BOX_FIELDS)
 
     def detect(self, image: np.ndarray, options: DetectorOptions = DetectorOptions()) -> list:
         """The faces in one [416, 416, 3] image, as FaceBox in the square input's units, highest
         score first."""
         return decode_boxes(self.forward(image), options.score_threshold)
-
-
-def _leaky(x: Tensor) -> Tensor:
-    return x.maximum(x.affine(LEAKY_SLOPE, 0.0))
 
 
 def _max_pool_2x2(x: Tensor, stride: int) -> Tensor:

@@ -32,6 +32,7 @@ import numpy as np
 from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
 from ..io.image import resize
+from ..nn.ops import conv2d_bias_act
 
 MODEL = "face landmark net"
 INPUT_SIZE = 112
@@ -71,10 +72,10 @@ class _Separable:
         self.pointwise = _kernel(weights, f"{prefix}/pointwise_filter", (1, 1, c_in, c_out))
         self.bias = _bias(weights, f"{prefix}/bias", c_out)
 
-    def __call__(self, x: Tensor, stride: int = 1) -> Tensor:
-        x = _same_padding(x, stride).conv2d(self.depthwise, stride=stride,
-                                            groups=self.depthwise.dims()[0])
-        return x.conv2d(self.pointwise).broadcast_add(self.bias)
+    def __call__(self, x: Tensor, stride: int = 1, activation: str = "none") -> Tensor:
+        x = conv2d_bias_act(_same_padding(x, stride), self.depthwise, stride=stride,
+                            groups=self.depthwise.dims()[0])
+        return conv2d_bias_act(x, self.pointwise, self.bias, activation=activation)
 
 
 class _DenseBlock:
@@ -90,10 +91,10 @@ class _DenseBlock:
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.first:
-            x = _same_padding(x, 2).conv2d(self.conv0, stride=2).broadcast_add(self.conv0_bias)
+            total = conv2d_bias_act(_same_padding(x, 2), self.conv0, self.conv0_bias, stride=2,
+                                    activation="relu")
         else:
-            x = self.conv0(x, stride=2)
-        total = x.relu()
+            total = self.conv0(x, stride=2, activation="relu")
         for layer in self.rest:  # each layer reads the ReLU of the sum of all outputs so far
             total = total + layer(total.relu())
         return total.relu()

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
-from ..nn.ops import avg_pool2d, max_pool2d
+from ..nn.ops import avg_pool2d, conv2d_bias_act, max_pool2d
 from .face_landmarks import face_tensor
 
 MODEL = "face recognition net"
@@ -59,8 +59,10 @@ class _ScaledConv:
         self.kernel = Tensor.from_numpy(np.ascontiguousarray(kernel * scale[:, None, None, None]))
         self.bias = Tensor.from_numpy((bias * scale + shift).reshape(1, -1, 1, 1))
 
-    def __call__(self, x: Tensor, stride: int = 1, padding: int = 1) -> Tensor:
-        return x.conv2d(self.kernel, padding=padding, stride=stride).broadcast_add(self.bias)
+    def __call__(self, x: Tensor, stride: int = 1, padding: int = 1,
+                 activation: str = "none") -> Tensor:
+        return conv2d_bias_act(x, self.kernel, self.bias, padding=padding, stride=stride,
+                               activation=activation)
 
 
 class _Residual:
@@ -71,8 +73,8 @@ class _Residual:
 
     def __call__(self, x: Tensor) -> Tensor:
         if not self.down:
-            return (x + self.conv2(self.conv1(x).relu())).relu()
-        out = self.conv2(self.conv1(x, stride=2, padding=0).relu())
+            return (x + self.conv2(self.conv1(x, activation="relu"))).relu()
+        out = self.conv2(self.conv1(x, stride=2, padding=0, activation="relu"))
         shortcut = avg_pool2d(x, 2)
         extra_channels = out.dims()[1] - shortcut.dims()[1]
         if extra_channels:
@@ -107,7 +109,7 @@ class FaceRecognitionNet:
     def forward(self, face: np.ndarray) -> np.ndarray:
         """The [128] float32 descriptor of one [150, 150, 3] float crop (RGB, 0..255)."""
         x = face_tensor(face, INPUT_SIZE, MODEL)
-        x = self.stem(x, stride=2, padding=0).relu()  # [1, 32, 72, 72]
+        x = self.stem(x, stride=2, padding=0, activation="relu")  # [1, 32, 72, 72]
         x = max_pool2d(x, 3, 2)  # [1, 32, 35, 35]
         for block in self.blocks:
             x = block(x)  # ... [1, 256, 2, 2]

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..core.errors import InvalidOption
 from ..core.tensor import Tensor
+from ..nn.ops import conv2d_bias_act
 from .face_detector import FaceBox, iou
 
 MODEL = "ssd mobilenet v1"
@@ -86,10 +87,6 @@ def _same_padding(x: Tensor, kernel: int, stride: int) -> Tensor:
     return x
 
 
-def _relu6(x: Tensor) -> Tensor:
-    return x.clamp(0.0, 6.0)
-
-
 class _Conv:
     """A convolution (k x k, stride) + a per-channel offset, in conv2d's layout."""
 
@@ -100,9 +97,9 @@ class _Conv:
                                                             (kernel, kernel, c_in, c_out), MODEL))
         self.bias = Tensor.from_numpy(weights.channel_bias(f"{prefix}/{bias_name}", c_out, MODEL))
 
-    def __call__(self, x: Tensor) -> Tensor:
-        x = _same_padding(x, self.kernel, self.stride)
-        return x.conv2d(self.weight, stride=self.stride).broadcast_add(self.bias)
+    def __call__(self, x: Tensor, activation: str = "none") -> Tensor:
+        return conv2d_bias_act(_same_padding(x, self.kernel, self.stride), self.weight,
+                               self.bias, stride=self.stride, activation=activation)
 
 
 class _DepthwiseBatchNorm:
@@ -121,10 +118,10 @@ class _DepthwiseBatchNorm:
         bias = norm["beta"] - norm["moving_mean"] * scale
         self.bias = Tensor.from_numpy(bias.astype(np.float32).reshape(1, -1, 1, 1))
 
-    def __call__(self, x: Tensor) -> Tensor:
-        x = _same_padding(x, 3, self.stride)
-        x = x.conv2d(self.weight, stride=self.stride, groups=self.weight.dims()[0])
-        return x.broadcast_add(self.bias)
+    def __call__(self, x: Tensor, activation: str = "none") -> Tensor:
+        return conv2d_bias_act(_same_padding(x, 3, self.stride), self.weight, self.bias,
+                               stride=self.stride, groups=self.weight.dims()[0],
+                               activation=activation)
 
 
 class SsdMobilenetV1:
@@ -173,15 +170,15 @@ class SsdMobilenetV1:
                                 f"image, got {list(image.shape)}")
         scaled = np.asarray(image, dtype=np.float32) / np.float32(127.5) - np.float32(1)
         x = Tensor.from_numpy(np.ascontiguousarray(scaled.transpose(2, 0, 1)[None]))
-        x = _relu6(self.conv0(x))  # [1, 32, 256, 256]
+        x = self.conv0(x, activation="relu6")  # [1, 32, 256, 256]
         maps = []
         for index, (depthwise, pointwise) in enumerate(self.mobilenet, start=1):
-            x = _relu6(pointwise(_relu6(depthwise(x))))
+            x = pointwise(depthwise(x, activation="relu6"), activation="relu6")
             if index == KEPT_LAYER:
                 maps.append(x)  # [1, 512, 32, 32]
         maps.append(x)  # [1, 1024, 16, 16]
         for index, layer in enumerate(self.extra):
-            x = _relu6(layer(x))
+            x = layer(x, activation="relu6")
             if index % 2:
                 maps.append(x)  # 512 [8], 256 [4], 256 [2], 128 [1]
         offsets, logits = [], []

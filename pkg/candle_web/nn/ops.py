@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 
+from ..backend.base import ACTIVATIONS
 from ..core.autograd import is_tracking
+from ..core.conv import conv2d_output_size
 from ..core.errors import CandleError, ShapeMismatch
 from ..core.tensor import Tensor, custom_op
 
@@ -129,6 +131,36 @@ def causal_mask(seq_len: int, offset: int = 0, dtype=None, device=None) -> Tenso
     return t if dtype is None else t.to_dtype(dtype)
 
 
+def conv2d_bias_act(x: Tensor, kernel: Tensor, bias: Tensor | None = None, *, stride: int = 1,
+                    padding: int = 0, groups: int = 1, activation: str = "none",
+                    slope: float = 0.0) -> Tensor:
+    """act(conv2d(x, kernel) + bias) in one backend call, the vision nets' layer: activation
+    "none", "relu", "leaky" (max(x, slope * x)) or "relu6" (clamp to 0..6); bias [c_out] or
+    None. The same values as the separate tensor ops (Backend.conv2d_bias_act composes them;
+    the wasm backend fuses them into its conv kernels), and the separate ops themselves when an
+    input tracks gradients."""
+    if activation not in ACTIVATIONS:
+        raise CandleError(f"conv2d_bias_act: activation {activation!r} is not one of "
+                          f"{', '.join(ACTIVATIONS)}")
+    c_out = kernel.dims()[0] if kernel.rank == 4 else None
+    if bias is not None and bias.elem_count() != c_out:
+        raise ShapeMismatch(f"conv2d_bias_act: bias {list(bias.shape)} for a kernel of "
+                            f"{c_out} output channels")
+    if is_tracking(x, kernel, bias) or x.rank != 4 or kernel.rank != 4:
+        out = x.conv2d(kernel, padding=padding, stride=stride, groups=groups)
+        if bias is not None:
+            out = out.broadcast_add(bias.reshape((1, c_out, 1, 1)))
+        if activation == "relu":
+            return out.relu()
+        if activation == "leaky":
+            return out.maximum(out.affine(slope, 0.0))
+        return out.clamp(0.0, 6.0) if activation == "relu6" else out
+    conv2d_output_size(x, kernel, padding, stride, 1, groups)  # conv2d's checks and errors
+    flat_bias = None if bias is None else bias.reshape((c_out,))
+    return custom_op(lambda backend, a, w, b: backend.conv2d_bias_act(
+        a, w, b, stride, padding, groups, activation, slope), x, kernel, flat_bias)
+
+
 def _every_stride(x: Tensor, dim: int, count: int, stride: int) -> Tensor:
     """Positions 0, stride, ..., (count - 1) * stride of `dim`."""
     if stride == 1:
@@ -149,6 +181,15 @@ def max_pool2d(x: Tensor, kernel: int, stride: int, pad_end: int = 0) -> Tensor:
     max: TensorFlow's "same" pooling where its padding falls after the image only."""
     if kernel < 1 or stride < 1:
         raise CandleError(f"max_pool2d: kernel {kernel} and stride {stride} must be >= 1")
+    if x.rank != 4:
+        raise ShapeMismatch(f"max_pool2d: expected [b, c, h, w], got {list(x.shape)}")
+    if not is_tracking(x):
+        for dim in (2, 3):
+            if x.dims()[dim] + pad_end < kernel:
+                raise ShapeMismatch(f"max_pool2d: a {kernel}-wide window does not fit dim "
+                                    f"{dim} of {list(x.shape)} (+{pad_end})")
+        # One backend call (a max picks one of its inputs: the same values as the steps below).
+        return custom_op(lambda backend, a: backend.max_pool2d(a, kernel, stride, pad_end), x)
     for dim in (2, 3):
         x = x.pad_with_same(dim, 0, pad_end) if pad_end else x
         span = x.dims()[dim] - kernel + 1

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ABI_VERSION = 3  # 2: llama_block_step and the LLaMA layer record take qkv_b (qwen2); 3: the
-# int8 products (linear_q8, quantize_q8_rows, MATRIX_INT8 in a fused step's matrix type)
+ABI_VERSION = 4  # 2: llama_block_step and the LLaMA layer record take qkv_b (qwen2); 3: the
+# int8 products (linear_q8, quantize_q8_rows, MATRIX_INT8 in a fused step's matrix type);
+# 4: the vision nets' convolutions (im2col_f32, bias_act_f32, depthwise_conv_f32) and the
+# images' resampling (resample_lines_f32) and max pooling (max_pool_f32)
 
 IN = "in"
 OUT = "out"
@@ -46,6 +48,9 @@ IMPORTS = (("env", "memory", "memory"),)
 
 # Unary op codes of `unary_f32`.
 UNARY_OPS = {"gelu": 0, "gelu_erf": 1, "silu": 2, "exp": 3, "tanh": 4, "sigmoid": 5, "erf": 6}
+
+# Activation codes of bias_act_f32 and depthwise_conv_f32 (Backend.conv2d_bias_act's names).
+ACTIVATIONS = {"none": 0, "relu": 1, "leaky": 2, "relu6": 3}
 
 # A matrix argument of the fused steps is (type, ...): these two, else a GGML type id.
 MATRIX_TYPES = {"f32": 0, "f16": 1}
@@ -155,6 +160,31 @@ EXPORTS = (
            (_i("interleaved"), _i("bh"), _i("t"), _i("d"), _in("x"), _in("cos"), _in("sin"),
             _out("y")),
            doc="X,Y [bh,t,d] contiguous; COS,SIN [t,d/2]; 0: halves, 1: pairs"),
+    Export("im2col_f32",
+           (_i("c"), _i("h"), _i("w"), _i("kh"), _i("kw"), _i("stride"), _i("pad"),
+            _i("dilation"), _in("x"), _out("cols")),
+           doc="X [c,h,w] -> COLS [c*kh*kw, ho*wo]: row (ci,i,j) holds the tap's pixels, 0 in "
+               "the padding"),
+    Export("bias_act_f32",
+           (_i("rows"), _i("n"), _in("x"), _in("bias", optional=True), _i("act"),
+            _f("slope"), _out("y")),
+           doc="Y[r,i] = act(X[r,i] + BIAS[r]); act: ACTIVATIONS; Y may equal X"),
+    Export("depthwise_conv_f32",
+           (_i("c"), _i("h"), _i("w"), _i("k"), _i("stride"), _i("pad"), _in("x"),
+            _in("wts"), _in("bias", optional=True), _i("act"), _f("slope"), _out("y")),
+           doc="Y[c] = act(k x k filter WTS[c] over X[c] (zero padding) + BIAS[c]); taps summed "
+               "in order, no FMA (numpy's bits)"),
+    Export("resample_lines_f32",
+           (_i("outer"), _i("lines"), _i("inner"), _i("out_lines"), _i("taps"),
+            _in("x_u8", "u8", optional=True), _in("x_f32", optional=True), _in("first", "i32"),
+            _in("band"), _out("y")),
+           doc="Y[o,i,:] = sum_t BAND[i,t] X[o,FIRST[i]+t,:] over taps inside X, in order, no "
+               "FMA (Backend.resample_lines' bits); X uint8 or f32 (the other null)"),
+    Export("max_pool_f32",
+           (_i("c"), _i("h"), _i("w"), _i("k"), _i("stride"), _i("pad_end"), _in("x"),
+            _out("y"), _SCRATCH),
+           doc="Y[c] = max over k x k windows of X[c] every `stride` pixels, pad_end rows and "
+               "columns after the image repeating its edge; w floats of scratch"),
     Export("attention_f32",
            (_i("bh"), _i("tq"), _i("tk"), _i("d"),
             _in("q"), _i("q_bs"), _in("k"), _i("k_bs"), _in("v"), _i("v_bs"),

@@ -174,6 +174,74 @@ class WasmBackend(NumpyBackend):
                  b_bs, b_rs, b_cs, out[index], c_bs, n, 0.0)
         return out
 
+    # -- the vision nets' convolutions --------------------------------------------------------
+    def conv2d_bias_act(self, x, w, bias, stride, padding, groups, activation, slope):
+        """Depthwise filters (one per channel, square) in one kernel with the bias and the
+        activation (numpy's bits); other ungrouped convolutions as im2col_f32 (a 1x1 stride-1
+        filter reads the map as it lies), one GEMM, and bias_act_f32 in place. The rest:
+        Backend's composition."""
+        act = abi.ACTIVATIONS.get(activation)
+        batch, c_in, height, width = x.shape
+        c_out, c_in_group, k_h, k_w = w.shape
+        if (act is None or x.dtype != _F32 or w.dtype != _F32 or x.size == 0
+                or (bias is not None and bias.dtype != _F32)):
+            return super().conv2d_bias_act(x, w, bias, stride, padding, groups, activation, slope)
+        h_out = (height + 2 * padding - k_h) // stride + 1
+        w_out = (width + 2 * padding - k_w) // stride + 1
+        x = _rows(x)
+        bias = None if bias is None else _rows(bias)
+        out = np.empty((batch, c_out, h_out, w_out), np.float32)
+        if groups == c_in == c_out and c_in_group == 1 and k_h == k_w:
+            filters = _rows(w.reshape(c_out, k_h * k_w))
+            for b in range(batch):
+                self._k["depthwise_conv_f32"](c_in, height, width, k_h, stride, padding, x[b],
+                                              filters, bias, act, slope, out[b])
+            return out
+        if groups != 1:
+            return super().conv2d_bias_act(x, w, bias, stride, padding, groups, activation, slope)
+        k = c_in * k_h * k_w
+        hw = h_out * w_out
+        weights, w_el = _strided_f32(w.reshape(c_out, k))
+        pointwise = k_h == k_w == 1 and stride == 1 and padding == 0
+        cols = None if pointwise else np.empty((k, hw), np.float32)
+        gemm = self._k["gemm_f32"]
+        for b in range(batch):
+            if pointwise:
+                source = x[b].reshape(c_in, hw)
+            else:
+                self._k["im2col_f32"](c_in, height, width, k_h, k_w, stride, padding, 1, x[b],
+                                      cols)
+                source = cols
+            target = out[b].reshape(c_out, hw)
+            gemm(1, c_out, hw, k, weights, 0, w_el[0], w_el[1], source, 0, hw, 1,
+                 target, 0, hw, 0.0)
+            self._k["bias_act_f32"](c_out, hw, target, bias, act, slope, target)
+        return out
+
+    def max_pool2d(self, x, kernel, stride, pad_end):
+        if (x.dtype != _F32 or x.ndim != 4 or x.size == 0
+                or 4 * x.shape[3] > self.host.scratch_bytes):  # a row of maxima in scratch
+            return super().max_pool2d(x, kernel, stride, pad_end)
+        batch, channels, height, width = x.shape
+        x = _rows(x)
+        out = np.empty((batch, channels, (height + pad_end - kernel) // stride + 1,
+                        (width + pad_end - kernel) // stride + 1), np.float32)
+        self._k["max_pool_f32"](batch * channels, height, width, kernel, stride, pad_end, x, out)
+        return out
+
+    def resample_lines(self, x, first, band):
+        if x.dtype not in (np.uint8, _F32) or band.dtype != _F32 or x.size == 0:
+            return super().resample_lines(x, first, band)
+        outer, lines, inner = x.shape
+        out_lines, taps = band.shape
+        x = _rows(x)
+        out = np.empty((outer, out_lines, inner), np.float32)
+        u8 = x.dtype == np.uint8
+        self._k["resample_lines_f32"](outer, lines, inner, out_lines, taps, x if u8 else None,
+                                      None if u8 else x, _rows(first.astype(np.int32)),
+                                      _rows(band), out)
+        return out
+
     # -- fused kernels ----------------------------------------------------------------------
     def _rowwise(self, export, x, *extra):
         x = _rows(x)
