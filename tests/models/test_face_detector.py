@@ -1,7 +1,8 @@
 """The tiny face detector, SSD MobileNet v1, the 68-point landmark net and the expression net
 against face-api itself, in headless Chromium, on the same tensors (one browser for the module).
 
-Each of face-api's six demo photos, and a mirrored copy of each, is padded and resized by our
+Each of face-api's six demo photos, and transformed copies of each (mirrored, rescaled to half
+size, and side by side with the next photo on one canvas), is padded and resized by our
 package (io/image.square_input); that one [416, 416, 3] tensor goes to our model and to face-api
 (its TensorFlow.js on the wasm backend: XNNPACK kernels), which neither pads nor resizes a
 square tensor at its input size.
@@ -69,18 +70,52 @@ def test_weights_decode_as_tensorflow_js_decodes_them(peer, weights_dir):
         np.testing.assert_array_equal(ours.get_numpy(name), value, err_msg=name)
 
 
+def _transformed(model_file, photo: str, transform: str, detector) -> np.ndarray:
+    """The photo's RGB pixels as `transform` makes them: "photo" as it is, "mirrored", "half"
+    (our resize to half the size, float pixels), or "canvas": the photo and the next demo
+    photo on one canvas, one above the other, each cut to the rows holding its faces (two
+    whole photos on one canvas would leave faces too small for the detector's 416 input)."""
+    from candle_web.io.image import resize
+
+    rgb = load_rgb(model_file("face-api-demo-photos", photo))
+    if transform == "mirrored":
+        return rgb[:, ::-1]
+    if transform == "half":
+        return resize(rgb, rgb.shape[0] // 2, rgb.shape[1] // 2)
+    if transform == "canvas":
+        other = load_rgb(model_file("face-api-demo-photos",
+                                    PHOTOS[(PHOTOS.index(photo) + 1) % len(PHOTOS)]))
+        bands = [_faces_band(picture, detector) for picture in (rgb, other)]
+        width = max(band.shape[1] for band in bands)
+        canvas = np.zeros((sum(band.shape[0] for band in bands), width, 3), dtype=np.uint8)
+        canvas[:bands[0].shape[0], :bands[0].shape[1]] = bands[0]
+        canvas[bands[0].shape[0]:, :bands[1].shape[1]] = bands[1]
+        return canvas
+    return rgb
+
+
+def _faces_band(rgb: np.ndarray, detector) -> np.ndarray:
+    """The rows of a photo that hold its faces (as our detector finds them), with a margin of
+    a quarter of the band's height above and below."""
+    from candle_web.pipelines.faces import detect_faces
+
+    boxes = [face.box for face in detect_faces(detector, rgb)]
+    top = min(y for _, y, _, _ in boxes)
+    bottom = max(y + h for _, y, _, h in boxes)
+    margin = (bottom - top) / 4
+    return rgb[max(0, int(top - margin)):min(rgb.shape[0], int(bottom + margin))]
+
+
 def _as_boxes(rows) -> list:
     return [FaceBox(x / INPUT_SIZE, y / INPUT_SIZE, w / INPUT_SIZE, h / INPUT_SIZE, score)
             for x, y, w, h, score in rows]
 
 
-@pytest.mark.parametrize("mirrored", [False, True], ids=["photo", "mirrored"])
+@pytest.mark.parametrize("transform", ["photo", "mirrored", "half", "canvas"])
 @pytest.mark.parametrize("photo", PHOTOS)
-def test_same_faces_as_face_api_on_the_same_tensor(peer, detector, model_file, photo, mirrored):
-    rgb = load_rgb(model_file("face-api-demo-photos", photo))
-    if mirrored:
-        rgb = rgb[:, ::-1]
-    tensor, _ = square_input(rgb, INPUT_SIZE)
+def test_same_faces_as_face_api_on_the_same_tensor(peer, detector, model_file, photo, transform):
+    tensor, _ = square_input(_transformed(model_file, photo, transform, detector),
+                             INPUT_SIZE)
     ours = detector.detect(tensor, DetectorOptions())
     theirs = _as_boxes(peer.tiny_face_detector(tensor))
     assert theirs, f"face-api finds no face in {photo}: the comparison would be empty"
@@ -117,14 +152,15 @@ def test_photo_pixels_agree_with_face_api_given_the_photo(peer, detector, model_
 MAX_LANDMARK_PX = 1e-3
 
 
+@pytest.mark.parametrize("transform", ["photo", "canvas"])
 @pytest.mark.parametrize("photo", PHOTOS)
-def test_landmarks_match_face_api_on_the_same_crop(peer, detector, model_file, photo):
+def test_landmarks_match_face_api_on_the_same_crop(peer, detector, model_file, photo, transform):
     from candle_web.models.face_landmarks import INPUT_SIZE as CROP, FaceLandmark68Net, face_input
     from candle_web.pipelines.faces import detect_faces
 
     net = FaceLandmark68Net.load(model_file("face-api",
                                             "face_landmark_68_model-weights_manifest.json"))
-    rgb = load_rgb(model_file("face-api-demo-photos", photo))
+    rgb = _transformed(model_file, photo, transform, detector)
     faces = detect_faces(detector, rgb)
     assert faces
     for face in faces:
