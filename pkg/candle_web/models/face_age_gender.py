@@ -93,20 +93,22 @@ class AgeGenderNet:
 
         return AgeGenderNet(TfjsWeights.load(manifest_path))
 
-    def forward(self, face: np.ndarray) -> tuple[float, float]:
-        """(age in years, probability of male) for one [112, 112, 3] float crop (RGB, 0..255)."""
+    def forward(self, face: np.ndarray):
+        """(age in years, probability of male) for one [112, 112, 3] float crop (RGB, 0..255); a
+        list of them for [n, 112, 112, 3] crops (a photo's faces together)."""
         x = face_tensor(face, INPUT_SIZE, MODEL)
         x = conv2d_bias_act(_same_padding(x, 2), self.conv_in, self.conv_in_bias, stride=2,
-                            activation="relu")  # [1, 32, 56, 56]
+                            activation="relu")  # [n, 32, 56, 56]
         for block in self.entry + self.middle:
-            x = block(x)  # ... [1, 128, 14, 14]
-        x = self.exit_sep(self.exit(x), activation="relu")  # [1, 512, 7, 7]
+            x = block(x)  # ... [n, 128, 14, 14]
+        x = self.exit_sep(self.exit(x), activation="relu")  # [n, 512, 7, 7]
         pooled = x.mean((2, 3))  # the 7x7 average pool covers the whole map
-        age = pooled.matmul(self.age_weights).broadcast_add(self.age_bias).to_numpy()[0, 0]
+        ages = pooled.matmul(self.age_weights).broadcast_add(self.age_bias).to_numpy()[:, 0]
         logits = pooled.matmul(self.gender_weights).broadcast_add(self.gender_bias)
-        logits = logits.to_numpy()[0].astype(np.float64)
-        male = 1.0 / (1.0 + np.exp(logits[1] - logits[0]))  # softmax's first of two
-        return float(age), float(male)
+        logits = logits.to_numpy().astype(np.float64)
+        males = 1.0 / (1.0 + np.exp(logits[:, 1] - logits[:, 0]))  # softmax's first of two
+        answers = [(float(age), float(male)) for age, male in zip(ages, males)]
+        return answers[0] if np.ndim(face) == 3 else answers
 
 
 def gender_of(male_probability: float) -> tuple[str, float]:

@@ -45,13 +45,15 @@ LAYERS_PER_BLOCK = 4
 
 
 def face_tensor(face: np.ndarray, size: int, model: str) -> Tensor:
-    """What face-api's face nets read from a [size, size, 3] float crop (RGB, 0..255): (x -
-    MEAN_RGB) / 255, channels first, [1, 3, size, size]."""
-    if face.shape != (size, size, 3):
-        raise InvalidOption(f"{model}: expected a [{size}, {size}, 3] crop, got "
-                            f"{list(face.shape)}")
-    normalized = (np.asarray(face, dtype=np.float32) - np.float32(MEAN_RGB)) / np.float32(255)
-    return Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(2, 0, 1)[None]))
+    """What face-api's face nets read from a [size, size, 3] float crop (RGB, 0..255), or from
+    [n, size, size, 3] crops: (x - MEAN_RGB) / 255, channels first, [n, 3, size, size]."""
+    face = np.asarray(face)
+    crops = face[None] if face.ndim == 3 else face
+    if crops.ndim != 4 or crops.shape[1:] != (size, size, 3) or not len(crops):
+        raise InvalidOption(f"{model}: expected a [{size}, {size}, 3] crop (or [n, {size}, "
+                            f"{size}, 3] crops), got {list(face.shape)}")
+    normalized = (crops.astype(np.float32, copy=False) - np.float32(MEAN_RGB)) / np.float32(255)
+    return Tensor.from_numpy(np.ascontiguousarray(normalized.transpose(0, 3, 1, 2)))
 
 
 def _kernel(weights, name: str, shape: tuple) -> Tensor:
@@ -73,8 +75,12 @@ class _Separable:
         self.bias = _bias(weights, f"{prefix}/bias", c_out)
 
     def __call__(self, x: Tensor, stride: int = 1, activation: str = "none") -> Tensor:
-        x = conv2d_bias_act(_same_padding(x, stride), self.depthwise, stride=stride,
-                            groups=self.depthwise.dims()[0])
+        groups = self.depthwise.dims()[0]
+        if stride == 1:  # "same" is 1 all round: the convolution's own zero padding
+            x = conv2d_bias_act(x, self.depthwise, padding=1, groups=groups)
+        else:
+            x = conv2d_bias_act(_same_padding(x, stride), self.depthwise, stride=stride,
+                                groups=groups)
         return conv2d_bias_act(x, self.pointwise, self.bias, activation=activation)
 
 
@@ -134,13 +140,17 @@ class _FaceFeatureNet:
 
         return cls(TfjsWeights.load(manifest_path))
 
-    def features(self, face: np.ndarray) -> np.ndarray:
-        """The fc layer's [outputs] for one [112, 112, 3] float crop (RGB, 0..255)."""
-        x = face_tensor(face, INPUT_SIZE, self.model)
+    def features(self, faces: np.ndarray) -> np.ndarray:
+        """The fc layer's [n, outputs] for [n, 112, 112, 3] float crops (RGB, 0..255); [outputs]
+        for one [112, 112, 3] crop. The crops of a photo's faces go through together: every
+        layer is one call for all of them (in the page, Python's cost per layer is most of a
+        small net's time)."""
+        x = face_tensor(faces, INPUT_SIZE, self.model)
         for block in self.dense_blocks:
-            x = block(x)  # ... [1, 256, 7, 7] (the tiny net: [1, 128, 14, 14])
-        pooled = x.mean((2, 3))  # [1, channels]: the average pool covers the whole map
-        return pooled.matmul(self.fc_weights).broadcast_add(self.fc_bias).to_numpy()[0]
+            x = block(x)  # ... [n, 256, 7, 7] (the tiny net: [n, 128, 14, 14])
+        pooled = x.mean((2, 3))  # [n, channels]: the average pool covers the whole map
+        out = pooled.matmul(self.fc_weights).broadcast_add(self.fc_bias).to_numpy()
+        return out[0] if np.ndim(faces) == 3 else out
 
 
 class FaceLandmark68Net(_FaceFeatureNet):
@@ -150,8 +160,10 @@ class FaceLandmark68Net(_FaceFeatureNet):
     model = MODEL
 
     def forward(self, face: np.ndarray) -> np.ndarray:
-        """[68, 2] (x, y) in units of the crop, for one [112, 112, 3] float crop."""
-        return self.features(face).reshape(POINTS, 2)
+        """[68, 2] (x, y) in units of the crop, for one [112, 112, 3] float crop ([n, 68, 2]
+        for [n, 112, 112, 3] crops)."""
+        features = self.features(face)
+        return features.reshape(features.shape[:-1] + (POINTS, 2))
 
 
 class FaceLandmark68TinyNet(FaceLandmark68Net):
@@ -169,12 +181,15 @@ class FaceExpressionNet(_FaceFeatureNet):
     outputs = len(EXPRESSIONS)
     model = "face expression net"
 
-    def forward(self, face: np.ndarray) -> dict:
-        """{expression: probability} for one [112, 112, 3] float crop (face-api's labels)."""
-        logits = self.features(face).astype(np.float64)
-        probabilities = np.exp(logits - logits.max())
-        probabilities /= probabilities.sum()
-        return {label: float(value) for label, value in zip(EXPRESSIONS, probabilities)}
+    def forward(self, face: np.ndarray):
+        """{expression: probability} for one [112, 112, 3] float crop (face-api's labels); a
+        list of them for [n, 112, 112, 3] crops."""
+        logits = np.atleast_2d(self.features(face)).astype(np.float64)
+        probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probabilities /= probabilities.sum(axis=1, keepdims=True)
+        answers = [{label: float(value) for label, value in zip(EXPRESSIONS, row)}
+                   for row in probabilities]
+        return answers[0] if np.ndim(face) == 3 else answers
 
 
 def face_input(rgb: np.ndarray, box, size: int = INPUT_SIZE) -> tuple[np.ndarray, tuple]:

@@ -107,13 +107,15 @@ class FaceRecognitionNet:
         return FaceRecognitionNet(TfjsWeights.load(manifest_path))
 
     def forward(self, face: np.ndarray) -> np.ndarray:
-        """The [128] float32 descriptor of one [150, 150, 3] float crop (RGB, 0..255)."""
+        """The [128] float32 descriptor of one [150, 150, 3] float crop (RGB, 0..255); [n, 128]
+        for [n, 150, 150, 3] crops (a photo's faces together: one call per layer)."""
         x = face_tensor(face, INPUT_SIZE, MODEL)
-        x = self.stem(x, stride=2, padding=0, activation="relu")  # [1, 32, 72, 72]
-        x = max_pool2d(x, 3, 2)  # [1, 32, 35, 35]
+        x = self.stem(x, stride=2, padding=0, activation="relu")  # [n, 32, 72, 72]
+        x = max_pool2d(x, 3, 2)  # [n, 32, 35, 35]
         for block in self.blocks:
-            x = block(x)  # ... [1, 256, 2, 2]
-        return x.mean((2, 3)).matmul(self.fc).to_numpy()[0]
+            x = block(x)  # ... [n, 256, 2, 2]
+        out = x.mean((2, 3)).matmul(self.fc).to_numpy()
+        return out[0] if np.ndim(face) == 3 else out
 
 
 def face_distance(a, b) -> float:

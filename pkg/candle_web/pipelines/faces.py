@@ -33,6 +33,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .. import hub
 from ..core.errors import InvalidOption, ModelNotFound
 from ..io.image import load_rgb, square_input
@@ -60,6 +62,7 @@ AGE_GENDER_FILES = ("age_gender_model-weights_manifest.json", "age_gender_model.
 # face-api's FaceLandmarks.align(): the points' bounding box grown by this fraction of its
 # width and height (half on each side).
 ALIGNED_BOX_PADDING = 0.2
+FACES_PER_CALL = 8  # face crops per network call (on_crops)
 # face-api's dlib alignment for the descriptor: a square of side (mean eye-to-mouth distance) /
 # 0.45, placed so the centre of the eyes' and mouth's centres lies at (0.5, 0.43) of it.
 DLIB_SCALE, DLIB_CENTRE_X, DLIB_CENTRE_Y = 0.45, 0.5, 0.43
@@ -190,10 +193,22 @@ def descriptor_box(landmarks) -> tuple:
             math.floor(max(0.0, middle_y - DLIB_CENTRE_Y * size)), size, size)
 
 
-def face_landmarks(net: FaceLandmark68Net, rgb, box) -> list:
-    """The 68 landmarks of the face in `box`, as (x, y) in the photo's pixels."""
-    crop, (left, top, side) = face_input(rgb, box)
-    return [(left + u * side, top + v * side) for u, v in net.forward(crop).tolist()]
+def on_crops(forward, crops: list) -> list:
+    """`forward` (a face net's) on a photo's face crops, FACES_PER_CALL at a time: one answer
+    per crop. Every layer runs once for the crops of a call (in the page, Python's cost per
+    layer is most of a small net's time); the chunks bound the memory a crowd would take."""
+    answers = []
+    for start in range(0, len(crops), FACES_PER_CALL):
+        answers.extend(list(forward(np.stack(crops[start:start + FACES_PER_CALL]))))
+    return answers
+
+
+def face_landmarks(net: FaceLandmark68Net, rgb, boxes: list) -> list:
+    """The 68 landmarks of the face in each box, as (x, y) in the photo's pixels."""
+    cuts = [face_input(rgb, box) for box in boxes]
+    return [[(left + u * side, top + v * side) for u, v in points.tolist()]
+            for (_, (left, top, side)), points in zip(cuts, on_crops(net.forward,
+                                                                     [c for c, _ in cuts]))]
 
 
 def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | None = None,
@@ -209,18 +224,24 @@ def detect_faces(detector, rgb, options=None, landmark_net: FaceLandmark68Net | 
     faces = [Face((box.x * side, box.y * side, box.width * side, box.height * side), box.score)
              for box in detector.detect(tensor, options)]
     if landmark_net is not None:
-        for face in faces:
-            face.landmarks = face_landmarks(landmark_net, rgb, face.box)
-    for face in faces:
-        box = face.box if face.landmarks is None else aligned_box(face.landmarks)
-        if expression_net is not None:
-            face.expressions = expression_net.forward(face_input(rgb, box)[0])
-        if descriptor_net is not None:
-            crop, _ = face_input(rgb, face.box if face.landmarks is None
-                                 else descriptor_box(face.landmarks), DESCRIPTOR_INPUT_SIZE)
-            face.descriptor = descriptor_net.forward(crop).tolist()
-        if age_gender_net is not None:
-            face.age, male = age_gender_net.forward(face_input(rgb, box)[0])
+        for face, points in zip(faces, face_landmarks(landmark_net, rgb,
+                                                      [face.box for face in faces])):
+            face.landmarks = points
+    aligned = [] if expression_net is None and age_gender_net is None else [
+        face_input(rgb, face.box if face.landmarks is None else aligned_box(face.landmarks))[0]
+        for face in faces]
+    if expression_net is not None:
+        for face, expressions in zip(faces, on_crops(expression_net.forward, aligned)):
+            face.expressions = expressions
+    if descriptor_net is not None:
+        crops = [face_input(rgb, face.box if face.landmarks is None
+                            else descriptor_box(face.landmarks), DESCRIPTOR_INPUT_SIZE)[0]
+                 for face in faces]
+        for face, descriptor in zip(faces, on_crops(descriptor_net.forward, crops)):
+            face.descriptor = descriptor.tolist()
+    if age_gender_net is not None:
+        for face, (age, male) in zip(faces, on_crops(age_gender_net.forward, aligned)):
+            face.age = age
             face.gender, face.gender_probability = gender_of(male)
     return faces
 

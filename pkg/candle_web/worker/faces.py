@@ -104,7 +104,8 @@ class FaceSession(Session):
         from candle_web.models.face_detector import DetectorOptions
         from candle_web.models.face_landmarks import face_input
         from candle_web.models.face_recognition import INPUT_SIZE as DESCRIPTOR_INPUT_SIZE
-        from candle_web.pipelines.faces import aligned_box, descriptor_box, face_landmarks
+        from candle_web.pipelines.faces import (aligned_box, descriptor_box, face_landmarks,
+                                                on_crops)
 
         if not isinstance(pixels, np.ndarray) or pixels.ndim != 3 or pixels.shape[2] not in (3, 4):
             raise FormatError("faces: `pixels` must be an [height, width, 3 or 4] uint8 image")
@@ -128,26 +129,26 @@ class FaceSession(Session):
                 "score": float(box.score)} for box in found]
         for head in heads:
             started = time.perf_counter()
-            for entry in out:
-                if head == "landmarks":
-                    points = face_landmarks(nets[head], rgb, entry["box"])
+            if head == "landmarks":
+                for entry, points in zip(out, face_landmarks(nets[head], rgb,
+                                                             [entry["box"] for entry in out])):
                     entry["landmarks"] = [[float(x), float(y)] for x, y in points]
-                    continue
-                # As pipelines.faces: the box the landmarks align when they were found (dlib's
-                # alignment for the descriptor).
-                box = face_box(entry, aligned_box)
-                if head == "descriptor":
-                    crop = face_input(rgb, face_box(entry, descriptor_box),
-                                      DESCRIPTOR_INPUT_SIZE)[0]
-                    entry["descriptor"] = [float(v) for v in nets[head].forward(crop)]
-                    continue
-                crop = face_input(rgb, box)[0]
-                if head == "expressions":
-                    entry["expressions"] = nets[head].forward(crop)
-                else:
-                    age, male = nets[head].forward(crop)
-                    gender, probability = gender_of(male)
-                    entry.update(age=age, gender=gender, genderProbability=probability)
+            elif head == "descriptor":
+                # As pipelines.faces: dlib's alignment when the landmarks were found.
+                crops = [face_input(rgb, face_box(entry, descriptor_box),
+                                    DESCRIPTOR_INPUT_SIZE)[0] for entry in out]
+                for entry, descriptor in zip(out, on_crops(nets[head].forward, crops)):
+                    entry["descriptor"] = [float(v) for v in descriptor]
+            else:
+                # The box the landmarks align when they were found (face-api's alignedRect).
+                crops = [face_input(rgb, face_box(entry, aligned_box))[0] for entry in out]
+                for entry, answer in zip(out, on_crops(nets[head].forward, crops)):
+                    if head == "expressions":
+                        entry["expressions"] = answer
+                    else:
+                        gender, probability = gender_of(answer[1])
+                        entry.update(age=answer[0], gender=gender,
+                                     genderProbability=probability)
             timings[head] = (time.perf_counter() - started) * 1000.0
         timings["total"] = sum(timings.values())
         return {"width": int(rgb.shape[1]), "height": int(rgb.shape[0]), "faces": out,
