@@ -4,7 +4,8 @@
  * then the activation, each rounded to f32 in turn):
  *
  *   im2col_f32          the taps as rows, [C * KH * KW, HO * WO] (zeros where a tap falls in the
- *                       padding), so that one GEMM [C_out, K] @ cols lands in NCHW;
+ *                       padding), rows `cols_rs` apart (the images of a batch side by side), so
+ *                       that one GEMM [C_out, K] @ cols lands in NCHW;
  *   bias_act_f32        y = act(x + bias[row]) over rows of n (after that GEMM);
  *   depthwise_conv_f32  one K x K filter per channel, then the bias and the activation. Taps
  *                       summed in (i, j) order from the first in-bounds one, products and sums
@@ -30,17 +31,17 @@ INLINE float activate1(int act, float v, float slope) {
     return wasm_f32x4_extract_lane(out, 0);
 }
 
-/* cols[(c * KH + i) * KW + j][oy * WO + ox] = x[c][oy * stride - pad + i * dil][ox * stride -
- * pad + j * dil], or 0 outside the image. */
+/* COLS[((c * KH + i) * KW + j) * cols_rs + oy * WO + ox] = x[c][oy * stride - pad + i * dil]
+ * [ox * stride - pad + j * dil], or 0 outside the image. */
 KERNEL void im2col_f32(int C, int H, int W, int KH, int KW, int stride, int pad, int dilation,
-                       const float *X, float *COLS) {
+                       const float *X, int cols_rs, float *COLS) {
     int HO = (H + 2 * pad - dilation * (KH - 1) - 1) / stride + 1;
     int WO = (W + 2 * pad - dilation * (KW - 1) - 1) / stride + 1;
     float *col = COLS;
     for (int c = 0; c < C; c++) {
         const float *plane = X + (long)c * H * W;
         for (int i = 0; i < KH; i++) {
-            for (int j = 0; j < KW; j++, col += (long)HO * WO) {
+            for (int j = 0; j < KW; j++, col += cols_rs) {
                 int dx = j * dilation - pad;
                 /* the output columns whose source column lies inside the image */
                 int lo = dx < 0 ? (-dx + stride - 1) / stride : 0;

@@ -162,9 +162,9 @@ EXPORTS = (
            doc="X,Y [bh,t,d] contiguous; COS,SIN [t,d/2]; 0: halves, 1: pairs"),
     Export("im2col_f32",
            (_i("c"), _i("h"), _i("w"), _i("kh"), _i("kw"), _i("stride"), _i("pad"),
-            _i("dilation"), _in("x"), _out("cols")),
-           doc="X [c,h,w] -> COLS [c*kh*kw, ho*wo]: row (ci,i,j) holds the tap's pixels, 0 in "
-               "the padding"),
+            _i("dilation"), _in("x"), _i("cols_rs"), _inout("cols")),
+           doc="X [c,h,w] -> COLS [c*kh*kw, ho*wo], rows cols_rs apart: row (ci,i,j) holds the "
+               "tap's pixels, 0 in the padding (the columns between, other images', kept)"),
     Export("bias_act_f32",
            (_i("rows"), _i("n"), _in("x"), _in("bias", optional=True), _i("act"),
             _f("slope"), _out("y")),
