@@ -20,6 +20,10 @@ pexpect = pytest.importorskip("pexpect", reason="pexpect (the dev extra) drives 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = "You are a helpful assistant."
 WAIT = 240  # seconds for one load or answer on a loaded 2-core machine (a hang fails, not a pace)
+# Long enough that Ctrl-C lands while the dragon story streams even on a loaded machine (with
+# 40 a story could finish before the terminal showed its first words: a fresh clone's run,
+# benchmarks beside it); the other turns end at EOS well before it.
+MAX_TOKENS = 160
 STATUS = re.compile(r"\[prompt: (\d+) new tokens, (\d+) reused; (\d+) generated[^;]*; (\w+)\]")
 
 
@@ -29,7 +33,7 @@ def terminal(tmp_path):
                PYTHONPATH=os.pathsep.join(str(REPO_ROOT / p) for p in ("pkg", "native")),
                TERM="dumb")
     child = pexpect.spawn(sys.executable, ["-m", "candle_web.cli", "chat", "--model", MODEL,
-                                           "--system", SYSTEM, "--max-tokens", "40"],
+                                           "--system", SYSTEM, "--max-tokens", str(MAX_TOKENS)],
                           cwd=str(tmp_path), env=env, encoding="utf-8", timeout=WAIT,
                           dimensions=(50, 400))
     child.expect("chat with a context of")
@@ -57,7 +61,7 @@ def in_process_answers(turns: list) -> list:
 
     loaded = load_llama(MODEL)
     chat = Conversation(loaded.model, loaded.tokenizer, system=SYSTEM)
-    options = GenerationOptions(max_new_tokens=40, add_special_tokens=False)
+    options = GenerationOptions(max_new_tokens=MAX_TOKENS, add_special_tokens=False)
     return [chat.send(text, options).text.strip() for text in turns]
 
 
