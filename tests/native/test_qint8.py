@@ -218,27 +218,51 @@ print(int_lanes.INSTRUCTIONS, json.dumps(outs.view(np.uint32).tolist()))
 """
 
 
-@pytest.mark.parametrize("form", ["portable", "avxvnni", ""])
-def test_the_other_integer_steps_give_the_same_bits(numba_backend, tmp_path, form):
+FORMS = ("portable", "avxvnni", "")
+
+
+@pytest.fixture(scope="module")
+def forms_children(numba_backend, tmp_path_factory):
+    """Each form's child process, all started at once (each compiles every kernel, ~20 s of
+    one core: run one after another they took a minute of the suite on 2 cores), and the
+    inputs they were given: {form: (process, xs, levels, scales)}."""
+    from candle_native.numba.kernels import int_lanes
+
+    rng = np.random.default_rng(37)
+    xs = activations(rng, 9, 224)  # 63 blocks: a reciprocal's ulp would show in some scale
+    levels = rng.integers(-128, 128, (9, 224)).astype(np.int8)
+    scales = rng.uniform(0.001, 0.01, (9, 14)).astype(np.float32)
+    children = {}
+    for form in FORMS:
+        if form == "avxvnni" and "+avxvnni" not in int_lanes._target_features():
+            continue
+        env = dict(os.environ, CANDLE_NATIVE_INT_LANES=form,
+                   NUMBA_CACHE_DIR=str(tmp_path_factory.mktemp(f"numba-{form or 'host'}")))
+        children[form] = subprocess.Popen(
+            [sys.executable, "-c", PORTABLE_CHILD, json.dumps(xs.tolist()),
+             json.dumps(levels.tolist()), json.dumps(scales.tolist())],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    yield {form: (child, xs, levels, scales) for form, child in children.items()}
+    for child in children.values():
+        if child.returncode is None:  # not awaited by its test (deselected, or failed early)
+            child.kill()
+            child.communicate()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_other_integer_steps_give_the_same_bits(forms_children, form):
     """CANDLE_NATIVE_INT_LANES compiles the plain widening form (what a CPU without VNNI runs)
     or AVX-VNNI's 256-bit vpdpbusd (CPUs with AVX2 VNNI only), or nothing forced, in a child
     process with its own kernel cache, first called from a fast-math kernel: same bits as the
     reference."""
     from candle_native.numba.kernels import int_lanes
 
-    if form == "avxvnni" and "+avxvnni" not in int_lanes._target_features():
+    if form not in forms_children:
         pytest.skip(f"this CPU has no {form}")
-    rng = np.random.default_rng(37)
-    xs = activations(rng, 9, 224)  # 63 blocks: a reciprocal's ulp would show in some scale
-    levels = rng.integers(-128, 128, (9, 224)).astype(np.int8)
-    scales = rng.uniform(0.001, 0.01, (9, 14)).astype(np.float32)
-    env = dict(os.environ, CANDLE_NATIVE_INT_LANES=form,
-               NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    run = subprocess.run([sys.executable, "-c", PORTABLE_CHILD, json.dumps(xs.tolist()),
-                          json.dumps(levels.tolist()), json.dumps(scales.tolist())],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    instructions, bits = run.stdout.split(" ", 1)
+    child, xs, levels, scales = forms_children[form]
+    stdout, stderr = child.communicate(timeout=300)
+    assert child.returncode == 0, stderr[-2000:]
+    instructions, bits = stdout.split(" ", 1)
     assert instructions == (form or int_lanes.INSTRUCTIONS)
     want = int8_rows_product(quantize_activation_rows(xs), levels, scales, None, 16)
     assert np.array_equal(np.asarray(json.loads(bits), np.uint32), want.view(np.uint32))
