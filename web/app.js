@@ -95,8 +95,8 @@ export class WorkerClient {
   // snapshot: false starts Python without the vendored memory snapshot (?snapshot=0, for A/B).
   // threads: 1 or 2 (?threads=; absent: the worker's default, two where there are two cores).
   // compute: "int8" or "float32" (?compute=; absent: float32), checked by the worker.
-  init(backend = null, snapshot = true, threads = null, compute = null) {
-    return this.request("init", { control: this.control, backend, compute, snapshot, threads }, { onProgress: (message) => this.onInitProgress?.(message) });
+  init(backend = null, snapshot = true, threads = null, compute = null, answerDeadline = null) {
+    return this.request("init", { control: this.control, backend, compute, snapshot, threads, answerDeadline }, { onProgress: (message) => this.onInitProgress?.(message) });
   }
 
   // Stops job `id`: interrupts it if it is in Python now, or drops it if still queued.
@@ -327,10 +327,13 @@ const pageOptions = new URLSearchParams(location.search);
 // or auto).
 const threadsOption = pageOptions.get("threads");
 // ?compute=int8|float32: the quantized products' compute type (the worker checks it).
+// ?answerDeadline=SECONDS: how long a start request may go unanswered (the worker checks it).
+const deadlineOption = pageOptions.get("answerDeadline");
 const ready = client.init(pageOptions.get("backend"), pageOptions.get("snapshot") !== "0",
   threadsOption === null || threadsOption === "auto" ? null
     : Number.isInteger(Number(threadsOption)) ? Number(threadsOption) : threadsOption,
-  pageOptions.get("compute"));
+  pageOptions.get("compute"),
+  deadlineOption === null ? null : Number.isFinite(Number(deadlineOption)) ? Number(deadlineOption) : deadlineOption);
 ready.then(showReady, showFailure);
 
 const transcribeView = setUpTranscribe(client, ready);

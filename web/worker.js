@@ -12,13 +12,16 @@
  * (candle_web.worker.session_for, in the installed wheel): whisper (the default), bert, llama,
  * t5; each run command belongs to one kind (RUN_COMMANDS).
  *   init {control?: SharedArrayBuffer, backend?: "auto"|"wasm"|"wasm-simd128"|"numpy",
- *         compute?: "float32"|"int8", snapshot?: boolean, threads?: "auto"|1|2}
+ *         compute?: "float32"|"int8", snapshot?: boolean, threads?: "auto"|1|2,
+ *         answerDeadline?: seconds}
  *       (backend: the page's ?backend=; auto, the default: wasm when the kernels load, else
  *       numpy, saying why; wasm: the kernels or an error; wasm-simd128: the plain SIMD build
  *       even where relaxed SIMD exists; numpy: the reference, for A/B.
  *       compute: the page's ?compute=: float32 (the default, the reference) or int8 (the wasm
  *       backend's GGML products in int8 arithmetic, web/kernels/linear_int8.c);
  *       snapshot: false (?snapshot=0) starts Python without the vendored memory snapshot;
+ *       answerDeadline (?answerDeadline=SECONDS, 1-3600, default 30): how long a start request
+ *       may go unanswered before the start stalls (worker/start_watch.js);
  *       threads: 2 (?threads=2) runs the wasm backend's encoder and decode steps on two
  *       threads, with a helper worker (web/team_helper.js) on a shared memory; auto, the
  *       default: 2 where the browser reports two or more cores; 1 (?threads=1) one thread. One
@@ -150,7 +153,7 @@ function sessionFor(kind) {
 
 async function handleInit(message) {
   const controlSlots = adoptControlSlots(runtime.pyodide === null ? message.control : null);
-  const choices = { backend: message.backend ?? undefined, compute: message.compute ?? undefined, snapshot: message.snapshot ?? undefined, threads: message.threads ?? undefined };
+  const choices = { backend: message.backend ?? undefined, compute: message.compute ?? undefined, snapshot: message.snapshot ?? undefined, threads: message.threads ?? undefined, answerDeadline: message.answerDeadline ?? undefined };
   return { payload: await ensureRuntime(message.id, choices, controlSlots) };
 }
 

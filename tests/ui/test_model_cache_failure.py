@@ -167,7 +167,9 @@ def test_a_start_stage_whose_request_is_never_answered_is_named(open_ui_page):
     def hold(route) -> None:  # never continued nor fulfilled: the request waits for ever
         held.append(route)
 
-    page = open_ui_page("/", routes={"**/vendor/pyodide/numpy-*.whl": hold})
+    # A 12-second deadline (the page's ?answerDeadline=, 30 s by default): long enough to see
+    # the stage's time counted (from 10 s on), 18 s less to wait.
+    page = open_ui_page("/?answerDeadline=12", routes={"**/vendor/pyodide/numpy-*.whl": hold})
     # While it waits, the page names the stage and counts its time (from 10 s on).
     page.wait_for_function(
         r"() => /Loading (.*, )?numpy \(\d+\.\d s\)/.test("
@@ -180,8 +182,17 @@ def test_a_start_stage_whose_request_is_never_answered_is_named(open_ui_page):
     assert held, "the numpy wheel was never requested"
     wheel = held[0].request.url.rsplit("/", 1)[-1]
     assert text == (f"The Python runtime failed to start: numpy stalled ({wheel} got no answer "
-                    "in 30 s)"), text
+                    "in 12 s)"), text
     error = page.evaluate("() => window.candleWeb.ready.catch((e) => ({name: e.name,"
                           " message: e.message}))")
     assert error == {"name": "StartStalled",
-                     "message": f"the packages stage stalled: {wheel} got no answer in 30 s"}
+                     "message": f"the packages stage stalled: {wheel} got no answer in 12 s"}
+
+
+def test_an_answer_deadline_the_page_cannot_use_is_refused(open_ui_page):
+    bad = open_ui_page("/?answerDeadline=0")
+    bad.wait_for_function(
+        "() => document.getElementById('runtime-status').dataset.state === 'error'",
+        timeout=PLAYWRIGHT_CONFIG.PAGE_READY_TIMEOUT_MS)
+    assert ("`answerDeadline` (the page's ?answerDeadline=) must be a number of seconds from 1 "
+            "to 3600, got 0") in bad.locator("#runtime-text").inner_text()

@@ -11,7 +11,7 @@ import {
   fetchChecked, fetchVerified, progress,
 } from "./common.js";
 import { KernelsUnavailable, compileKernels, instantiateKernels, watchForPyodideMemory } from "./kernels.js";
-import { StartStalled, watchStartRequests, withinDeadline } from "./start_watch.js";
+import { ANSWER_DEADLINE_MS, StartStalled, watchStartRequests, withinDeadline } from "./start_watch.js";
 import { registerTeam, startTeam } from "./team.js";
 import { installWheelFiles, unpackWheel } from "./wheel.js";
 
@@ -283,7 +283,7 @@ function versions() {
 // with the reason), "wasm" or "wasm-simd128" (the kernels or an error) or "numpy" (the
 // reference, for A/B). `useSnapshot`: restore the vendored Pyodide snapshot when there is one.
 async function startRuntime(id, choices) {
-  const watch = watchStartRequests(reportBytes(id));
+  const watch = watchStartRequests(reportBytes(id), choices.answerDeadlineMs);
   try {
     return await startWatched(id, choices, watch);
   } finally {
@@ -363,6 +363,16 @@ function checkThreadsChoice(value) {
   return value;
 }
 
+// The page's ?answerDeadline=SECONDS: how long a start request may go unanswered before the
+// start calls it stalled (start_watch.js; default 30 s).
+function checkAnswerDeadline(value) {
+  if (value === undefined || value === null) return ANSWER_DEADLINE_MS;
+  if (typeof value !== "number" || !Number.isFinite(value) || value < 1 || value > 3600) {
+    throw new TypedError("FormatError", `init: \`answerDeadline\` (the page's ?answerDeadline=) must be a number of seconds from 1 to 3600, got ${JSON.stringify(value)}`);
+  }
+  return value * 1000;
+}
+
 function checkSnapshotChoice(value) {
   if (value === undefined || value === null) return true;
   if (typeof value !== "boolean") {
@@ -373,11 +383,13 @@ function checkSnapshotChoice(value) {
 
 // The runtime, started by the first caller (whose choices win: it starts once per worker);
 // resolves the init summary. `controlSlots`: the page's shared slots, or null.
-export function ensureRuntime(id, { backend, compute, snapshot, threads } = {}, controlSlots = null) {
+export function ensureRuntime(id, { backend, compute, snapshot, threads, answerDeadline } = {},
+                              controlSlots = null) {
   if (runtimePromise === null) {
     runtimePromise = startRuntime(id, {
       choice: checkBackendChoice(backend), compute: checkComputeChoice(compute),
       useSnapshot: checkSnapshotChoice(snapshot),
+      answerDeadlineMs: checkAnswerDeadline(answerDeadline),
       threads: checkThreadsChoice(threads), controlSlots,
     });
     // A failed start may be retried by a later init.

@@ -9,7 +9,8 @@ import { TypedError } from "./common.js";
 
 // The start's files come from the serving origin (`candle-web serve` on this machine): an
 // answer (its headers; the body may take longer) comes in milliseconds, so half a minute
-// without one is a stall, not a slow line.
+// without one is a stall, not a slow line. The page's ?answerDeadline=SECONDS sets another
+// (a slow proxy may need more; the stall tests take 5).
 export const ANSWER_DEADLINE_MS = 30_000;
 // A stage that computes (compiling the runtime, unpacking numpy) takes seconds, or a minute
 // on a machine shared with many other processes: three minutes is a stall.
@@ -39,7 +40,7 @@ export function fileName(url) {
 // the bytes of every answer's body as they arrive ({name, loaded, total} of the file they
 // belong to; total null without a Content-Length) (read from a clone, so the caller's reading is
 // untouched): on a slow line the page counts the runtime's ~35 MB rather than look stuck.
-export function watchStartRequests(onBytes = null) {
+export function watchStartRequests(onBytes = null, answerDeadlineMs = ANSWER_DEADLINE_MS) {
   const original = self.fetch;
   const listeners = new Set();
   self.fetch = (input, init = {}) => {
@@ -49,11 +50,11 @@ export function watchStartRequests(onBytes = null) {
     if (callerSignal?.aborted) controller.abort(callerSignal.reason);
     callerSignal?.addEventListener("abort", () => controller.abort(callerSignal.reason), { once: true });
     const timer = setTimeout(() => {
-      const stall = new StartStalled(`${fileName(url)} got no answer in ${ANSWER_DEADLINE_MS / 1000} s`);
-      console.warn(`candle-web: the start stalled: ${url} got no answer in ${ANSWER_DEADLINE_MS / 1000} s`);
+      const stall = new StartStalled(`${fileName(url)} got no answer in ${answerDeadlineMs / 1000} s`);
+      console.warn(`candle-web: the start stalled: ${url} got no answer in ${answerDeadlineMs / 1000} s`);
       for (const listener of listeners) listener(url, stall);
       controller.abort(stall);
-    }, ANSWER_DEADLINE_MS);
+    }, answerDeadlineMs);
     const answered = Reflect.apply(original, self, [input, { ...init, signal: controller.signal }]);
     // Registered before the caller's own handlers, so the clone is made before its body is read.
     answered.then((response) => {
