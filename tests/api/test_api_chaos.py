@@ -41,6 +41,7 @@ from tests.api.api_testlib import (BERT, LLM, WHISPER, Stream,  # noqa: E402
                                    chat_messages, multipart_body, post_json, raw_request,
                                    wait_until)
 from tests.serve.test_serve_drain import ServeProcess  # noqa: E402
+from tests.signals_testlib import default_sigint  # noqa: E402
 
 HANG_GUARD_S = 120
 # What a capped server may map beyond what it maps once warm: room for normal requests' caches,
@@ -220,7 +221,7 @@ def ray_api(head_only_cluster):
          head_only_cluster.address, "--replicas", "2", "--parallel", "1", "--model", LLM,
          "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(),
-        start_new_session=True)
+        start_new_session=True, preexec_fn=default_sigint)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
     reader.start()

@@ -22,6 +22,7 @@ pytest.importorskip("starlette", reason="the serve extra installs starlette")
 from tests.api.api_testlib import (CLIP, CLIP_B, HTTP_TIMEOUT_S, LLM, WHISPER,  # noqa: E402
                                    chat_messages, multipart_body, raw_request, reference_chat,
                                    reference_transcript, run_stream, wait_until)
+from tests.signals_testlib import default_sigint  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.",
@@ -215,7 +216,7 @@ def test_the_command_serves_the_api_and_stops_on_ctrl_c():
     process = subprocess.Popen(
         [sys.executable, "-m", "candle_web.cli", "serve", "--api", "--model", LLM, "--port", "0",
          "--parallel", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=environment)
+        env=environment, preexec_fn=default_sigint)
     try:
         url = None
         for _ in range(10):  # bounded: the page line, then the API line

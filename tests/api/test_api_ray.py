@@ -21,6 +21,7 @@ pytest.importorskip("ray.serve", reason="the cluster extra installs ray[serve]")
 
 from tests.batch.batch_testlib import RAY, LocalCluster, cli_env  # noqa: E402
 from tests.api.api_testlib import HTTP_TIMEOUT_S, LLM, chat_messages, raw_request  # noqa: E402
+from tests.signals_testlib import default_sigint  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?",
              "Say hello in Spanish."]
@@ -62,7 +63,7 @@ def test_replicas_behind_ray_serve_share_the_requests_with_the_same_answers(clus
          cluster.address, "--replicas", "2", "--parallel", "2", "--model", LLM,
          "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-        start_new_session=True)
+        start_new_session=True, preexec_fn=default_sigint)
     try:
         url = None
         deadline = time.monotonic() + START_TIMEOUT_S

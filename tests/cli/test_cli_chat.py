@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.signals_testlib import default_sigint
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 pexpect = pytest.importorskip("pexpect", reason="pexpect (the dev extra) drives the terminal chat")
@@ -20,9 +22,8 @@ pexpect = pytest.importorskip("pexpect", reason="pexpect (the dev extra) drives 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = "You are a helpful assistant."
 WAIT = 240  # seconds for one load or answer on a loaded 2-core machine (a hang fails, not a pace)
-# Long enough that Ctrl-C lands while the dragon story streams even on a loaded machine (with
-# 40 a story could finish before the terminal showed its first words: a fresh clone's run,
-# benchmarks beside it); the other turns end at EOS well before it.
+# Long enough that Ctrl-C lands while the dragon story streams even on a loaded machine (a
+# 40-token story takes ~2 s); the other turns end at EOS well before it.
 MAX_TOKENS = 160
 STATUS = re.compile(r"\[prompt: (\d+) new tokens, (\d+) reused; (\d+) generated[^;]*; (\w+)\]")
 
@@ -35,7 +36,7 @@ def terminal(tmp_path):
     child = pexpect.spawn(sys.executable, ["-m", "candle_web.cli", "chat", "--model", MODEL,
                                            "--system", SYSTEM, "--max-tokens", str(MAX_TOKENS)],
                           cwd=str(tmp_path), env=env, encoding="utf-8", timeout=WAIT,
-                          dimensions=(50, 400))
+                          dimensions=(50, 400), preexec_fn=default_sigint)
     child.expect("chat with a context of")
     child.expect_exact("> ")
     yield child
